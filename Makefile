@@ -1,0 +1,31 @@
+# trainops: `make demo` runs the whole lifecycle on the simulated cluster; `make test` runs the suite.
+# Every target sets itself up from a clean clone (Python venv, editable install, system packages).
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: setup demo test bench lint
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/install-system-packages
+	scripts/install-system-packages
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python -m trainops.demo
+
+test: setup
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python benchmarks/run.py
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
