@@ -64,3 +64,31 @@ def run_dag(airflow_db: Path):
         return airflow_home.load_dag(dag_id, folder).test(run_conf=conf)
 
     return run
+
+
+@pytest.fixture
+def devcluster(monkeypatch: pytest.MonkeyPatch):
+    """A running 16-node devcluster with inference settled; Airflow's ``kubernetes_default`` points at it.
+
+    Attributes: ``url``, ``kubeconfig`` (Path), ``store``, ``server`` (``.audit``, ``.faults``),
+    ``telemetry``, ``inject(fault, target, **options)``.
+    """
+    from trainops.devcluster.cluster import DevCluster
+
+    with DevCluster(nodes=16, gpus_per_node=8) as cluster:
+        cluster.wait_until_settled()
+        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(cluster.kubeconfig)
+        )
+        yield cluster
+
+
+@pytest.fixture
+def k8s(devcluster):
+    """The official ``kubernetes`` client's ApiClient, configured from the devcluster's kubeconfig."""
+    from kubernetes import config
+
+    client = config.new_client_from_config(config_file=str(devcluster.kubeconfig))
+    yield client
+    client.close()

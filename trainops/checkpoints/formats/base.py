@@ -1,0 +1,64 @@
+"""What a format check sees: one checkpoint's listing, its parent's files, and bounded reads."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from trainops.checkpoints.store import CheckpointStore, ObjectInfo
+from trainops.checkpoints.uri import S3Uri
+
+STRUCTURAL, METADATA, DEEP = "structural", "metadata", "deep"
+LEVELS = (STRUCTURAL, METADATA, DEEP)
+METADATA_READ_LIMIT = 512 << 20
+TRACKER_READ_LIMIT = 4096
+
+_STEP_PATTERNS = [
+    re.compile(r"^step-(\d+)$"),  # trainops, torchtitan
+    re.compile(r"^checkpoint-(\d+)$"),  # Hugging Face Trainer
+    re.compile(r"^iter_(\d+)$"),  # Megatron-LM
+    re.compile(r"^global_step(\d+)$"),  # DeepSpeed default tag
+    re.compile(r"(?:^|[-_])step=(\d+)"),  # NeMo / Lightning
+]
+
+
+def step_from_name(name: str) -> int | None:
+    """The training step a checkpoint directory name encodes, or None for other names."""
+    for pattern in _STEP_PATTERNS:
+        if match := pattern.search(name):
+            return int(match.group(1))
+    return None
+
+
+@dataclass
+class Checkpoint:
+    """One checkpoint directory: its objects (keyed relative to it) and the files beside it."""
+
+    store: CheckpointStore
+    uri: S3Uri
+    files: dict[str, ObjectInfo]
+    sibling_files: dict[str, ObjectInfo]
+    _unfinished_uploads: set[str] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.uri.name
+
+    @property
+    def step(self) -> int | None:
+        return step_from_name(self.name)
+
+    def read(self, relative_key: str, *, limit: int = METADATA_READ_LIMIT) -> bytes | None:
+        return self.store.read(self.uri.bucket, self.uri.key(relative_key), limit=limit)
+
+    def read_sibling(self, name: str, *, limit: int = TRACKER_READ_LIMIT) -> bytes | None:
+        return self.store.read(self.uri.bucket, self.uri.parent.key(name), limit=limit)
+
+    def missing(self, relative_key: str, referenced_by: str) -> str:
+        """The reason text for a file that ``referenced_by`` requires and the listing lacks."""
+        if self._unfinished_uploads is None:
+            self._unfinished_uploads = self.store.unfinished_uploads(self.uri)
+        reason = f"{relative_key} is missing ({referenced_by})"
+        if self.uri.key(relative_key) in self._unfinished_uploads:
+            reason += "; its multipart upload was started and never completed"
+        return reason

@@ -1,0 +1,54 @@
+"""PyTorch Distributed Checkpoint directories (also torchtitan ``step-N`` and the DCP part of others).
+
+DCP writes ``.metadata`` last, after every rank's shards; it references each shard with
+``(relative_path, offset, length)``.  Complete means: ``.metadata`` exists, loads as DCP
+metadata, every referenced shard exists and is at least ``offset + length`` bytes long.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+from trainops.checkpoints.formats.base import STRUCTURAL, Checkpoint
+from trainops.checkpoints.formats.dcp_metadata import load_metadata, shard_requirements
+
+METADATA_FILE = ".metadata"
+SHARD_SUFFIX = ".distcp"
+
+
+def looks_like_dcp(files: dict, root: str = "") -> bool:
+    return root + METADATA_FILE in files or any(
+        key.startswith(root) and key.endswith(SHARD_SUFFIX) for key in files
+    )
+
+
+def check(checkpoint: Checkpoint, level: str, root: str = "") -> list[str]:
+    """Reasons the DCP checkpoint under ``root`` (a sub-directory such as ``weights/``) is incomplete."""
+    metadata_key = root + METADATA_FILE
+    metadata_info = checkpoint.files.get(metadata_key)
+    if metadata_info is None:
+        return [f"{metadata_key} is missing: DCP writes it last, so the save did not finish"]
+    if metadata_info.size == 0:
+        return [f"{metadata_key} is empty"]
+    if level == STRUCTURAL:
+        return []
+    try:
+        requirements = shard_requirements(load_metadata(checkpoint.read(metadata_key)))
+    except (pickle.UnpicklingError, ValueError) as error:
+        return [f"{metadata_key} was not loaded: {error}"]
+    reasons = []
+    for path, min_size in sorted(requirements.min_sizes.items()):
+        info = checkpoint.files.get(root + path)
+        if info is None:
+            reasons.append(checkpoint.missing(root + path, f"referenced by {metadata_key}"))
+        elif info.size < min_size:
+            reasons.append(
+                f"{root + path} is {info.size} bytes but {metadata_key} needs at least {min_size} "
+                "(offset+length): truncated"
+            )
+    if requirements.unstored_items:
+        reasons.append(
+            f"{metadata_key} lists {len(requirements.unstored_items)} item(s) with no storage entry, "
+            f"e.g. {requirements.unstored_items[0]}"
+        )
+    return reasons

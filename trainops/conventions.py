@@ -1,0 +1,20 @@
+"""The cluster conventions of DESIGN §2: label, taint and annotation keys shared by every part."""
+
+MODE_TAINT = "trainops.io/mode"
+MODE_INFERENCE = "inference"
+MODE_TRAINING = "training"
+
+QUARANTINE_TAINT = "trainops.io/quarantine"
+HEALTH_LABEL = "trainops.io/health"
+HEALTH_QUARANTINED = "quarantined"
+HEALTH_REPORT_ANNOTATION = "trainops.io/health-report"
+GPU_HEALTHY_CONDITION = "GPUHealthy"
+
+CLAIMED_BY_ANNOTATION = "trainops.io/claimed-by"
+
+GPU_POOL_LABEL = "trainops.io/gpu-pool"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"

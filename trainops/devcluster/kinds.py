@@ -1,0 +1,229 @@
+"""The one registry of the kinds the devcluster serves, and the discovery documents built from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+KUEUE = "kueue.x-k8s.io"
+K8S_VERSION = "1.33.0"
+
+
+@dataclass(frozen=True)
+class Column:
+    """A Table column: ``path`` is a dotted JSON path (``[?type==X]`` picks a list item by type)."""
+
+    name: str
+    path: str
+    type: str = "string"
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Kind:
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = ()
+    subresources: tuple[str, ...] = ()
+    #: OpenAPI definition of a built-in kind; ``None`` for custom resources (no strategic merge patch).
+    schema: str | None = None
+    #: DNS-1123 "subdomain" (253 chars, dots allowed) or "label" (63 chars) names.
+    name_rule: str = "subdomain"
+    #: printer columns of a custom resource (built-in kinds have theirs in tables.py).
+    columns: tuple[Column, ...] = field(default=())
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    @property
+    def resource(self) -> str:
+        """The Store's key: ``plural`` for core, ``plural.group`` otherwise."""
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    @property
+    def custom(self) -> bool:
+        return self.schema is None
+
+    @property
+    def has_status(self) -> bool:
+        return "status" in self.subresources
+
+    @property
+    def verbs(self) -> list[str]:
+        return ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+
+
+_STATUS = ("status",)
+_AGE = Column("Age", ".metadata.creationTimestamp", "date")
+
+KINDS: tuple[Kind, ...] = (
+    Kind("", "v1", "Namespace", "namespaces", False, ("ns",), (), _STATUS, "io.k8s.api.core.v1.Namespace", "label"),
+    Kind("", "v1", "Node", "nodes", False, ("no",), (), _STATUS, "io.k8s.api.core.v1.Node"),
+    Kind(
+        "", "v1", "Pod", "pods", True, ("po",), ("all",), ("status", "eviction", "log", "binding"),
+        "io.k8s.api.core.v1.Pod",
+    ),
+    Kind("", "v1", "Event", "events", True, ("ev",), (), (), "io.k8s.api.core.v1.Event"),
+    Kind(
+        "apps", "v1", "Deployment", "deployments", True, ("deploy",), ("all",), ("status", "scale"),
+        "io.k8s.api.apps.v1.Deployment",
+    ),
+    Kind("batch", "v1", "Job", "jobs", True, (), ("all",), _STATUS, "io.k8s.api.batch.v1.Job"),
+    Kind(
+        "policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True, ("pdb",), (), _STATUS,
+        "io.k8s.api.policy.v1.PodDisruptionBudget",
+    ),
+    Kind(KUEUE, "v1beta2", "ResourceFlavor", "resourceflavors", False, ("flavor", "flavors", "rf"),
+         columns=(_AGE,)),
+    Kind(
+        KUEUE, "v1beta2", "ClusterQueue", "clusterqueues", False, ("cq",), (), _STATUS,
+        columns=(
+            Column("Cohort", ".spec.cohortName"),
+            Column("Strategy", ".spec.queueingStrategy", priority=1),
+            Column("Pending Workloads", ".status.pendingWorkloads", "integer"),
+            Column("Admitted Workloads", ".status.admittedWorkloads", "integer", 1),
+            _AGE,
+        ),
+    ),
+    Kind(
+        KUEUE, "v1beta2", "LocalQueue", "localqueues", True, ("queue", "queues", "lq"), (), _STATUS,
+        columns=(
+            Column("ClusterQueue", ".spec.clusterQueue"),
+            Column("Pending Workloads", ".status.pendingWorkloads", "integer"),
+            Column("Admitted Workloads", ".status.admittedWorkloads", "integer"),
+            _AGE,
+        ),
+    ),
+    Kind(
+        KUEUE, "v1beta2", "Workload", "workloads", True, ("wl",), (), _STATUS,
+        columns=(
+            Column("Queue", ".spec.queueName"),
+            Column("Reserved in", ".status.admission.clusterQueue"),
+            Column("Admitted", ".status.conditions[?type==Admitted].status"),
+            Column("Finished", ".status.conditions[?type==Finished].status"),
+            _AGE,
+        ),
+    ),
+    Kind(KUEUE, "v1beta2", "WorkloadPriorityClass", "workloadpriorityclasses", False,
+         columns=(Column("Value", ".value", "integer"), _AGE)),
+)
+
+_BY_PATH = {(k.group, k.version, k.plural): k for k in KINDS}
+_BY_RESOURCE = {k.resource: k for k in KINDS}
+
+
+def by_path(group: str, version: str, plural: str) -> Kind | None:
+    return _BY_PATH.get((group, version, plural))
+
+
+def by_resource(resource: str) -> Kind:
+    """The kind stored under a Store resource key such as ``"jobs.batch"``."""
+    return _BY_RESOURCE[resource]
+
+
+def group_versions() -> list[tuple[str, str]]:
+    """Every served (group, version), core first, in registry order."""
+    seen: dict[tuple[str, str], None] = {}
+    for k in KINDS:
+        seen[(k.group, k.version)] = None
+    return list(seen)
+
+
+# ---- discovery documents ---------------------------------------------------------------
+_SUBRESOURCE_INFO = {
+    # name: (group, version, kind, verbs); group/version None = the parent's
+    "status": (None, None, None, ["get", "patch", "update"]),
+    "scale": ("autoscaling", "v1", "Scale", ["get", "patch", "update"]),
+    "eviction": ("policy", "v1", "Eviction", ["create"]),
+    "binding": ("", "v1", "Binding", ["create"]),
+    "log": ("", "v1", "Pod", ["get"]),
+}
+
+
+def version_info() -> dict:
+    major, minor, _ = K8S_VERSION.split(".")
+    return {
+        "major": major,
+        "minor": minor,
+        "gitVersion": f"v{K8S_VERSION}",
+        "gitCommit": "devcluster",
+        "gitTreeState": "clean",
+        "buildDate": "2025-01-01T00:00:00Z",
+        "goVersion": "go1.24",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    }
+
+
+def core_versions() -> dict:
+    return {
+        "kind": "APIVersions",
+        "apiVersion": "v1",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+    }
+
+
+def api_group_list() -> dict:
+    groups: dict[str, list[str]] = {}
+    for group, version in group_versions():
+        if group:
+            groups.setdefault(group, []).append(version)
+    return {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [api_group(name, versions) for name, versions in groups.items()],
+    }
+
+
+def api_group(name: str, versions: list[str] | None = None) -> dict:
+    versions = versions or [v for g, v in group_versions() if g == name]
+    entries = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": name, "versions": entries, "preferredVersion": entries[0]}
+
+
+def resource_list(group: str, version: str) -> dict | None:
+    """The APIResourceList of one group version, or ``None`` if it is not served."""
+    kinds = [k for k in KINDS if (k.group, k.version) == (group, version)]
+    if not kinds:
+        return None
+    resources = []
+    for k in kinds:
+        entry = {
+            "name": k.plural,
+            "singularName": k.singular,
+            "namespaced": k.namespaced,
+            "kind": k.kind,
+            "verbs": k.verbs,
+        }
+        if k.short_names:
+            entry["shortNames"] = list(k.short_names)
+        if k.categories:
+            entry["categories"] = list(k.categories)
+        resources.append(entry)
+        for sub in k.subresources:
+            sub_group, sub_version, sub_kind, verbs = _SUBRESOURCE_INFO[sub]
+            sub_entry = {
+                "name": f"{k.plural}/{sub}",
+                "singularName": "",
+                "namespaced": k.namespaced,
+                "kind": sub_kind or k.kind,
+                "verbs": verbs,
+            }
+            if sub_group is not None:
+                sub_entry["group"], sub_entry["version"] = sub_group, sub_version
+            resources.append(sub_entry)
+    return {
+        "kind": "APIResourceList",
+        "apiVersion": "v1",
+        "groupVersion": f"{group}/{version}" if group else version,
+        "resources": resources,
+    }

@@ -1,0 +1,212 @@
+"""What a fresh devcluster holds: GPU nodes, inference workloads with PodDisruptionBudgets, Kueue queues.
+
+The shapes follow the cluster conventions of DESIGN §2: every GPU node starts in inference
+mode (``trainops.io/mode=inference:NoSchedule``); inference pods tolerate that taint; training
+runs go through the ``training`` LocalQueue and ClusterQueue, whose GPU quota starts at zero
+and is raised by the capacity claim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainops.conventions import GPU_POOL_LABEL, MODE_INFERENCE, MODE_TAINT
+
+INFERENCE_NAMESPACE = "inference"
+TRAINING_NAMESPACE = "training"
+TRAINING_QUEUE = "training"
+GPU_FLAVOR = "gpu"
+PRIORITY_CLASSES = {"training-standard": 100, "training-urgent": 1000}
+GPU_PRODUCT = "NVIDIA-H200"
+
+
+@dataclass(frozen=True)
+class InferenceWorkload:
+    """An inference Deployment (one pod per GPU node) and the PodDisruptionBudget that guards it."""
+
+    name: str
+    replicas: int
+    min_available: int
+
+
+def node_name(index: int) -> str:
+    return f"gpu-node-{index:03d}" if index < 1000 else f"gpu-node-{index:04d}"
+
+
+def default_inference(nodes: int) -> list[InferenceWorkload]:
+    """Inference fills about three quarters of the nodes, leaving the rest idle."""
+    chat = max(1, nodes // 2)
+    embed = max(1, nodes // 4)
+    return [
+        InferenceWorkload("llm-chat", chat, min_available=max(1, chat - 2)),
+        InferenceWorkload("embeddings", embed, min_available=max(1, embed - 1)),
+    ]
+
+
+def gpu_node(index: int, gpus: int) -> dict:
+    name = node_name(index)
+    resources = {
+        "cpu": "192",
+        "memory": "2048Gi",
+        "nvidia.com/gpu": str(gpus),
+        "pods": "110",
+        "ephemeral-storage": "7000Gi",
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "gpu-8x-h200",
+                "topology.kubernetes.io/zone": f"zone-{'abcd'[index // 256 % 4]}",
+                "trainops.io/rack": f"rack-{index // 8:03d}",
+                "nvidia.com/gpu.product": GPU_PRODUCT,
+                "nvidia.com/gpu.count": str(gpus),
+                "nvidia.com/gpu.present": "true",
+                GPU_POOL_LABEL: "true",
+            },
+        },
+        "spec": {
+            "podCIDR": f"10.{index // 256}.{index % 256}.0/24",
+            "taints": [{"key": MODE_TAINT, "value": MODE_INFERENCE, "effect": "NoSchedule"}],
+        },
+        "status": {
+            "capacity": resources,
+            "allocatable": dict(resources),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                }
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.0.{index // 256}.{index % 256}"},
+                {"type": "Hostname", "address": name},
+            ],
+            "nodeInfo": {
+                "kubeletVersion": "v1.32.0",
+                "containerRuntimeVersion": "devcluster://0.1",
+                "osImage": "devcluster",
+                "kernelVersion": "6.8.0",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        },
+    }
+
+
+def namespace(name: str) -> dict:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}}
+
+
+def inference_deployment(workload: InferenceWorkload, gpus: int) -> dict:
+    labels = {"app": workload.name, "trainops.io/role": "inference"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": workload.name, "namespace": INFERENCE_NAMESPACE, "labels": labels},
+        "spec": {
+            "replicas": workload.replicas,
+            "selector": {"matchLabels": {"app": workload.name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "nodeSelector": {GPU_POOL_LABEL: "true"},
+                    "tolerations": [
+                        {"key": MODE_TAINT, "operator": "Equal", "value": MODE_INFERENCE, "effect": "NoSchedule"}
+                    ],
+                    "containers": [
+                        {
+                            "name": "server",
+                            "image": f"registry.example/{workload.name}:1.0",
+                            "resources": {
+                                "requests": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi"},
+                                "limits": {"nvidia.com/gpu": str(gpus)},
+                            },
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def pod_disruption_budget(workload: InferenceWorkload) -> dict:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": workload.name, "namespace": INFERENCE_NAMESPACE},
+        "spec": {"minAvailable": workload.min_available, "selector": {"matchLabels": {"app": workload.name}}},
+    }
+
+
+def kueue_objects() -> list[tuple[str, dict]]:
+    """The training queues: a GPU flavor, a ClusterQueue with zero GPU quota, a LocalQueue, priorities."""
+    group = "kueue.x-k8s.io/v1beta2"
+    objects = [
+        (
+            "resourceflavors.kueue.x-k8s.io",
+            {
+                "apiVersion": group,
+                "kind": "ResourceFlavor",
+                "metadata": {"name": GPU_FLAVOR},
+                "spec": {"nodeLabels": {GPU_POOL_LABEL: "true"}},
+            },
+        ),
+        (
+            "clusterqueues.kueue.x-k8s.io",
+            {
+                "apiVersion": group,
+                "kind": "ClusterQueue",
+                "metadata": {"name": TRAINING_QUEUE},
+                "spec": {
+                    "namespaceSelector": {},
+                    "preemption": {"withinClusterQueue": "LowerPriority"},
+                    "resourceGroups": [
+                        {
+                            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
+                            "flavors": [
+                                {
+                                    "name": GPU_FLAVOR,
+                                    "resources": [
+                                        {"name": "cpu", "nominalQuota": "100000"},
+                                        {"name": "memory", "nominalQuota": "1000Ti"},
+                                        {"name": "nvidia.com/gpu", "nominalQuota": "0"},
+                                    ],
+                                }
+                            ],
+                        }
+                    ],
+                },
+            },
+        ),
+        (
+            "localqueues.kueue.x-k8s.io",
+            {
+                "apiVersion": group,
+                "kind": "LocalQueue",
+                "metadata": {"name": TRAINING_QUEUE, "namespace": TRAINING_NAMESPACE},
+                "spec": {"clusterQueue": TRAINING_QUEUE},
+            },
+        ),
+    ]
+    for name, value in PRIORITY_CLASSES.items():
+        objects.append(
+            (
+                "workloadpriorityclasses.kueue.x-k8s.io",
+                {
+                    "apiVersion": group,
+                    "kind": "WorkloadPriorityClass",
+                    "metadata": {"name": name},
+                    "value": value,
+                    "description": f"training runs, {name.removeprefix('training-')} priority",
+                },
+            )
+        )
+    return objects

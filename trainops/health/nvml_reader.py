@@ -1,0 +1,264 @@
+"""Read every GPU of this node through NVML, via a pynvml-like module passed in.
+
+Production passes ``pynvml`` (see :func:`load_pynvml`); tests and the devcluster pass
+``trainops.devcluster.telemetry.FakeNvml``. Any ``NVMLError`` (or a function this pynvml lacks)
+makes that one signal unknown with the error as its reason; nothing defaults to healthy.
+
+XID events reach NVML clients only after they register for them, so a reader watches from
+:meth:`NvmlReader.start` on and keeps what it saw for ``xid_lookback_s``: keep one reader open
+across reports (the ``--publish`` loop does).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from trainops.health.report import Signal, Signals
+
+NVLINK_COUNTERS = {
+    "counter_nvlink_replay": "NVML_NVLINK_ERROR_DL_REPLAY",
+    "counter_nvlink_recovery": "NVML_NVLINK_ERROR_DL_RECOVERY",
+    "counter_nvlink_crc_flit": "NVML_NVLINK_ERROR_DL_CRC_FLIT",
+    "counter_nvlink_crc_data": "NVML_NVLINK_ERROR_DL_CRC_DATA",
+}
+TEMPERATURE_THRESHOLDS = {
+    "temp_slowdown_c": "NVML_TEMPERATURE_THRESHOLD_SLOWDOWN",
+    "temp_shutdown_c": "NVML_TEMPERATURE_THRESHOLD_SHUTDOWN",
+    "temp_gpu_max_c": "NVML_TEMPERATURE_THRESHOLD_GPU_MAX",
+    "temp_mem_max_c": "NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
+}
+RECOVERY_ACTION_PREFIX = "NVML_GPU_RECOVERY_ACTION_"
+
+
+def load_pynvml() -> ModuleType:
+    """The real ``pynvml`` module (nvidia-ml-py), imported only when a probe runs."""
+    import pynvml
+
+    return pynvml
+
+
+class NvmlReader:
+    """Reads GPU signals. Use as a context manager: ``with NvmlReader(pynvml) as r: r.read()``."""
+
+    def __init__(self, nvml: Any, xid_lookback_s: float = 7200.0, clock: Callable[[], float] = time.time):
+        self.nvml = nvml
+        self.xid_lookback_s = xid_lookback_s
+        self.clock = clock
+        self._init_error: str | None = "NVML not started"
+        self._event_set: Any = None
+        self._xid_unknown: dict[int, str] = {}
+        self._xids: list[tuple[float, int, int]] = []  # (seen at, gpu index, xid)
+        self._watch_since = 0.0
+
+    def __enter__(self) -> NvmlReader:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        """Initialise NVML and register for XID events on every GPU."""
+        try:
+            self.nvml.nvmlInit()
+        except self.nvml.NVMLError as err:
+            self._init_error = f"NVML unavailable (no driver or no GPU?): {err}"
+            return
+        self._init_error = None
+        self._watch_since = self.clock()
+        try:
+            self._event_set = self.nvml.nvmlEventSetCreate()
+        except self.nvml.NVMLError as err:
+            self._xid_unknown = {-1: f"nvmlEventSetCreate: {err}"}
+            return
+        count = self._read("nvmlDeviceGetCount")
+        for index in range(count.value or 0):
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+                self.nvml.nvmlDeviceRegisterEvents(handle, self.nvml.nvmlEventTypeXidCriticalError, self._event_set)
+            except self.nvml.NVMLError as err:
+                self._xid_unknown[index] = f"XID events not available: {err}"
+
+    def close(self) -> None:
+        if self._init_error is not None:
+            return
+        if self._event_set is not None:
+            self.nvml.nvmlEventSetFree(self._event_set)
+            self._event_set = None
+        self.nvml.nvmlShutdown()
+        self._init_error = "NVML closed"
+
+    def read(self, xid_wait_ms: int = 0) -> tuple[Signals, dict[str, Signals]]:
+        """Node-level signals and per-GPU signals (keyed by GPU index as a string)."""
+        if self._init_error is not None:
+            return {"gpu_count": Signal.unknown(self._init_error)}, {}
+        self._drain_xids(xid_wait_ms)
+        count = self._read("nvmlDeviceGetCount")
+        node = {
+            "gpu_count": count,
+            "driver_version": self._read("nvmlSystemGetDriverVersion", convert=_text),
+            "xid_watch_since": Signal(self._watch_since),
+        }
+        gpus = {str(index): self._read_gpu(index) for index in range(count.value or 0)}
+        return node, gpus
+
+    def _read(self, function: str, *args: Any, convert: Callable[[Any], Any] = lambda v: v) -> Signal:
+        fn = getattr(self.nvml, function, None)
+        if fn is None:
+            return Signal.unknown(f"{function} is not available in this pynvml")
+        try:
+            return Signal(convert(fn(*args)))
+        except self.nvml.NVMLError as err:
+            return Signal.unknown(f"{function}: {err}")
+
+    def _const(self, name: str) -> Any:
+        return getattr(self.nvml, name)
+
+    def _read_gpu(self, index: int) -> Signals:
+        try:
+            handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
+        except self.nvml.NVMLError as err:
+            lost = err.value == self._const("NVML_ERROR_GPU_IS_LOST")
+            return {"gpu_lost": Signal(True) if lost else Signal.unknown(f"nvmlDeviceGetHandleByIndex: {err}")}
+        enabled = self._const("NVML_FEATURE_ENABLED")
+        signals: Signals = {
+            "gpu_lost": Signal(False),
+            "uuid": self._read("nvmlDeviceGetUUID", handle, convert=_text),
+            "model": self._read("nvmlDeviceGetName", handle, convert=_text),
+            "temperature_c": self._read("nvmlDeviceGetTemperature", handle, self._const("NVML_TEMPERATURE_GPU")),
+            "clock_event_reasons": self._read_clock_event_reasons(handle),
+            "power_w": self._read("nvmlDeviceGetPowerUsage", handle, convert=_milli),
+            "power_limit_w": self._read("nvmlDeviceGetEnforcedPowerLimit", handle, convert=_milli),
+            "pcie_link_gen": self._read("nvmlDeviceGetCurrPcieLinkGeneration", handle),
+            "pcie_link_gen_max": self._read("nvmlDeviceGetMaxPcieLinkGeneration", handle),
+            "pcie_link_width": self._read("nvmlDeviceGetCurrPcieLinkWidth", handle),
+            "pcie_link_width_max": self._read("nvmlDeviceGetMaxPcieLinkWidth", handle),
+            "counter_pcie_replay": self._read("nvmlDeviceGetPcieReplayCounter", handle),
+            "persistence_mode": self._read("nvmlDeviceGetPersistenceMode", handle, convert=lambda v: v == enabled),
+            "running_processes": self._read("nvmlDeviceGetComputeRunningProcesses", handle, convert=len),
+            "retired_pages_pending": self._read(
+                "nvmlDeviceGetRetiredPagesPendingStatus", handle, convert=lambda v: v == enabled
+            ),
+            "recovery_action": self._read_recovery_action(handle),
+            "xid_events": self._xid_signal(index),
+        }
+        for name, threshold in TEMPERATURE_THRESHOLDS.items():
+            signals[name] = self._read("nvmlDeviceGetTemperatureThreshold", handle, self._const(threshold))
+        for kind in ("corrected", "uncorrected"):
+            for scope in ("volatile", "aggregate"):
+                signals[f"ecc_{kind}_{scope}"] = self._read(
+                    "nvmlDeviceGetTotalEccErrors",
+                    handle,
+                    self._const(f"NVML_MEMORY_ERROR_TYPE_{kind.upper()}"),
+                    self._const(f"NVML_{scope.upper()}_ECC"),
+                )
+        signals["pcie_link_width_degraded"] = _below(signals["pcie_link_width"], signals["pcie_link_width_max"])
+        signals["retired_pages"] = self._read_retired_pages(handle)
+        signals.update(self._read_remapped_rows(handle))
+        signals.update(self._read_nvlink(handle))
+        return signals
+
+    def _read_clock_event_reasons(self, handle: Any) -> Signal:
+        if hasattr(self.nvml, "nvmlDeviceGetCurrentClocksEventReasons"):
+            return self._read("nvmlDeviceGetCurrentClocksEventReasons", handle)
+        return self._read("nvmlDeviceGetCurrentClocksThrottleReasons", handle)  # pynvml < 12.535
+
+    def _read_retired_pages(self, handle: Any) -> Signal:
+        causes = ("MULTIPLE_SINGLE_BIT_ECC_ERRORS", "DOUBLE_BIT_ECC_ERROR")
+        parts = [
+            self._read("nvmlDeviceGetRetiredPages", handle, self._const(f"NVML_PAGE_RETIREMENT_CAUSE_{c}"), convert=len)
+            for c in causes
+        ]
+        unknown = [p for p in parts if not p.known]
+        return unknown[0] if unknown else Signal(sum(p.value for p in parts))
+
+    def _read_remapped_rows(self, handle: Any) -> Signals:
+        names = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failure")
+        rows = self._read("nvmlDeviceGetRemappedRows", handle)
+        if not rows.known:
+            return {name: rows for name in names}
+        correctable, uncorrectable, pending, failure = rows.value
+        values = (correctable, uncorrectable, bool(pending), bool(failure))
+        return {name: Signal(value) for name, value in zip(names, values, strict=True)}
+
+    def _read_recovery_action(self, handle: Any) -> Signal:
+        field_id = getattr(self.nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field_id is None:
+            return Signal.unknown("this pynvml has no GPU recovery action field")
+        values = self._read("nvmlDeviceGetFieldValues", handle, [field_id])
+        if not values.known:
+            return values
+        value = values.value[0]
+        if value.nvmlReturn != self._const("NVML_SUCCESS"):
+            return Signal.unknown(f"GPU recovery action field: {self.nvml.NVMLError(value.nvmlReturn)}")
+        names = {
+            getattr(self.nvml, name): name.removeprefix(RECOVERY_ACTION_PREFIX)
+            for name in dir(self.nvml)
+            if name.startswith(RECOVERY_ACTION_PREFIX)
+        }
+        return Signal(names.get(value.value.uiVal, f"code {value.value.uiVal}"))
+
+    def _read_nvlink(self, handle: Any) -> Signals:
+        names = ["nvlink_active_links", "nvlink_inactive_links", *NVLINK_COUNTERS]
+        absent = {self._const("NVML_ERROR_NOT_SUPPORTED"), self._const("NVML_ERROR_INVALID_ARGUMENT")}
+        states: dict[int, int] = {}
+        for link in range(self._const("NVML_NVLINK_MAX_LINKS")):
+            try:
+                states[link] = self.nvml.nvmlDeviceGetNvLinkState(handle, link)
+            except self.nvml.NVMLError as err:
+                if err.value not in absent:
+                    return {name: Signal.unknown(f"nvmlDeviceGetNvLinkState({link}): {err}") for name in names}
+        if not states:
+            return {name: Signal.unknown("no NVLink on this GPU (NVLink state not supported)") for name in names}
+        active = [link for link, state in states.items() if state == self._const("NVML_FEATURE_ENABLED")]
+        signals = {
+            "nvlink_active_links": Signal(len(active)),
+            "nvlink_inactive_links": Signal(len(states) - len(active)),
+        }
+        for name, counter in NVLINK_COUNTERS.items():
+            per_link = [
+                self._read("nvmlDeviceGetNvLinkErrorCounter", handle, link, self._const(counter)) for link in active
+            ]
+            unknown = [s for s in per_link if not s.known]
+            signals[name] = unknown[0] if unknown else Signal(sum(s.value for s in per_link))
+        return signals
+
+    def _drain_xids(self, wait_ms: int) -> None:
+        now = self.clock()
+        self._xids = [x for x in self._xids if x[0] >= now - self.xid_lookback_s]
+        if self._event_set is None:
+            return
+        while True:
+            try:
+                event = self.nvml.nvmlEventSetWait_v2(self._event_set, wait_ms)
+            except self.nvml.NVMLError as err:
+                if err.value != self._const("NVML_ERROR_TIMEOUT"):
+                    self._xid_unknown[-1] = f"nvmlEventSetWait_v2: {err}"
+                return
+            index = self.nvml.nvmlDeviceGetIndex(event.device)
+            self._xids.append((now, index, int(event.eventData)))
+            wait_ms = 0
+
+    def _xid_signal(self, index: int) -> Signal:
+        reason = self._xid_unknown.get(index) or self._xid_unknown.get(-1)
+        if reason:
+            return Signal.unknown(reason)
+        return Signal(sorted({xid for _, gpu, xid in self._xids if gpu == index}))
+
+
+def _below(current: Signal, maximum: Signal) -> Signal:
+    """Whether a link runs below its maximum. Generation is not compared: GPUs downshift it at idle."""
+    if not (current.known and maximum.known):
+        return current if not current.known else maximum
+    return Signal(current.value < maximum.value)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _milli(value: int) -> float:
+    return value / 1000.0
