@@ -12,6 +12,9 @@ import sys
 
 AREAS = [
     "trainops.devcluster.cli",
+    "trainops.health.cli",
+    "trainops.checkpoints.cli",
+    "trainops.cluster.cli",
 ]
 
 

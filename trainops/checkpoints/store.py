@@ -72,24 +72,30 @@ class CheckpointStore:
         except self.client.exceptions.NoSuchKey:
             return None
         body = response["Body"]
-        with body:
+        try:
             if response["ContentLength"] > limit:
                 raise ObjectTooLarge(
                     f"s3://{bucket}/{key} is {response['ContentLength']} bytes, over the {limit}-byte limit"
                 )
             return body.read()
+        finally:
+            body.close()
 
     def read_range(self, bucket: str, key: str, start: int, length: int) -> bytes:
         """``length`` bytes from ``start`` (fewer when the object is shorter)."""
-        response = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")
-        with response["Body"] as body:
+        body = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")["Body"]
+        try:
             return body.read()
+        finally:
+            body.close()
 
     def stream(self, bucket: str, key: str) -> Iterator[bytes]:
         """The object's bytes in chunks of about 1 MiB, never the whole object in memory."""
-        response = self.client.get_object(Bucket=bucket, Key=key)
-        with response["Body"] as body:
+        body = self.client.get_object(Bucket=bucket, Key=key)["Body"]
+        try:
             yield from body.iter_chunks(CHUNK_SIZE)
+        finally:
+            body.close()
 
     def head(self, bucket: str, key: str, *, part_number: int | None = None) -> dict[str, Any]:
         """HeadObject with checksum mode on (returns ``Checksum*`` values when the object has them)."""

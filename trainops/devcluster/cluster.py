@@ -24,8 +24,10 @@ import yaml
 
 from trainops.devcluster import topology
 from trainops.devcluster.controllers import start_controllers
+from trainops.devcluster.gc import GarbageCollector
 from trainops.devcluster.kueue import KueueConfig, KueueController, kueue_admission
 from trainops.devcluster.logs import PodLogs
+from trainops.devcluster.probe_daemon import ProbeDaemon
 from trainops.devcluster.server import ApiServer
 from trainops.devcluster.store import Store
 from trainops.devcluster.telemetry import NodeTelemetry, prometheus_query, render_dcgm
@@ -52,6 +54,7 @@ class DevCluster:
         inference: list[topology.InferenceWorkload] | None = None,
         process_env: dict[str, str] | None = None,
         kueue_config: KueueConfig | None = None,
+        probe_interval_s: float = 1.0,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("nodes and gpus_per_node must be at least 1")
@@ -81,6 +84,8 @@ class DevCluster:
         self._kueue_config = kueue_config or KueueConfig()
         self._controllers = None
         self._kueue = None
+        self._gc = None
+        self.probe_daemon = ProbeDaemon(self.store, self.telemetry, interval_s=probe_interval_s)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> DevCluster:
@@ -88,12 +93,16 @@ class DevCluster:
         self._controllers = start_controllers(self.store, self.logs, self.telemetry, self._process_env)
         self._kueue = KueueController(self.store, self._kueue_config)
         self._kueue.start()
+        self._gc = GarbageCollector(self.store)
+        self._gc.start()
+        self.probe_daemon.start()
         self.url = self.server.start()
         self.write_kubeconfig(self.kubeconfig)
         return self
 
     def stop(self) -> None:
         self.server.stop()
+        self.probe_daemon.stop()
         if self._kueue:
             self._kueue.stop()
         if self._controllers:
@@ -217,8 +226,9 @@ class DevCluster:
                     return _json(404, {"error": f"no node {parts[1]!r}"})
                 return 200, "text/plain; version=0.0.4", render_dcgm(self.telemetry[parts[1]]).encode()
             if method == "GET" and parts == ["prometheus", "api", "v1", "query"]:
-                promql = _first(query.get("query"))
-                return _json(200, prometheus_query(self.telemetry, promql or "", time.time()))
+                promql, at = _first(query.get("query")), _first(query.get("time"))
+                answer = prometheus_query(self.telemetry, promql or "", time.time() if at is None else float(at))
+                return _json(200 if answer["status"] == "success" else 400, answer)
         except (FaultError, ValueError, KeyError) as error:
             return _json(400, {"error": str(error)})
         return _json(404, {"error": f"no devcluster endpoint {method} {path}"})

@@ -65,26 +65,72 @@ _STATUS = ("status",)
 _AGE = Column("Age", ".metadata.creationTimestamp", "date")
 
 KINDS: tuple[Kind, ...] = (
-    Kind("", "v1", "Namespace", "namespaces", False, ("ns",), (), _STATUS, "io.k8s.api.core.v1.Namespace", "label"),
+    Kind(
+        "",
+        "v1",
+        "Namespace",
+        "namespaces",
+        False,
+        ("ns",),
+        (),
+        _STATUS,
+        "io.k8s.api.core.v1.Namespace",
+        "label",
+    ),
     Kind("", "v1", "Node", "nodes", False, ("no",), (), _STATUS, "io.k8s.api.core.v1.Node"),
     Kind(
-        "", "v1", "Pod", "pods", True, ("po",), ("all",), ("status", "eviction", "log", "binding"),
+        "",
+        "v1",
+        "Pod",
+        "pods",
+        True,
+        ("po",),
+        ("all",),
+        ("status", "eviction", "log", "binding"),
         "io.k8s.api.core.v1.Pod",
     ),
     Kind("", "v1", "Event", "events", True, ("ev",), (), (), "io.k8s.api.core.v1.Event"),
     Kind(
-        "apps", "v1", "Deployment", "deployments", True, ("deploy",), ("all",), ("status", "scale"),
+        "apps",
+        "v1",
+        "Deployment",
+        "deployments",
+        True,
+        ("deploy",),
+        ("all",),
+        ("status", "scale"),
         "io.k8s.api.apps.v1.Deployment",
     ),
     Kind("batch", "v1", "Job", "jobs", True, (), ("all",), _STATUS, "io.k8s.api.batch.v1.Job"),
     Kind(
-        "policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True, ("pdb",), (), _STATUS,
+        "policy",
+        "v1",
+        "PodDisruptionBudget",
+        "poddisruptionbudgets",
+        True,
+        ("pdb",),
+        (),
+        _STATUS,
         "io.k8s.api.policy.v1.PodDisruptionBudget",
     ),
-    Kind(KUEUE, "v1beta2", "ResourceFlavor", "resourceflavors", False, ("flavor", "flavors", "rf"),
-         columns=(_AGE,)),
     Kind(
-        KUEUE, "v1beta2", "ClusterQueue", "clusterqueues", False, ("cq",), (), _STATUS,
+        KUEUE,
+        "v1beta2",
+        "ResourceFlavor",
+        "resourceflavors",
+        False,
+        ("flavor", "flavors", "rf"),
+        columns=(_AGE,),
+    ),
+    Kind(
+        KUEUE,
+        "v1beta2",
+        "ClusterQueue",
+        "clusterqueues",
+        False,
+        ("cq",),
+        (),
+        _STATUS,
         columns=(
             Column("Cohort", ".spec.cohortName"),
             Column("Strategy", ".spec.queueingStrategy", priority=1),
@@ -94,7 +140,14 @@ KINDS: tuple[Kind, ...] = (
         ),
     ),
     Kind(
-        KUEUE, "v1beta2", "LocalQueue", "localqueues", True, ("queue", "queues", "lq"), (), _STATUS,
+        KUEUE,
+        "v1beta2",
+        "LocalQueue",
+        "localqueues",
+        True,
+        ("queue", "queues", "lq"),
+        (),
+        _STATUS,
         columns=(
             Column("ClusterQueue", ".spec.clusterQueue"),
             Column("Pending Workloads", ".status.pendingWorkloads", "integer"),
@@ -103,7 +156,14 @@ KINDS: tuple[Kind, ...] = (
         ),
     ),
     Kind(
-        KUEUE, "v1beta2", "Workload", "workloads", True, ("wl",), (), _STATUS,
+        KUEUE,
+        "v1beta2",
+        "Workload",
+        "workloads",
+        True,
+        ("wl",),
+        (),
+        _STATUS,
         columns=(
             Column("Queue", ".spec.queueName"),
             Column("Reserved in", ".status.admission.clusterQueue"),
@@ -112,8 +172,14 @@ KINDS: tuple[Kind, ...] = (
             _AGE,
         ),
     ),
-    Kind(KUEUE, "v1beta2", "WorkloadPriorityClass", "workloadpriorityclasses", False,
-         columns=(Column("Value", ".value", "integer"), _AGE)),
+    Kind(
+        KUEUE,
+        "v1beta2",
+        "WorkloadPriorityClass",
+        "workloadpriorityclasses",
+        False,
+        columns=(Column("Value", ".value", "integer"), _AGE),
+    ),
 )
 
 _BY_PATH = {(k.group, k.version, k.plural): k for k in KINDS}
@@ -187,7 +253,13 @@ def api_group_list() -> dict:
 def api_group(name: str, versions: list[str] | None = None) -> dict:
     versions = versions or [v for g, v in group_versions() if g == name]
     entries = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
-    return {"kind": "APIGroup", "apiVersion": "v1", "name": name, "versions": entries, "preferredVersion": entries[0]}
+    return {
+        "kind": "APIGroup",
+        "apiVersion": "v1",
+        "name": name,
+        "versions": entries,
+        "preferredVersion": entries[0],
+    }
 
 
 def resource_list(group: str, version: str) -> dict | None:

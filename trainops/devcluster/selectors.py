@@ -40,7 +40,9 @@ class Requirement:
 Selector = Callable[[dict], bool]
 
 _TOKEN = re.compile(r"\s*(\(|\)|,|!=|==|=|>|<|!|[^\s(),!=<>]+)")
-_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
 
 
 def parse_labels(text: str) -> list[Requirement]:
@@ -126,15 +128,32 @@ def match_label_selector(selector: dict | None, labels: dict) -> bool:
 _COMMON_FIELDS = ("metadata.name", "metadata.namespace")
 FIELDS: dict[str, tuple[str, ...]] = {
     "pods": _COMMON_FIELDS
-    + ("spec.nodeName", "status.phase", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
-       "status.podIP", "status.nominatedNodeName"),
+    + (
+        "spec.nodeName",
+        "status.phase",
+        "spec.restartPolicy",
+        "spec.schedulerName",
+        "spec.serviceAccountName",
+        "status.podIP",
+        "status.nominatedNodeName",
+    ),
     "nodes": _COMMON_FIELDS + ("spec.unschedulable",),
     "namespaces": _COMMON_FIELDS + ("status.phase",),
     "jobs.batch": _COMMON_FIELDS + ("status.successful",),
     "events": _COMMON_FIELDS
-    + ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
-       "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
-       "reportingComponent", "source", "type"),
+    + (
+        "involvedObject.kind",
+        "involvedObject.namespace",
+        "involvedObject.name",
+        "involvedObject.uid",
+        "involvedObject.apiVersion",
+        "involvedObject.resourceVersion",
+        "involvedObject.fieldPath",
+        "reason",
+        "reportingComponent",
+        "source",
+        "type",
+    ),
 }
 
 
@@ -162,6 +181,6 @@ def field_selector(text: str | None, resource: str) -> Selector | None:
             raise BadSelector(f"invalid selector: {text!r}; can't understand {term!r}")
         path, op, value = match.groups()
         if path not in allowed:
-            raise BadSelector(f'field label not supported: {path}')
+            raise BadSelector(f"field label not supported: {path}")
         terms.append((path, op != "!=", value))
     return lambda obj: all((field_value(obj, p) == v) == eq for p, eq, v in terms)

@@ -100,6 +100,12 @@ class Store:
         with self._lock:
             return self._rv
 
+    @property
+    def oldest_resource_version(self) -> int:
+        """The oldest resourceVersion a watch or a continue token can still resume from."""
+        with self._lock:
+            return self._history[0].resource_version - 1 if self._history else self._rv
+
     def get(self, resource: str, namespace: str, name: str) -> dict:
         with self._lock:
             try:
@@ -127,7 +133,8 @@ class Store:
 
     # ---- writes ------------------------------------------------------------------------
     def create(self, resource: str, obj: dict) -> dict:
-        """Store a new object; fills uid, creationTimestamp, resourceVersion, generation and generateName."""
+        """Store a new object; fills uid (unless given), creationTimestamp, resourceVersion, generation
+        and a name from generateName."""
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         meta.setdefault("namespace", "")
@@ -137,7 +144,7 @@ class Store:
             key = (meta["namespace"], meta["name"])
             if key in self._objects[resource]:
                 raise AlreadyExists(f'{resource} "{meta["name"]}" already exists')
-            meta["uid"] = str(uuid.uuid4())
+            meta["uid"] = meta.get("uid") or str(uuid.uuid4())
             meta["creationTimestamp"] = now_iso()
             meta["generation"] = 1
             meta.pop("resourceVersion", None)

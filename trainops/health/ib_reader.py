@@ -57,23 +57,47 @@ class SysfsIbReader:
         return ports
 
     def _read_port(self, port_dir: Path) -> Signals:
-        signals = {
-            "ib_state": _read_file(port_dir / "state", parse_state),
-            "ib_phys_state": _read_file(port_dir / "phys_state", parse_state),
-            "ib_rate_gbps": _read_file(port_dir / "rate", parse_rate_gbps),
-            "ib_link_layer": _read_file(port_dir / "link_layer", str.strip),
-        }
+        files = {name: _read_text(port_dir / name) for name in PORT_FILES}
         counters = port_dir / "counters"
         if counters.is_dir():
-            for counter in sorted(counters.iterdir()):
-                signals[f"counter_{counter.name}"] = _read_file(counter, lambda text: int(text.strip()))
-        return signals
+            files.update({f"counters/{c.name}": _read_text(c) for c in sorted(counters.iterdir())})
+        return port_signals(files)
 
 
-def _read_file(path: Path, parse) -> Signal:
+PORT_FILES = ("state", "phys_state", "rate", "link_layer")
+
+
+def port_signals(files: dict[str, str | None]) -> Signals:
+    """Signals of one port from its sysfs file texts (None: unreadable), e.g. ``{"state": "4: ACTIVE"}``."""
+    parsers = {
+        "state": parse_state,
+        "phys_state": parse_state,
+        "rate": parse_rate_gbps,
+        "link_layer": str.strip,
+    }
+    names = {
+        "state": "ib_state",
+        "phys_state": "ib_phys_state",
+        "rate": "ib_rate_gbps",
+        "link_layer": "ib_link_layer",
+    }
+    signals: Signals = {}
+    for file, text in files.items():
+        counter = file.removeprefix("counters/")
+        name = names.get(file) or f"counter_{counter}"
+        parse = parsers.get(file) or (lambda t: int(t.strip()))
+        if text is None:
+            signals[name] = Signal.unknown(f"cannot read {file}")
+            continue
+        try:
+            signals[name] = Signal(parse(text))
+        except ValueError as err:
+            signals[name] = Signal.unknown(f"cannot parse {file}: {err}")
+    return signals
+
+
+def _read_text(path: Path) -> str | None:
     try:
-        return Signal(parse(path.read_text()))
-    except OSError as err:
-        return Signal.unknown(f"cannot read {path}: {err.strerror or err}")
-    except ValueError as err:
-        return Signal.unknown(f"cannot parse {path}: {err}")
+        return path.read_text()
+    except OSError:
+        return None

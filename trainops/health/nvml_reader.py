@@ -78,7 +78,9 @@ class NvmlReader:
         for index in range(count.value or 0):
             try:
                 handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
-                self.nvml.nvmlDeviceRegisterEvents(handle, self.nvml.nvmlEventTypeXidCriticalError, self._event_set)
+                self.nvml.nvmlDeviceRegisterEvents(
+                    handle, self.nvml.nvmlEventTypeXidCriticalError, self._event_set
+                )
             except self.nvml.NVMLError as err:
                 self._xid_unknown[index] = f"XID events not available: {err}"
 
@@ -122,13 +124,16 @@ class NvmlReader:
             handle = self.nvml.nvmlDeviceGetHandleByIndex(index)
         except self.nvml.NVMLError as err:
             lost = err.value == self._const("NVML_ERROR_GPU_IS_LOST")
-            return {"gpu_lost": Signal(True) if lost else Signal.unknown(f"nvmlDeviceGetHandleByIndex: {err}")}
+            state = Signal(True) if lost else Signal.unknown(f"nvmlDeviceGetHandleByIndex: {err}")
+            return {"gpu_lost": state, "xid_events": self._xid_signal(index)}
         enabled = self._const("NVML_FEATURE_ENABLED")
         signals: Signals = {
             "gpu_lost": Signal(False),
             "uuid": self._read("nvmlDeviceGetUUID", handle, convert=_text),
             "model": self._read("nvmlDeviceGetName", handle, convert=_text),
-            "temperature_c": self._read("nvmlDeviceGetTemperature", handle, self._const("NVML_TEMPERATURE_GPU")),
+            "temperature_c": self._read(
+                "nvmlDeviceGetTemperature", handle, self._const("NVML_TEMPERATURE_GPU")
+            ),
             "clock_event_reasons": self._read_clock_event_reasons(handle),
             "power_w": self._read("nvmlDeviceGetPowerUsage", handle, convert=_milli),
             "power_limit_w": self._read("nvmlDeviceGetEnforcedPowerLimit", handle, convert=_milli),
@@ -137,7 +142,9 @@ class NvmlReader:
             "pcie_link_width": self._read("nvmlDeviceGetCurrPcieLinkWidth", handle),
             "pcie_link_width_max": self._read("nvmlDeviceGetMaxPcieLinkWidth", handle),
             "counter_pcie_replay": self._read("nvmlDeviceGetPcieReplayCounter", handle),
-            "persistence_mode": self._read("nvmlDeviceGetPersistenceMode", handle, convert=lambda v: v == enabled),
+            "persistence_mode": self._read(
+                "nvmlDeviceGetPersistenceMode", handle, convert=lambda v: v == enabled
+            ),
             "running_processes": self._read("nvmlDeviceGetComputeRunningProcesses", handle, convert=len),
             "retired_pages_pending": self._read(
                 "nvmlDeviceGetRetiredPagesPendingStatus", handle, convert=lambda v: v == enabled
@@ -155,7 +162,9 @@ class NvmlReader:
                     self._const(f"NVML_MEMORY_ERROR_TYPE_{kind.upper()}"),
                     self._const(f"NVML_{scope.upper()}_ECC"),
                 )
-        signals["pcie_link_width_degraded"] = _below(signals["pcie_link_width"], signals["pcie_link_width_max"])
+        signals["pcie_link_width_degraded"] = _below(
+            signals["pcie_link_width"], signals["pcie_link_width_max"]
+        )
         signals["retired_pages"] = self._read_retired_pages(handle)
         signals.update(self._read_remapped_rows(handle))
         signals.update(self._read_nvlink(handle))
@@ -169,14 +178,24 @@ class NvmlReader:
     def _read_retired_pages(self, handle: Any) -> Signal:
         causes = ("MULTIPLE_SINGLE_BIT_ECC_ERRORS", "DOUBLE_BIT_ECC_ERROR")
         parts = [
-            self._read("nvmlDeviceGetRetiredPages", handle, self._const(f"NVML_PAGE_RETIREMENT_CAUSE_{c}"), convert=len)
+            self._read(
+                "nvmlDeviceGetRetiredPages",
+                handle,
+                self._const(f"NVML_PAGE_RETIREMENT_CAUSE_{c}"),
+                convert=len,
+            )
             for c in causes
         ]
         unknown = [p for p in parts if not p.known]
         return unknown[0] if unknown else Signal(sum(p.value for p in parts))
 
     def _read_remapped_rows(self, handle: Any) -> Signals:
-        names = ("remapped_rows_correctable", "remapped_rows_uncorrectable", "row_remap_pending", "row_remap_failure")
+        names = (
+            "remapped_rows_correctable",
+            "remapped_rows_uncorrectable",
+            "row_remap_pending",
+            "row_remap_failure",
+        )
         rows = self._read("nvmlDeviceGetRemappedRows", handle)
         if not rows.known:
             return {name: rows for name in names}
@@ -210,9 +229,13 @@ class NvmlReader:
                 states[link] = self.nvml.nvmlDeviceGetNvLinkState(handle, link)
             except self.nvml.NVMLError as err:
                 if err.value not in absent:
-                    return {name: Signal.unknown(f"nvmlDeviceGetNvLinkState({link}): {err}") for name in names}
+                    return {
+                        name: Signal.unknown(f"nvmlDeviceGetNvLinkState({link}): {err}") for name in names
+                    }
         if not states:
-            return {name: Signal.unknown("no NVLink on this GPU (NVLink state not supported)") for name in names}
+            return {
+                name: Signal.unknown("no NVLink on this GPU (NVLink state not supported)") for name in names
+            }
         active = [link for link, state in states.items() if state == self._const("NVML_FEATURE_ENABLED")]
         signals = {
             "nvlink_active_links": Signal(len(active)),
@@ -220,7 +243,8 @@ class NvmlReader:
         }
         for name, counter in NVLINK_COUNTERS.items():
             per_link = [
-                self._read("nvmlDeviceGetNvLinkErrorCounter", handle, link, self._const(counter)) for link in active
+                self._read("nvmlDeviceGetNvLinkErrorCounter", handle, link, self._const(counter))
+                for link in active
             ]
             unknown = [s for s in per_link if not s.known]
             signals[name] = unknown[0] if unknown else Signal(sum(s.value for s in per_link))

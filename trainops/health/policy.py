@@ -63,47 +63,49 @@ class Row:
         return TESTS[self.test](value, self.threshold)
 
 
-MUST = {"if_unknown": "exclude"}
+MUST = {"if_unknown": "exclude"}  # rows a gate cannot do without; others warn when their signal is unknown
 
+# fmt: off
 DEFAULT_ROWS = (
-    # name, scope, signal, test, threshold, verdict, reason
-    Row("report_age", "node", "report_age_s", ">", 300, "exclude", "health report is stale", **MUST),
-    Row("gpu_count", "node", "gpu_count", "<", 8, "quarantine", "fewer GPUs than expected (reboot)", **MUST),
-    Row("gpu_lost", "gpu", "gpu_lost", "==", True, "quarantine", "GPU is lost to NVML (fallen off the bus)"),
-    Row("xid_fatal", "gpu", "xid_events", "any_in", FATAL_XIDS, "quarantine", "fatal XID (reset/reboot)", **MUST),
-    Row("xid_warn", "gpu", "xid_events", "any_in", WARN_XIDS, "warn", "non-fatal XID seen"),
-    Row("recovery_action", "gpu", "recovery_action", "not_in", ["NONE"], "quarantine", "driver asks for recovery"),
-    Row("ecc_uncorrectable", "gpu", "ecc_uncorrected_volatile", ">", 0, "quarantine", "uncorrectable ECC", **MUST),
-    Row("ecc_correctable", "gpu", "ecc_corrected_volatile", ">", 20_000_000, "warn", "high correctable ECC"),
-    Row("row_remap_failure", "gpu", "row_remap_failure", "==", True, "quarantine", "row remap failed (RMA)", **MUST),
-    Row("row_remap_pending", "gpu", "row_remap_pending", "==", True, "quarantine", "row remap pending (reset)", **MUST),
-    Row("remapped_rows", "gpu", "remapped_rows_uncorrectable", ">=", 512, "quarantine", "remap table full (RMA)"),
+    #   name                   scope      signal                         test      threshold      verdict       reason
+    Row("report_age",          "node",    "report_age_s",                ">",      300,           "exclude",    "health report is stale", **MUST),
+    Row("gpu_count",           "node",    "gpu_count",                   "<",      8,             "quarantine", "fewer GPUs than expected (reboot)", **MUST),
+    Row("gpu_lost",            "gpu",     "gpu_lost",                    "==",     True,          "quarantine", "GPU is lost to NVML (fallen off the bus)"),
+    Row("xid_fatal",           "gpu",     "xid_events",                  "any_in", FATAL_XIDS,    "quarantine", "fatal XID (reset/reboot)", **MUST),
+    Row("xid_warn",            "gpu",     "xid_events",                  "any_in", WARN_XIDS,     "warn",       "non-fatal XID seen"),
+    Row("recovery_action",     "gpu",     "recovery_action",             "not_in", ["NONE"],      "quarantine", "driver asks for recovery"),
+    Row("ecc_uncorrectable",   "gpu",     "ecc_uncorrected_volatile",    ">",      0,             "quarantine", "uncorrectable ECC", **MUST),
+    Row("ecc_correctable",     "gpu",     "ecc_corrected_volatile",      ">",      20_000_000,    "warn",       "high correctable ECC"),
+    Row("row_remap_failure",   "gpu",     "row_remap_failure",           "==",     True,          "quarantine", "row remap failed (RMA)", **MUST),
+    Row("row_remap_pending",   "gpu",     "row_remap_pending",           "==",     True,          "quarantine", "row remap pending (reset)", **MUST),
+    Row("remapped_rows",       "gpu",     "remapped_rows_uncorrectable", ">=",     512,           "quarantine", "remap table full (RMA)"),
     # Retired pages are pre-Ampere; Ampere+ answer NOT_SUPPORTED and rely on row remapping.
-    Row("retired_pages", "gpu", "retired_pages", ">=", 63, "quarantine", "too many retired pages", if_unknown="ok"),
-    Row("retired_pending", "gpu", "retired_pages_pending", "==", True, "quarantine", "retirement pending", if_unknown="ok"),
-    Row("throttling", "gpu", "clock_event_reasons", "any_bit", THROTTLE_BITS, "warn", "hardware clock slowdown"),
-    Row("thermal_warn", "gpu", "temperature_c", ">=", 85, "warn", "GPU running hot"),
-    Row("thermal_critical", "gpu", "temperature_c", ">=", 95, "exclude", "GPU too hot", **MUST),
-    Row("pcie_link", "gpu", "pcie_link_width_degraded", "==", True, "exclude", "PCIe link narrower than max"),
-    Row("pcie_replay", "gpu", "pcie_replay_per_min", ">", 31, "warn", "PCIe replays above BER bound (Gen5 x16)"),
-    Row("nvlink_down", "gpu", "nvlink_inactive_links", ">", 0, "quarantine", "NVLink link inactive", **MUST),
-    Row("nvlink_replay", "gpu", "nvlink_replay_per_min", ">=", 1, "quarantine", "NVLink replay errors"),
-    Row("nvlink_recovery", "gpu", "nvlink_recovery_per_min", ">=", 1, "quarantine", "NVLink recovery errors"),
-    Row("nvlink_crc_flit", "gpu", "nvlink_crc_flit_per_min", ">=", 6000, "quarantine", "NVLink CRC >= 100/s"),
-    Row("nvlink_crc_data", "gpu", "nvlink_crc_data_per_min", ">=", 6000, "quarantine", "NVLink CRC >= 100/s"),
-    Row("persistence_mode", "gpu", "persistence_mode", "==", False, "warn", "persistence mode off"),
-    Row("gpu_in_use", "gpu", "running_processes", ">", 0, "warn", "processes on the GPU (drained later)"),
-    Row("tensor_busy", "gpu", "tensor_active", ">", 0.05, "warn", "tensor cores busy", if_unknown="ok"),
-    Row("ib_port_count", "node", "ib_port_count", "<", 8, "exclude", "fewer InfiniBand ports than expected", **MUST),
-    Row("ib_state", "ib_port", "ib_state", "!=", "ACTIVE", "quarantine", "InfiniBand port not ACTIVE", **MUST),
-    Row("ib_phys_state", "ib_port", "ib_phys_state", "!=", "LinkUp", "quarantine", "InfiniBand link not up", **MUST),
-    Row("ib_rate", "ib_port", "ib_rate_gbps", "<", 400, "exclude", "InfiniBand rate degraded", **MUST),
-    Row("ib_symbol_errors", "ib_port", "symbol_error_per_min", ">=", 10, "exclude", "InfiniBand symbol errors"),
-    Row("ib_link_recovery", "ib_port", "link_error_recovery_per_min", ">=", 10, "exclude", "IB link recoveries"),
-    Row("ib_link_downed", "ib_port", "link_downed_per_min", ">=", 1, "exclude", "InfiniBand link flapped"),
-    Row("ib_rcv_errors", "ib_port", "port_rcv_errors_per_min", ">=", 10, "exclude", "InfiniBand receive errors"),
-    Row("ib_xmit_discards", "ib_port", "port_xmit_discards_per_min", ">=", 100, "warn", "InfiniBand xmit discards"),
+    Row("retired_pages",       "gpu",     "retired_pages",               ">=",     63,            "quarantine", "too many retired pages", if_unknown="ok"),
+    Row("retired_pending",     "gpu",     "retired_pages_pending",       "==",     True,          "quarantine", "retirement pending", if_unknown="ok"),
+    Row("throttling",          "gpu",     "clock_event_reasons",         "any_bit", THROTTLE_BITS, "warn",      "hardware clock slowdown"),
+    Row("thermal_warn",        "gpu",     "temperature_c",               ">=",     85,            "warn",       "GPU running hot"),
+    Row("thermal_critical",    "gpu",     "temperature_c",               ">=",     95,            "exclude",    "GPU too hot", **MUST),
+    Row("pcie_link",           "gpu",     "pcie_link_width_degraded",    "==",     True,          "exclude",    "PCIe link narrower than max"),
+    Row("pcie_replay",         "gpu",     "pcie_replay_per_min",         ">",      31,            "warn",       "PCIe replays above BER bound (Gen5 x16)"),
+    Row("nvlink_down",         "gpu",     "nvlink_inactive_links",       ">",      0,             "quarantine", "NVLink link inactive", **MUST),
+    Row("nvlink_replay",       "gpu",     "nvlink_replay_per_min",       ">=",     1,             "quarantine", "NVLink replay errors"),
+    Row("nvlink_recovery",     "gpu",     "nvlink_recovery_per_min",     ">=",     1,             "quarantine", "NVLink recovery errors"),
+    Row("nvlink_crc_flit",     "gpu",     "nvlink_crc_flit_per_min",     ">=",     6000,          "quarantine", "NVLink CRC >= 100/s"),
+    Row("nvlink_crc_data",     "gpu",     "nvlink_crc_data_per_min",     ">=",     6000,          "quarantine", "NVLink CRC >= 100/s"),
+    Row("persistence_mode",    "gpu",     "persistence_mode",            "==",     False,         "warn",       "persistence mode off"),
+    Row("gpu_in_use",          "gpu",     "running_processes",           ">",      0,             "warn",       "processes on the GPU (drained later)"),
+    Row("tensor_busy",         "gpu",     "tensor_active",               ">",      0.05,          "warn",       "tensor cores busy", if_unknown="ok"),
+    Row("ib_port_count",       "node",    "ib_port_count",               "<",      8,             "exclude",    "fewer InfiniBand ports than expected", **MUST),
+    Row("ib_state",            "ib_port", "ib_state",                    "!=",     "ACTIVE",      "quarantine", "InfiniBand port not ACTIVE", **MUST),
+    Row("ib_phys_state",       "ib_port", "ib_phys_state",               "!=",     "LinkUp",      "quarantine", "InfiniBand link not up", **MUST),
+    Row("ib_rate",             "ib_port", "ib_rate_gbps",                "<",      400,           "exclude",    "InfiniBand rate degraded", **MUST),
+    Row("ib_symbol_errors",    "ib_port", "symbol_error_per_min",        ">=",     10,            "exclude",    "InfiniBand symbol errors"),
+    Row("ib_link_recovery",    "ib_port", "link_error_recovery_per_min", ">=",     10,            "exclude",    "IB link recoveries"),
+    Row("ib_link_downed",      "ib_port", "link_downed_per_min",         ">=",     1,             "exclude",    "InfiniBand link flapped"),
+    Row("ib_rcv_errors",       "ib_port", "port_rcv_errors_per_min",     ">=",     10,            "exclude",    "InfiniBand receive errors"),
+    Row("ib_xmit_discards",    "ib_port", "port_xmit_discards_per_min",  ">=",     100,           "warn",       "InfiniBand xmit discards"),
 )
+# fmt: on
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ def load_policy(source: Mapping[str, Mapping[str, Any]] | str | Path | None = No
 
 @dataclass
 class NodeVerdict:
-    """The outcome for one node: the worst verdict over all findings, readable reasons, raw evidence."""
+    """The outcome for one node: the worst verdict of all findings, the reasons behind it, all evidence."""
 
     name: str
     verdict: str
@@ -179,9 +181,9 @@ class NodeVerdict:
 
     @property
     def only_unknown(self) -> bool:
-        """True when every non-ok finding comes from an unknown signal, not a tripped threshold."""
-        bad = [e for e in self.evidence if e["verdict"] != "ok"]
-        return bool(bad) and all(e["kind"] == "unknown" for e in bad)
+        """True when the verdict (not ok) comes only from unknown signals, no tripped threshold."""
+        behind = [e for e in self.evidence if e["verdict"] == self.verdict != "ok"]
+        return bool(behind) and all(e["kind"] == "unknown" for e in behind)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -215,5 +217,13 @@ def evaluate(report: HealthReport, policy: Policy = DEFAULT_POLICY, now: float |
                 found = {"kind": "tripped", "verdict": row.verdict, "value": signal.value, "reason": reason}
                 evidence.append({**base, **found})
     verdict = max((e["verdict"] for e in evidence), key=VERDICTS.index, default="ok")
-    reasons = [f"{e['row']} [{e['target']}] {e['reason']}" for e in evidence if e["verdict"] != "ok"]
-    return NodeVerdict(report.node, verdict, reasons, evidence)
+    return NodeVerdict(report.node, verdict, _reasons(evidence, verdict), evidence)
+
+
+def _reasons(evidence: list[dict[str, Any]], verdict: str) -> list[str]:
+    """One line per (row, reason) behind the final verdict, listing every target it applies to."""
+    targets: dict[tuple[str, str], list[str]] = {}
+    for e in evidence:
+        if e["verdict"] == verdict != "ok":
+            targets.setdefault((e["row"], e["reason"]), []).append(e["target"])
+    return [f"{row} [{', '.join(where)}] {reason}" for (row, reason), where in targets.items()]

@@ -9,6 +9,7 @@ re-save left it pointing at a partial directory), so the content is checked too:
 
 from __future__ import annotations
 
+import math
 import re
 
 from trainops.checkpoints.formats import dcp
@@ -64,8 +65,10 @@ def _check_legacy(checkpoint: Checkpoint) -> list[str]:
             reasons.append(checkpoint.missing(rank_dir + MODEL_FILE, "every rank directory holds one"))
         elif info.size == 0:
             reasons.append(f"{rank_dir + MODEL_FILE} is empty")
-    for axis, name in enumerate(("tensor", "pipeline", "expert")):
-        values = sorted({rank[axis] for rank in ranks})
+    axes = [sorted({rank[axis] for rank in ranks}) for axis in range(3)]
+    for values, name in zip(axes, ("tensor", "pipeline", "expert"), strict=True):
         if values != list(range(len(values))):
             reasons.append(f"{name}-parallel ranks {values} are not contiguous from 0: a rank's save is missing")
+    if len(ranks) != math.prod(len(values) for values in axes):
+        reasons.append(f"only {len(ranks)} of the {math.prod(len(v) for v in axes)} rank directories exist")
     return reasons

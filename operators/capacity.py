@@ -1,0 +1,179 @@
+"""Airflow operators for the taint flip: ``ClaimNodesOperator`` (setup) and ``ReturnCapacityOperator``
+(teardown).  Thin: the procedure lives in ``trainops.cluster.capacity``.
+
+    claim = ClaimNodesOperator(task_id="claim_nodes", nodes=gate.output["nodes"],
+                               inference_deployments=["inference/llm-chat"])
+    train = ...
+    give_back = ReturnCapacityOperator(task_id="return_capacity").as_teardown(setups=claim)
+    claim >> train >> give_back
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from trainops.cluster.capacity import Deadlines, NodesHeld, claim, give_back
+
+DEFAULT_CONN_ID = "kubernetes_default"
+
+
+def run_key(context) -> str:
+    """The claim key of the current DAG run: ``<dag_id>/<run_id>``."""
+    return f"{context['dag_run'].dag_id}/{context['dag_run'].run_id}"
+
+
+def node_names(nodes: Any) -> list[str]:
+    """Node names from a list, or from the health gate's XCom (a mapping with a ``nodes`` list)."""
+    if isinstance(nodes, dict):
+        nodes = nodes.get("nodes")
+    if isinstance(nodes, str) or not isinstance(nodes, Sequence):
+        raise ValueError(f"nodes: expected a list of node names (or a mapping with 'nodes'), got {nodes!r}")
+    return list(nodes)
+
+
+class ClaimNodesOperator(BaseOperator):
+    """Claim GPU nodes from inference for this DAG run (use as a setup task).
+
+    :param nodes: node names, or the health gate's XCom (a mapping with a ``nodes`` list). Templated.
+    :param cluster_queue: the training ClusterQueue whose ``nvidia.com/gpu`` quota grows by the GPUs claimed.
+    :param gpus_per_node: GPUs each node adds to the quota; default: the node's allocatable ``nvidia.com/gpu``.
+    :param gpu_flavor: the ClusterQueue flavor to adjust; needed only when several flavors hold GPU quota.
+    :param inference_deployments: ``namespace/name`` of inference Deployments to scale down (their HPA
+        when one targets them). Templated.
+    :param inference_services: ``namespace/name`` of KServe InferenceServices to scale down. Templated.
+    :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
+    :param wait_for_nodes_s: when other runs hold some of the nodes: 0 fails at once naming the holders;
+        > 0 waits (deferred, no worker slot) up to this many seconds for them to be returned.
+    :param poll_interval_s: how often the deferred wait looks at the nodes.
+    :param api_deadline_s: seconds each API step may keep retrying conflicts and 429/5xx answers.
+    :param drain_deadline_s: seconds for inference pods to leave the claimed nodes (PDBs may slow it).
+    """
+
+    template_fields: Sequence[str] = ("nodes", "cluster_queue", "inference_deployments", "inference_services")
+
+    def __init__(
+        self,
+        *,
+        nodes: Any,
+        cluster_queue: str = "training",
+        gpus_per_node: int | None = None,
+        gpu_flavor: str | None = None,
+        inference_deployments: Sequence[str] = (),
+        inference_services: Sequence[str] = (),
+        kubernetes_conn_id: str = DEFAULT_CONN_ID,
+        wait_for_nodes_s: float = 0,
+        poll_interval_s: float = 10,
+        api_deadline_s: float = 120,
+        drain_deadline_s: float = 600,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if wait_for_nodes_s < 0 or poll_interval_s <= 0:
+            raise ValueError("wait_for_nodes_s must be >= 0 and poll_interval_s > 0")
+        self.nodes = nodes
+        self.cluster_queue = cluster_queue
+        self.gpus_per_node = gpus_per_node
+        self.gpu_flavor = gpu_flavor
+        self.inference_deployments = list(inference_deployments)
+        self.inference_services = list(inference_services)
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.wait_for_nodes_s = wait_for_nodes_s
+        self.poll_interval_s = poll_interval_s
+        self.deadlines = Deadlines(api_s=api_deadline_s, drain_s=drain_deadline_s)
+
+    def execute(self, context) -> dict:
+        deadline = time.time() + self.wait_for_nodes_s
+        return self._claim_or_wait(context, deadline)
+
+    def execute_complete(self, context, event: dict, deadline: float) -> dict:
+        if event["status"] != "free":
+            raise RuntimeError(f"claim of {run_key(context)}: {event['message']}")
+        return self._claim_or_wait(context, deadline)
+
+    def _claim_or_wait(self, context, deadline: float) -> dict:
+        from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
+        from trainops.triggers.capacity import NodesFreeTrigger
+
+        run, nodes = run_key(context), node_names(self.nodes)
+        apis = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).apis()
+        try:
+            summary = claim(
+                apis,
+                run,
+                nodes,
+                cluster_queue=self.cluster_queue,
+                gpus_per_node=self.gpus_per_node,
+                deployments=self.inference_deployments,
+                inference_services=self.inference_services,
+                gpu_flavor=self.gpu_flavor,
+                deadlines=self.deadlines,
+                log=self.log,
+            )
+        except NodesHeld as held:
+            if time.time() >= deadline:
+                raise
+            self.log.info("%s; waiting up to %.0fs for them", held, deadline - time.time())
+            self.defer(
+                trigger=NodesFreeTrigger(nodes, run, self.kubernetes_conn_id, deadline, self.poll_interval_s),
+                method_name="execute_complete",
+                kwargs={"deadline": deadline},
+            )
+        self.log.info("claimed %d node(s), %d GPUs, for %s", len(summary.nodes), summary.gpus, run)
+        return asdict(summary)
+
+    def on_kill(self) -> None:
+        self.log.warning(
+            "claim interrupted: nodes claimed so far carry trainops.io/claimed-by; "
+            "the ReturnCapacityOperator teardown (or `trainops capacity return`) gives them back"
+        )
+
+
+class ReturnCapacityOperator(BaseOperator):
+    """Give back everything this DAG run claimed (use as the teardown of ``ClaimNodesOperator``).
+
+    Works from what the cluster records (node and object annotations), so it needs no XCom and is
+    right after a claim that died halfway.  Returns a summary (nodes, quarantined nodes, workloads).
+
+    :param cluster_queue: the training ClusterQueue the claim raised.
+    :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
+    :param api_deadline_s: seconds each API step may keep retrying conflicts and 429/5xx answers.
+    :param ready_deadline_s: seconds for the inference workloads to be Ready again.
+    """
+
+    template_fields: Sequence[str] = ("cluster_queue",)
+
+    def __init__(
+        self,
+        *,
+        cluster_queue: str = "training",
+        kubernetes_conn_id: str = DEFAULT_CONN_ID,
+        api_deadline_s: float = 120,
+        ready_deadline_s: float = 600,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cluster_queue = cluster_queue
+        self.kubernetes_conn_id = kubernetes_conn_id
+        self.deadlines = Deadlines(api_s=api_deadline_s, ready_s=ready_deadline_s)
+
+    def execute(self, context) -> dict:
+        from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
+
+        run = run_key(context)
+        apis = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).apis()
+        summary = give_back(
+            apis, run, cluster_queue=self.cluster_queue, deadlines=self.deadlines, log=self.log
+        )
+        self.log.info(
+            "returned %d node(s) and %d GPUs of %s; still quarantined: %s",
+            len(summary.nodes),
+            summary.gpus_returned,
+            run,
+            summary.quarantined or "none",
+        )
+        return asdict(summary)

@@ -1,0 +1,57 @@
+"""Verify a checkpoint, or find the newest verified one under a run path, from a DAG."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+
+class CheckpointVerifyOperator(BaseOperator):
+    """Verify ``uri`` (one checkpoint) or find the latest verified checkpoint under ``run_uri``.
+
+    Returns (XCom ``return_value``) the checkpoint's ``uri``, ``step``, ``format``, ``level``,
+    ``bytes``, ``files`` and, with ``run_uri``, ``skipped``: the newer checkpoints passed over and
+    why.  Fails when the checkpoint, or every checkpoint under the run, does not verify.
+    """
+
+    template_fields: Sequence[str] = ("uri", "run_uri", "level")
+
+    def __init__(
+        self,
+        *,
+        uri: str | None = None,
+        run_uri: str | None = None,
+        level: str = "metadata",
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if (uri is None) == (run_uri is None):
+            raise ValueError("CheckpointVerifyOperator needs exactly one of uri= (one checkpoint) or run_uri= (latest)")
+        self.uri, self.run_uri, self.level, self.aws_conn_id = uri, run_uri, level, aws_conn_id
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        from trainops.checkpoints.latest import latest_verified
+        from trainops.checkpoints.verify import verify_checkpoint
+        from trainops.hooks.checkpoint_store import CheckpointStoreHook
+
+        store = CheckpointStoreHook(aws_conn_id=self.aws_conn_id).get_store()
+        if self.uri is not None:
+            result = verify_checkpoint(self.uri, level=self.level, store=store)
+            self.log.info("%s", result.summary())
+            if not result.ok:
+                raise AirflowException(f"{result.summary()}: " + "; ".join(result.reasons))
+            return result.to_dict()
+        latest = latest_verified(self.run_uri, level=self.level, store=store)
+        for skipped in latest.skipped:
+            self.log.warning("Skipped %s (step %s): %s", skipped.uri, skipped.step, "; ".join(skipped.reasons))
+        if latest.checkpoint is None:
+            raise AirflowException(
+                f"No checkpoint under {latest.run_uri} verifies at {self.level} level "
+                f"({len(latest.skipped)} tried, reasons logged above)"
+            )
+        self.log.info("Latest verified: %s", latest.checkpoint.summary())
+        return {**latest.checkpoint.to_dict(), "skipped": [s.to_dict() for s in latest.skipped]}

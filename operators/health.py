@@ -1,0 +1,149 @@
+"""``NodeHealthGateOperator``: choose healthy GPU nodes for a run, quarantining the failing ones.
+
+Thin: the gate is ``trainops.health.gate`` (reads, policy, speed tiers) and ``trainops.health.quarantine``.
+
+    gate = NodeHealthGateOperator(task_id="health_gate", min_nodes=8, prometheus_conn_id="prometheus",
+                                  policy_overrides={"gpu_count": {"threshold": 8}}, wait_timeout_s=1800)
+    claim = ClaimNodesOperator(task_id="claim_nodes", nodes=gate.output["nodes"], ...)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+from trainops.triggers.health import GateSpec, HealthGateTrigger
+
+from trainops.health.gate import DEFAULT_SELECTOR, GateResult
+
+
+class NodeHealthGateOperator(BaseOperator):
+    """Evaluate the candidate nodes, quarantine failing ones, and return the chosen nodes.
+
+    :param selector: label selector of the candidate nodes. Templated.
+    :param min_nodes: healthy nodes the run needs. Templated.
+    :param policy_overrides: policy rows to change, ``{row: {threshold|verdict|if_unknown: value}}``;
+        an unknown row or field fails the task before anything is changed. Templated.
+    :param prometheus_conn_id: ``http`` connection of a Prometheus with dcgm-exporter metrics (optional).
+    :param on_prometheus_unavailable: ``fail`` (default) or ``probe-only`` (gate on the probe reports alone).
+    :param speed_tiers: give the run nodes of like measured speed (needs the probe's GEMM speeds).
+    :param wait_timeout_s: with too few healthy nodes, wait (deferred, no worker slot) up to this many
+        seconds for enough, then fail naming what is missing; 0 fails at once.
+    :param poll_interval_s: how often the deferred wait re-evaluates.
+    :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
+
+    XCom: ``{"nodes": [chosen], "verdicts": [{"name", "verdict", "reasons"}], "quarantined": [candidates
+    carrying the quarantine],
+    "tier": [slowest, fastest] | None, "warnings": [...]}``.
+    """
+
+    template_fields: Sequence[str] = (
+        "selector",
+        "min_nodes",
+        "policy_overrides",
+        "prometheus_conn_id",
+        "on_prometheus_unavailable",
+        "wait_timeout_s",
+        "poll_interval_s",
+    )
+    ui_color = "#f4d6a0"
+
+    def __init__(
+        self,
+        *,
+        selector: str = DEFAULT_SELECTOR,
+        min_nodes: int = 1,
+        policy_overrides: dict[str, dict[str, Any]] | None = None,
+        prometheus_conn_id: str | None = None,
+        on_prometheus_unavailable: str = "fail",
+        speed_tiers: bool = True,
+        wait_timeout_s: float = 0,
+        poll_interval_s: float = 30,
+        kubernetes_conn_id: str = "kubernetes_default",
+        api_deadline_s: float = 60,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.selector, self.min_nodes, self.policy_overrides = selector, min_nodes, policy_overrides or {}
+        self.prometheus_conn_id, self.on_prometheus_unavailable = (
+            prometheus_conn_id,
+            on_prometheus_unavailable,
+        )
+        self.speed_tiers, self.kubernetes_conn_id = speed_tiers, kubernetes_conn_id
+        self.wait_timeout_s, self.poll_interval_s, self.api_deadline_s = (
+            wait_timeout_s,
+            poll_interval_s,
+            api_deadline_s,
+        )
+
+    def _spec(self) -> GateSpec:
+        if float(self.wait_timeout_s) < 0 or float(self.poll_interval_s) <= 0:
+            raise ValueError(
+                f"wait_timeout_s must be >= 0 and poll_interval_s > 0, got {self.wait_timeout_s}, {self.poll_interval_s}"
+            )
+        spec = GateSpec(
+            kubernetes_conn_id=self.kubernetes_conn_id,
+            selector=self.selector,
+            min_nodes=int(self.min_nodes),
+            policy_overrides=self.policy_overrides or {},
+            speed_tiers=self.speed_tiers,
+            prometheus_conn_id=self.prometheus_conn_id,
+            on_prometheus_unavailable=self.on_prometheus_unavailable,
+        )
+        spec.config()  # bad input fails here, before anything is changed
+        return spec
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        spec = self._spec()
+        return self._gate(spec, deadline=time.time() + float(self.wait_timeout_s))
+
+    def execute_complete(self, context: Any, event: dict[str, Any], deadline: float) -> dict[str, Any]:
+        if event["status"] == "timeout":
+            raise AirflowException(
+                f"health gate: not enough healthy nodes by the deadline: {event['message']}"
+            )
+        if event["status"] != "ready":
+            raise AirflowException(f"health gate failed: {event.get('message')}")
+        return self._gate(self._spec(), deadline)
+
+    def _gate(self, spec: GateSpec, deadline: float) -> dict[str, Any]:
+        """Evaluate, quarantine, and return the XCom; defer when too few pass and time is left."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        from trainops.cluster.retry import Deadline
+        from trainops.health.gate import GateError
+        from trainops.health.quarantine import apply_quarantine
+
+        try:
+            result = spec.evaluate()
+        except GateError as err:
+            raise AirflowException(f"health gate: {err}") from err
+        core_v1 = KubernetesHook(conn_id=self.kubernetes_conn_id).core_v1_client
+        quarantined = apply_quarantine(core_v1, result, Deadline(self.api_deadline_s))
+        self.log.info("health gate:\n%s", result.table())
+        if quarantined:
+            self.log.warning("quarantined now: %s", ", ".join(quarantined))
+        if result.enough:
+            return _xcom(result, quarantined)
+        if time.time() >= deadline:
+            raise AirflowException(f"health gate: {result.missing()}")
+        self.log.info("too few healthy nodes; waiting (deferred) until %s", time.ctime(deadline))
+        self.defer(
+            trigger=HealthGateTrigger(spec.to_dict(), deadline, float(self.poll_interval_s)),
+            method_name="execute_complete",
+            kwargs={"deadline": deadline},
+        )
+
+
+def _xcom(result: GateResult, quarantined_now: list[str]) -> dict[str, Any]:
+    held = [n.name for n in result.nodes if n.quarantined or n.name in quarantined_now]
+    return {
+        "nodes": result.selected,
+        "verdicts": result.to_dict()["nodes"],
+        "quarantined": held,
+        "tier": result.to_dict()["tier"],
+        "warnings": result.warnings,
+    }

@@ -1,0 +1,203 @@
+"""``GangTrainingOperator``: the training run as one deferrable task; each try is one attempt.
+
+A try reattaches to the run's Job when it is still alive, and otherwise submits a new attempt
+that resumes from the latest verified checkpoint (a fresh start when there is none).  It then
+defers to ``GangRunTrigger`` until the attempt ends, and judges the end:
+
+- infrastructure (node fault, XID, NCCL timeout, node lost, eviction), a hang, pods that never
+  start: culprit nodes are quarantined with evidence and kept out, the run is stopped, and the
+  task fails so Airflow retries it: **retries = the number of resumes**, so keep ``retry_delay`` short;
+- user code (non-zero exit, no infrastructure evidence): the task fails at once, no resume used
+  (``fail_fast_on_user_error=False`` retries it instead);
+- preemption by Kueue: not an end; the trigger keeps following the requeued attempt.
+
+Its return value (XCom): run URI, Job, attempts, resumes used, preemptions, excluded nodes and
+the latest verified checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
+
+LEDGER_KEY = "trainops.gang_training"
+
+
+class GangTrainingOperator(BaseOperator):
+    """Run ``command`` in ``image`` on ``nodes`` GPU nodes as one Kueue gang, resuming after crashes.
+
+    :param run_uri: the run path in S3 (``s3://bucket/runs/<run>/``): checkpoints and heartbeat.
+    :param local_queue: the Kueue LocalQueue in ``namespace`` (``queue`` is Airflow's executor queue).
+    :param node_names: run only on these nodes (e.g. the claim task's XCom); default: the GPU pool.
+    :param hang_timeout: seconds without progress that count as a hang; None learns it from the run.
+    :param hang_policy: overrides of ``trainops.training.progress.HangPolicy`` fields.
+    :param admission_timeout: seconds Kueue may take to admit the gang (None: wait forever).
+    :param start_timeout: seconds from admission until every pod runs.
+    :param kubeconfig: a kubeconfig file instead of the ``kubernetes_conn_id`` connection.
+    """
+
+    template_fields: Sequence[str] = (
+        "image",
+        "command",
+        "args",
+        "run_uri",
+        "env",
+        "node_names",
+        "nodes",
+        "gpus_per_node",
+        "local_queue",
+        "priority_class",
+    )
+    ui_color = "#d7ecff"
+
+    def __init__(
+        self,
+        *,
+        image: str,
+        command: Sequence[str],
+        run_uri: str,
+        nodes: int = 1,
+        gpus_per_node: int = 8,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        namespace: str = "training",
+        local_queue: str = "training",
+        priority_class: str = "training-standard",
+        node_names: Sequence[str] | None = None,
+        cpu: str | None = None,
+        memory: str | None = None,
+        termination_grace_seconds: int = 30,
+        hang_timeout: float | None = None,
+        hang_policy: Mapping[str, Any] | None = None,
+        admission_timeout: float | None = 3600.0,
+        start_timeout: float = 600.0,
+        heartbeat_poll: float = 2.0,
+        fail_fast_on_user_error: bool = True,
+        quarantine_culprits: bool = True,
+        kubernetes_conn_id: str = "kubernetes_default",
+        kubeconfig: str | None = None,
+        retries: int = 3,
+        retry_delay: timedelta | float = timedelta(seconds=5),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(retries=retries, retry_delay=retry_delay, **kwargs)
+        self.image, self.command, self.args, self.run_uri = image, command, args, run_uri
+        self.nodes, self.gpus_per_node, self.env = nodes, gpus_per_node, dict(env or {})
+        self.namespace, self.local_queue, self.priority_class = namespace, local_queue, priority_class
+        self.node_names = node_names or []
+        self.cpu, self.memory, self.termination_grace_seconds = cpu, memory, termination_grace_seconds
+        self.hang_timeout, self.hang_policy = hang_timeout, dict(hang_policy or {})
+        self.admission_timeout, self.start_timeout, self.heartbeat_poll = (
+            admission_timeout,
+            start_timeout,
+            heartbeat_poll,
+        )
+        self.fail_fast_on_user_error, self.quarantine_culprits = fail_fast_on_user_error, quarantine_culprits
+        self.kubernetes_conn_id, self.kubeconfig = kubernetes_conn_id, kubeconfig
+
+    # ---- parts -------------------------------------------------------------------------
+    def spec(self):
+        from trainops.training.spec import TrainingSpec
+
+        return TrainingSpec(
+            image=self.image,
+            command=list(self.command),
+            args=list(self.args),
+            run_uri=self.run_uri,
+            nodes=int(self.nodes),
+            gpus_per_node=int(self.gpus_per_node),
+            env=self.env,
+            namespace=self.namespace,
+            queue=self.local_queue,
+            priority_class=self.priority_class,
+            node_names=list(self.node_names),
+            cpu=self.cpu,
+            memory=self.memory,
+            termination_grace_seconds=self.termination_grace_seconds,
+        )
+
+    def trigger(self, job: str):
+        from trainops.triggers.training import GangRunTrigger
+
+        from trainops.training.follow import FollowConfig
+        from trainops.training.progress import HangPolicy
+
+        config = FollowConfig(
+            namespace=self.namespace,
+            job_name=job,
+            run_uri=self.spec().run_path,
+            nodes=int(self.nodes),
+            hang=HangPolicy(**{**self.hang_policy, "hang_timeout": self.hang_timeout}),
+            admission_timeout=self.admission_timeout,
+            start_timeout=self.start_timeout,
+            heartbeat_poll=self.heartbeat_poll,
+        )
+        return GangRunTrigger(config.to_dict(), self.kubernetes_conn_id, self.kubeconfig)
+
+    def _clients(self):
+        if self.kubeconfig:
+            from kubernetes import client, config
+
+            api = config.new_client_from_config(config_file=self.kubeconfig)
+            return client.CoreV1Api(api), client.BatchV1Api(api)
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+
+        hook = KubernetesHook(conn_id=self.kubernetes_conn_id)
+        return hook.core_v1_client, hook.batch_v1_client
+
+    def gang_run(self, context):
+        from trainops.training.attempts import RunLedger
+        from trainops.training.blame import quarantine_node
+        from trainops.training.cluster import GangCluster
+        from trainops.training.follow import stop
+        from trainops.training.runner import GangRun
+
+        store = context["task_state_store"]
+        core, batch = self._clients()
+        return GangRun(
+            self.spec(),
+            context["dag_run"].dag_id,
+            context["dag_run"].run_id,
+            GangCluster(core, batch),
+            RunLedger.from_dict(store.get(LEDGER_KEY)),
+            save=lambda ledger: store.set(LEDGER_KEY, ledger),
+            stop=lambda job: asyncio.run(stop(self.trigger(job).client, self.namespace, job)),
+            quarantine=lambda node, reason, evidence: quarantine_node(core, node, reason, evidence),
+            fail_fast_on_user_error=self.fail_fast_on_user_error,
+            quarantine_culprits=self.quarantine_culprits,
+            logger=self.log,
+        )
+
+    @staticmethod
+    def _attempts_possible(context):
+        ti = context["ti"]
+        # attempts before this one + the tries left including this one
+        return lambda number: (number - 1) + (ti.max_tries + 2 - ti.try_number)
+
+    # ---- Airflow -----------------------------------------------------------------------
+    def execute(self, context):
+        try:
+            run = self.gang_run(context)
+        except ValueError as error:
+            raise AirflowFailException(str(error)) from error
+        record, _ = run.start(self._attempts_possible(context))
+        self.defer(trigger=self.trigger(record.job), method_name="execute_complete")
+
+    def execute_complete(self, context, event: dict):
+        from trainops.training.runner import Decision
+
+        run = self.gang_run(context)
+        verdict = run.finish(event)
+        if verdict.decision is Decision.SUCCEEDED:
+            return verdict.result
+        if verdict.decision is Decision.FAIL:
+            raise AirflowFailException(verdict.message)
+        ti = context["ti"]
+        if ti.try_number > ti.max_tries:
+            raise AirflowFailException(run.exhausted_message(verdict))
+        raise AirflowException(f"attempt failed, resuming on the next try: {verdict.message}")

@@ -1,0 +1,126 @@
+"""``GpuHealthSensor`` and ``FabricHealthSensor``: wait until the GPU side (or the InfiniBand side) of
+nodes passes the health policy: every named node, or at least ``min_healthy`` of the candidates.
+
+They only read (no quarantine). With ``deferrable=True`` (default) they wait in the triggerer.
+XCom: ``{"nodes": [passing nodes], "verdicts": [{"name", "verdict", "reasons"}]}``.
+
+    GpuHealthSensor(task_id="gpus_ok", nodes=["gpu-node-001", "gpu-node-002"], timeout=1800)
+    FabricHealthSensor(task_id="fabric_ok", min_healthy=16, poke_interval=30, timeout=3600)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
+from trainops.triggers.health import GateSpec, HealthGateTrigger
+
+from trainops.health.gate import DEFAULT_SELECTOR, GateResult
+
+
+class _SideHealthSensor(BaseSensorOperator):
+    """Wait on one side of node health.
+
+    :param nodes: nodes that must all pass (unless ``min_healthy``). Templated.
+    :param selector: label selector of the candidates when ``nodes`` is empty. Templated.
+    :param min_healthy: how many candidates must pass (default: all named ``nodes``).
+    :param policy_overrides: policy row overrides (rows of the other side are ignored).
+    :param prometheus_conn_id: ``http`` connection of Prometheus (optional).
+    :param on_prometheus_unavailable: ``fail`` or ``probe-only``.
+    :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
+    """
+
+    side = "all"
+    template_fields: Sequence[str] = ("nodes", "selector", "min_healthy", "policy_overrides")
+
+    def __init__(
+        self,
+        *,
+        nodes: Sequence[str] = (),
+        selector: str = DEFAULT_SELECTOR,
+        min_healthy: int | None = None,
+        policy_overrides: dict[str, dict[str, Any]] | None = None,
+        prometheus_conn_id: str | None = None,
+        on_prometheus_unavailable: str = "fail",
+        kubernetes_conn_id: str = "kubernetes_default",
+        deferrable: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.nodes, self.selector, self.min_healthy = nodes, selector, min_healthy
+        self.policy_overrides = policy_overrides or {}
+        self.prometheus_conn_id, self.on_prometheus_unavailable = (
+            prometheus_conn_id,
+            on_prometheus_unavailable,
+        )
+        self.kubernetes_conn_id, self.deferrable = kubernetes_conn_id, deferrable
+
+    def _spec(self) -> GateSpec:
+        spec = GateSpec(
+            kubernetes_conn_id=self.kubernetes_conn_id,
+            selector=self.selector,
+            nodes=list(self.nodes),
+            min_nodes=None if self.min_healthy is None else int(self.min_healthy),
+            policy_overrides=self.policy_overrides or {},
+            side=self.side,
+            speed_tiers=False,
+            prometheus_conn_id=self.prometheus_conn_id,
+            on_prometheus_unavailable=self.on_prometheus_unavailable,
+        )
+        spec.config()  # bad input fails here
+        return spec
+
+    def _check(self) -> GateResult:
+        from trainops.health.gate import GateError
+
+        try:
+            result = self._spec().evaluate()
+        except GateError as err:
+            raise AirflowException(f"{self.side} health: {err}") from err
+        self.log.info("%s health:\n%s", self.side, result.table())
+        return result
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        result = self._check()
+        return PokeReturnValue(is_done=result.enough, xcom_value=_xcom(result))
+
+    def execute(self, context: Any) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        result = self._check()
+        if result.enough:
+            return _xcom(result)
+        self.defer(
+            trigger=HealthGateTrigger(self._spec().to_dict(), time.time() + self.timeout, self.poke_interval),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout + self.poke_interval + 60),
+        )
+
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
+        if event["status"] == "timeout":
+            raise AirflowSensorTimeout(
+                f"{self.side} health: timed out after {self.timeout}s: {event['message']}"
+            )
+        if event["status"] != "ready":
+            raise AirflowException(f"{self.side} health check failed: {event.get('message')}")
+        return _xcom(self._check())
+
+
+def _xcom(result: GateResult) -> dict[str, Any]:
+    return {"nodes": result.selection.nodes, "verdicts": result.to_dict()["nodes"]}
+
+
+class GpuHealthSensor(_SideHealthSensor):
+    """Wait until the nodes' GPUs pass: GPU count, XIDs, ECC, row remap, NVLink, thermal, PCIe, report age."""
+
+    side = "gpu"
+
+
+class FabricHealthSensor(_SideHealthSensor):
+    """Wait until the nodes' InfiniBand ports pass: port count, state, link, rate, error rates, report age."""
+
+    side = "fabric"

@@ -1,0 +1,36 @@
+"""Claim -> train -> return, as a real DAG (used by tests/cluster/test_capacity_operators.py).
+
+conf: ``nodes`` (list), ``fail_training`` (bool); ``wait_for_nodes_s`` (claim waits, deferred, for
+nodes held by other runs).
+"""
+
+from airflow.sdk import DAG, task
+from trainops.operators.capacity import ClaimNodesOperator, ReturnCapacityOperator
+
+with DAG(
+    "test_capacity_operators",
+    schedule=None,
+    render_template_as_native_obj=True,
+    params={"nodes": [], "fail_training": False},
+    tags=["test"],
+):
+    claim = ClaimNodesOperator(
+        task_id="claim_nodes",
+        nodes="{{ params.nodes }}",
+        inference_deployments=["inference/llm-chat", "inference/embeddings"],
+        wait_for_nodes_s=3,
+        poll_interval_s=0.2,
+        api_deadline_s=30,
+        drain_deadline_s=60,
+    )
+
+    @task
+    def train(params=None) -> str:
+        if params["fail_training"]:
+            raise RuntimeError("training crashed (test)")
+        return "trained"
+
+    give_back = ReturnCapacityOperator(task_id="return_capacity", ready_deadline_s=60).as_teardown(
+        setups=claim
+    )
+    claim >> train() >> give_back

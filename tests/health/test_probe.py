@@ -1,0 +1,166 @@
+"""The probe: report format, publishing to a node over HTTP, and the ``trainops probe`` CLI."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+
+import kubernetes
+import pynvml
+import pytest
+
+from tests.health.conftest import two_sample_report
+from tests.health.node_api import NodeApi
+from trainops.cli import main
+from trainops.devcluster.telemetry import FakeNvml, TelemetryIbReader
+from trainops.health.probe import ANNOTATION, collect_report, publish
+from trainops.health.report import SCHEMA_VERSION, HealthReport
+
+
+@pytest.fixture
+def node_api():
+    api = NodeApi(["gpu-node-a"])
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def core_api(node_api):
+    config = kubernetes.client.Configuration(host=node_api.url)
+    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+
+
+@pytest.fixture
+def no_driver(monkeypatch):
+    def fail():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", fail)
+
+
+def moment(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp)
+
+
+def conditions(node_api, name="gpu-node-a"):
+    return {c["type"]: c for c in node_api.nodes[name]["status"]["conditions"]}
+
+
+def test_report_round_trips_through_json(node, clock):
+    report = two_sample_report(node, clock)
+    data = json.loads(report.to_json())
+    assert data["schema_version"] == SCHEMA_VERSION and data["node"] == "gpu-node-a"
+    assert data["gpus"]["0"]["retired_pages"] == {
+        "value": None,
+        "reason": "nvmlDeviceGetRetiredPages: Not Supported",
+    }
+    assert HealthReport.from_json(report.to_json()).to_dict() == report.to_dict()
+
+
+def test_unknown_schema_version_is_refused(node, clock):
+    data = two_sample_report(node, clock).to_dict()
+    data["schema_version"] = 99
+    with pytest.raises(ValueError, match="schema_version 99 is not supported; this trainops reads 1"):
+        HealthReport.from_dict(data)
+
+
+def test_collect_report_opens_a_module_for_one_report(node, clock):
+    report = collect_report(FakeNvml(node), TelemetryIbReader(node), "gpu-node-a", now=clock.now)
+    assert report.signals["gpu_count"].value == 8 and report.signals["ib_port_count"].value == 8
+    assert report.gpus["0"]["gemm_tflops"].reason == "speed probe not run"
+    assert report.gpus["0"]["nvlink_replay_per_min"].reason.startswith("rate needs two samples")
+
+
+def test_publish_writes_annotation_and_condition(node, clock, node_api, core_api):
+    report = two_sample_report(node, clock)
+    condition = publish(report, core_api)
+    stored = node_api.nodes["gpu-node-a"]
+    assert HealthReport.from_json(stored["metadata"]["annotations"][ANNOTATION]).to_dict() == report.to_dict()
+    assert stored["metadata"]["annotations"]["other.io/keep"] == "yes"
+    assert conditions(node_api)["Ready"]["status"] == "True"
+    ours = conditions(node_api)["GPUHealthy"]
+    assert (ours["status"], ours["reason"], ours["message"]) == (
+        "True",
+        "HealthChecksPassed",
+        "ok: all checks passed",
+    )
+    assert condition == ours
+
+
+def test_publish_retries_on_conflict_and_keeps_transition_time(node, clock, node_api, core_api):
+    publish(two_sample_report(node, clock), core_api)
+    first_transition = moment(conditions(node_api)["GPUHealthy"]["lastTransitionTime"])
+    node_api.concurrent_writes = 2  # the kubelet writes just before each of our next two patches
+    clock.now += 3600
+    publish(two_sample_report(node, clock), core_api)
+    assert node_api.conflicts == 2
+    ours = conditions(node_api)["GPUHealthy"]
+    assert moment(ours["lastTransitionTime"]) == first_transition
+    assert moment(ours["lastHeartbeatTime"]) == first_transition + timedelta(seconds=3660)
+    assert conditions(node_api)["Ready"]["message"].startswith("heartbeat")  # the kubelet's write survived
+
+    clock.now += 60
+    publish(two_sample_report(node, clock, lambda: node.inject_xid(79, gpu=1)), core_api)
+    ours = conditions(node_api)["GPUHealthy"]
+    assert (ours["status"], ours["reason"]) == ("False", "HealthChecksFailed")
+    assert "xid_fatal [gpu 1]" in ours["message"] and moment(ours["lastTransitionTime"]) > first_transition
+
+
+def test_publish_gives_up_after_repeated_conflicts(node, clock, node_api, core_api):
+    node_api.concurrent_writes = 100
+    with pytest.raises(RuntimeError, match="node gpu-node-a: gave up after 5 resourceVersion conflicts"):
+        publish(two_sample_report(node, clock), core_api)
+
+
+def test_cli_once_without_a_driver_reports_unknown(no_driver, tmp_path, capsys):
+    code = main(["probe", "--once", "--json", "--node", "n1", "--ib-sysfs", str(tmp_path / "none")])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "error: GPU health unknown: NVML unavailable (no driver or no GPU?)" in err
+    report = HealthReport.from_json(out)
+    assert report.gpus == {} and report.signals["gpu_count"].value is None
+    assert report.signals["ib_port_count"].reason.startswith("cannot list")
+
+
+def test_cli_once_human_summary(no_driver, tmp_path, capsys):
+    assert main(["probe", "--once", "--node", "n1", "--ib-sysfs", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("n1: exclude (default policy)\n")
+    assert "gpu_count [node] gpu_count unknown: NVML unavailable" in out
+
+
+def test_cli_publish_needs_a_node(monkeypatch, capsys):
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert main(["probe", "--publish"]) == 2
+    assert "--publish needs --node NAME" in capsys.readouterr().err
+
+
+def test_cli_publish_without_a_driver_sets_condition_unknown(no_driver, node_api, tmp_path, capsys):
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": node_api.url}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    args = [
+        "probe",
+        "--publish",
+        "--node",
+        "gpu-node-a",
+        "--iterations",
+        "1",
+        "--kubeconfig",
+        str(kubeconfig),
+    ]
+    assert main([*args, "--ib-sysfs", str(tmp_path)]) == 0
+    ours = conditions(node_api)["GPUHealthy"]
+    assert (ours["status"], ours["reason"]) == ("Unknown", "SignalsUnknown")
+    assert "gpu_count [node] gpu_count unknown: NVML unavailable" in ours["message"]
+    assert "gpu-node-a: GPUHealthy=Unknown" in capsys.readouterr().out

@@ -1,0 +1,85 @@
+"""Failure classification from the pods, nodes and logs of a failed attempt."""
+
+from trainops.training.failures import FailureKind, classify, gpu_errors
+
+
+def pod(name, node, exit_code, *, reason="Error", message="", finished="2025-01-01T00:00:10Z", **status):
+    terminated = {"exitCode": exit_code, "reason": reason, "message": message, "finishedAt": finished}
+    return {
+        "metadata": {"name": name, **({"deletionTimestamp": "x"} if status.pop("deleted", False) else {})},
+        "spec": {"nodeName": node},
+        "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}], **status},
+    }
+
+
+def node(name, ready="True", gpu=None, labels=None):
+    conditions = [{"type": "Ready", "status": ready, "reason": "KubeletReady" if ready == "True" else "NodeStatusUnknown"}]
+    if gpu is not None:
+        conditions.append({"type": "GPUHealthy", "status": gpu, "message": "XID 79 on GPU 0"})
+    return {"metadata": {"name": name, "labels": labels or {}}, "status": {"conditions": conditions}}
+
+
+NODES = {n: node(n) for n in ("a", "b")}
+
+
+def test_xid_in_the_failed_pods_log_blames_its_node():
+    pods = [pod("p0", "a", 1, finished="2025-01-01T00:00:05Z"), pod("p1", "b", 143, finished="2025-01-01T00:00:06Z", deleted=True)]
+    logs = {"p0": "step 41\nNVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has fallen off the bus.\n"}
+    failure = classify(pods, NODES, logs)
+    assert failure.kind is FailureKind.INFRASTRUCTURE and failure.retryable
+    assert set(failure.culprits) == {"a"}
+    assert "XID 79 in pod p0" in failure.culprits["a"]["problems"]
+
+
+def test_unhealthy_or_lost_node_is_blamed_even_without_logs():
+    nodes = {"a": node("a", gpu="False"), "b": node("b", ready="Unknown")}
+    failure = classify([pod("p0", "a", 137), pod("p1", "b", 137)], nodes)
+    assert failure.kind is FailureKind.INFRASTRUCTURE
+    assert set(failure.culprits) == {"a", "b"}
+    assert any("GPUHealthy=False" in p for p in failure.culprits["a"]["problems"])
+    assert any("not Ready" in p for p in failure.culprits["b"]["problems"])
+
+
+def test_health_verdict_from_telemetry_blames_the_node():
+    failure = classify([pod("p0", "a", 1)], NODES, node_health={"a": ["xid_fatal: XID 79 on GPU 3"]})
+    assert failure.kind is FailureKind.INFRASTRUCTURE and set(failure.culprits) == {"a"}
+
+
+def test_nccl_timeout_is_infrastructure_but_blames_nobody():
+    failure = classify([pod("p0", "a", 1, message="Watchdog caught collective operation timeout: WorkNCCL(...)")], NODES)
+    assert failure.kind is FailureKind.INFRASTRUCTURE and failure.culprits == {}
+    assert "collective operation timeout" in failure.reason
+
+
+def test_disrupted_pod_is_infrastructure():
+    status = {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]}
+    failure = classify([pod("p0", "a", 143, **status)], NODES)
+    assert failure.kind is FailureKind.INFRASTRUCTURE and "DeletionByTaintManager" in failure.reason
+
+
+def test_exit_1_without_infrastructure_evidence_is_user_code_even_when_peers_were_killed():
+    pods = [
+        pod("p1", "b", 143, finished="2025-01-01T00:00:10Z", deleted=True),
+        pod("p0", "a", 1, message="ZeroDivisionError", finished="2025-01-01T00:00:10Z"),
+    ]
+    failure = classify(pods, NODES, {"p0": "Traceback ...\nZeroDivisionError: division by zero"})
+    assert failure.kind is FailureKind.USER_CODE and not failure.retryable
+    assert "p0" in failure.reason and "code 1" in failure.reason and failure.culprits == {}
+
+
+def test_oom_and_segfault_are_user_code_sigkill_from_outside_is_not():
+    assert classify([pod("p0", "a", 137, reason="OOMKilled")], NODES).kind is FailureKind.USER_CODE
+    assert classify([pod("p0", "a", 139)], NODES).kind is FailureKind.USER_CODE
+    assert classify([pod("p0", "a", 137)], NODES).kind is FailureKind.INFRASTRUCTURE
+
+
+def test_failure_without_pods_is_infrastructure_unknown():
+    failure = classify([], {})
+    assert failure.kind is FailureKind.INFRASTRUCTURE and "no failed container" in failure.reason
+
+
+def test_gpu_error_patterns():
+    assert gpu_errors("NVRM: Xid (PCI:0000:3b:00): 48, An uncorrectable double bit error") == ["XID 48"]
+    assert gpu_errors("Xid 79 on gpu 2") == ["XID 79"]
+    assert gpu_errors("RuntimeError: CUDA error: uncorrectable ECC error encountered") != []
+    assert gpu_errors("loss=1.23 step=100") == []

@@ -1,0 +1,162 @@
+"""Gang training end to end: devcluster + local S3 + the Airflow DAG (``tests/dags/gang_training_e2e.py``).
+
+Every run claims the idle GPU nodes (setup), trains with the demo trainer writing real checkpoints,
+and gives the capacity back (teardown); faults are injected from a thread while the DAG runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+from tests.training.conftest import heartbeat_step, idle_nodes, jobs, node, pods, when
+from trainops.checkpoints.latest import latest_verified
+from trainops.conventions import CLAIMED_BY_ANNOTATION, HEALTH_LABEL, QUARANTINE_TAINT
+from trainops.devcluster.airflow_home import xcom_value
+
+TRAIN = ["--steps", "300", "--checkpoint-every", "20", "--step-seconds", "0.02", "--heartbeat-every", "5"]
+
+
+def conf(nodes, run_uri, args=TRAIN, **extra):
+    return {"nodes": nodes, "run_uri": run_uri, "args": list(args), "size": 2, **extra}
+
+
+def running_pod(api, attempt: str):
+    return next(
+        (
+            p
+            for p in pods(api)
+            if p["metadata"]["labels"].get("trainops.io/attempt") == attempt and p["status"].get("phase") == "Running"
+        ),
+        None,
+    )
+
+
+def env_of(job) -> dict:
+    return {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def task_state(dag_run, task_id):
+    from airflow.utils.session import create_session
+
+    with create_session() as session:
+        return {ti.task_id: ti for ti in dag_run.get_task_instances(session=session)}[task_id]
+
+
+def assert_capacity_returned(api, nodes):
+    for name in nodes:
+        annotations = node(api, name)["metadata"].get("annotations") or {}
+        assert CLAIMED_BY_ANNOTATION not in annotations, f"{name} still claimed"
+
+
+def test_xid_crash_quarantines_the_node_and_resumes_elsewhere_from_the_last_verified_step(cluster, api, s3, bucket, run_dag):
+    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/xid/"
+    fault = {}
+
+    def inject():
+        pod = running_pod(api, "1")
+        fault["node"], fault["step"] = pod["spec"]["nodeName"], heartbeat_step(s3, run_uri)
+        cluster.inject("xid", fault["node"], code=79)
+
+    when(lambda: heartbeat_step(s3, run_uri) >= 50 and running_pod(api, "1") is not None, inject)
+    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri))
+
+    assert dag_run.state == "success"
+    result = xcom_value(dag_run, "train")
+    assert result["attempts"] == 2 and result["resumes_used"] == 1
+    culprit = fault["node"]
+    bad = node(api, culprit)
+    assert bad["metadata"]["labels"][HEALTH_LABEL] == "quarantined"
+    taint = next(t for t in bad["spec"]["taints"] if t["key"] == QUARANTINE_TAINT)
+    assert taint["value"].startswith("xid-79") and taint["effect"] == "NoSchedule"
+    second = [j for j in jobs(api) if j["metadata"]["labels"]["trainops.io/attempt"] == "2"]
+    assert len(second) == 1
+    resumed = env_of(second[0])["TRAINOPS_RESUME_FROM"]
+    step = int(resumed.rstrip("/").rpartition("step-")[2])
+    assert step % 20 == 0 and 40 <= step <= fault["step"] + 20 and fault["step"] - step <= 20 + 5
+    attempt2_nodes = {p["spec"]["nodeName"] for p in pods(api) if p["metadata"]["labels"]["trainops.io/attempt"] == "2"}
+    assert culprit not in attempt2_nodes and len(attempt2_nodes) == 2
+    assert latest_verified(run_uri).checkpoint.step == 300
+    assert_capacity_returned(api, set(nodes) - {culprit})
+
+
+def test_user_code_exit_1_fails_at_once_without_using_a_resume(cluster, api, s3, bucket, run_dag):
+    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/bug/"
+    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri, [*TRAIN, "--fail-at-step", "30", "--exit-code", "1"]))
+
+    assert dag_run.state == "failed"
+    train = task_state(dag_run, "train")
+    assert train.state == "failed" and train.try_number == 1
+    assert len(jobs(api)) == 1
+    assert not any(HEALTH_LABEL in node(api, n)["metadata"].get("labels", {}) for n in nodes)
+    assert task_state(dag_run, "give_back").state == "success"
+    assert_capacity_returned(api, nodes)
+
+
+def test_worker_killed_right_after_submitting_reattaches_to_the_one_job(cluster, api, s3, bucket, run_dag):
+    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/killed/"
+    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri, kill_worker_after_submit=True))
+
+    assert dag_run.state == "success"
+    assert task_state(dag_run, "train").try_number == 2
+    result = xcom_value(dag_run, "train")
+    assert result["attempts"] == 1 and result["resumes_used"] == 0
+    all_jobs = jobs(api)
+    assert [j["metadata"]["labels"]["trainops.io/attempt"] for j in all_jobs] == ["1"]
+    assert latest_verified(run_uri).checkpoint.step == 300
+
+
+def test_crash_in_the_middle_of_a_save_resumes_from_the_previous_complete_checkpoint(cluster, api, s3, bucket, run_dag):
+    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/midsave/"
+    bucket_name, _, prefix = run_uri[5:].partition("/")
+    fault = {}
+
+    def saving_at() -> int | None:
+        body = s3.client().get_object(Bucket=bucket_name, Key=f"{prefix}heartbeat.json")["Body"].read()
+        beat = json.loads(body)
+        return beat["step"] if beat.get("saving") and beat["step"] >= 40 else None
+
+    def in_save() -> bool:
+        try:
+            return saving_at() is not None and running_pod(api, "1") is not None
+        except Exception:
+            return False
+
+    def inject():
+        fault["step"] = saving_at()
+        rank0 = next(p for p in pods(api) if p["metadata"]["name"].rsplit("-", 2)[-2] == "0" and p["metadata"]["labels"]["trainops.io/attempt"] == "1")
+        cluster.inject("crash-pod", f"training/{rank0['metadata']['name']}", exit_code=137)
+
+    when(in_save, inject)
+    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri, [*TRAIN, "--save-seconds", "1.0"]))
+
+    assert dag_run.state == "success"
+    crashed = fault["step"]
+    keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket_name, Prefix=f"{prefix}")["Contents"]}
+    second = next(j for j in jobs(api) if j["metadata"]["labels"]["trainops.io/attempt"] == "2")
+    assert env_of(second)["TRAINOPS_RESUME_FROM"] == f"{run_uri}step-{crashed - 20}/"
+    assert f"{prefix}step-{crashed}/_COMMITTED" in keys  # re-saved and committed by attempt 2
+    assert xcom_value(dag_run, "train")["history"][0]["kind"] == "infrastructure"
+
+
+def test_hang_is_detected_the_job_stopped_and_the_run_resumed(cluster, api, s3, bucket, run_dag):
+    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/hang/"
+    fault = {}
+
+    def inject():
+        job = next(j for j in jobs(api) if j["metadata"]["labels"]["trainops.io/attempt"] == "1")
+        fault["step"] = heartbeat_step(s3, run_uri)
+        cluster.inject("hang", f"training/{job['metadata']['name']}")
+
+    when(lambda: heartbeat_step(s3, run_uri) >= 50 and running_pod(api, "1") is not None, inject)
+    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri))
+
+    assert dag_run.state == "success"
+    history = xcom_value(dag_run, "train")["history"]
+    assert [a["kind"] for a in history] == ["hang", "succeeded"]
+    assert "no progress for" in history[0]["ended"]
+    from kubernetes import client
+
+    workloads = client.CustomObjectsApi(api).list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "training", "workloads")
+    first = next(w for w in workloads["items"] if w["metadata"]["ownerReferences"][0]["name"] == history[0]["job"])
+    assert first["spec"]["active"] is False
+    assert history[1]["resume_step"] is not None and fault["step"] - history[1]["resume_step"] <= 25

@@ -1,0 +1,145 @@
+"""The training-side helper: commit checkpoints, report progress, find where to resume.
+
+Importable in a training image with only boto3 installed (no Airflow)::
+
+    from trainops.checkpoints.helper import commit, heartbeat, resume_from
+
+    start = resume_from()                      # None on a fresh start
+    ...
+    heartbeat(step, ranks=world_size)          # every few steps
+    heartbeat(step, ranks=world_size, saving=True, phase="checkpoint")
+    save_checkpoint(f"{run_uri}step-{step}/")  # the framework's own save
+    commit(f"{run_uri}step-{step}/", step=step)
+
+Environment: ``TRAINOPS_RUN_URI`` (the run path), ``TRAINOPS_RESUME_FROM`` (set by the
+orchestrator, empty on a fresh start), and boto3's usual AWS variables (``AWS_ENDPOINT_URL_S3``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from trainops.checkpoints.formats.base import METADATA, step_from_name
+from trainops.checkpoints.formats.manifest import (
+    COMMITTED_FILE,
+    COMMITTED_READ_LIMIT,
+    MANIFEST_FILE,
+    build_committed,
+    build_manifest,
+    digest,
+)
+from trainops.checkpoints.latest import latest_verified
+from trainops.checkpoints.store import CheckpointStore
+from trainops.checkpoints.uri import S3Uri
+
+RUN_URI_ENV = "TRAINOPS_RUN_URI"
+RESUME_FROM_ENV = "TRAINOPS_RESUME_FROM"
+HEARTBEAT_FILE = "heartbeat.json"
+
+
+class CommitConflict(RuntimeError):
+    """``_COMMITTED`` exists for a different manifest: the files changed after the first commit."""
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    uri: str
+    written: bool  # False when the checkpoint was already committed (a retry or a concurrent commit)
+    manifest_sha256: str
+    files: int
+    bytes: int
+
+
+def commit(
+    checkpoint_uri: str, *, step: int | None = None, store: CheckpointStore | None = None
+) -> CommitResult:
+    """Commit a saved checkpoint: write ``trainops-manifest.json``, then ``_COMMITTED`` exactly once.
+
+    Call it on one rank after every rank's save has finished.  Safe to retry and to race: the
+    marker is written with ``If-None-Match: *``, so only one call writes it and every call
+    returns normally.  Raises CommitConflict when an existing commit names other file contents.
+    """
+    uri = S3Uri.parse(checkpoint_uri, field="checkpoint_uri")
+    store = store or CheckpointStore()
+    existing = store.read(uri.bucket, uri.key(COMMITTED_FILE), limit=COMMITTED_READ_LIMIT)
+    if existing is not None:
+        return _already_committed(uri, existing, None)
+    files = [(info.key[len(uri.prefix) :], info) for info in store.list(uri)]
+    if not any(rel not in (MANIFEST_FILE, COMMITTED_FILE) for rel, _ in files):
+        raise ValueError(f"checkpoint_uri {uri} holds no files: save the checkpoint before committing it")
+    manifest = build_manifest(files, step if step is not None else step_from_name(uri.name))
+    store.put(uri.bucket, uri.key(MANIFEST_FILE), manifest)
+    committed = build_committed(manifest)
+    if store.put_if_absent(uri.bucket, uri.key(COMMITTED_FILE), committed):
+        return _result(uri, True, committed)
+    existing = store.read(uri.bucket, uri.key(COMMITTED_FILE), limit=COMMITTED_READ_LIMIT)
+    return _already_committed(uri, existing, digest(manifest))
+
+
+def _already_committed(uri: S3Uri, committed: bytes, our_digest: str | None) -> CommitResult:
+    result = _result(uri, False, committed)
+    if our_digest is not None and result.manifest_sha256 != our_digest:
+        raise CommitConflict(
+            f"{uri} was already committed with manifest {result.manifest_sha256}, but its files now give "
+            f"{our_digest}: the checkpoint changed after it was committed; save it under a new step"
+        )
+    return result
+
+
+def _result(uri: S3Uri, written: bool, committed: bytes) -> CommitResult:
+    body = json.loads(committed)
+    return CommitResult(str(uri), written, body["manifest_sha256"], body["files"], body["bytes"])
+
+
+def heartbeat(
+    step: int,
+    *,
+    ranks: int | None = None,
+    saving: bool = False,
+    phase: str = "train",
+    run_uri: str | None = None,
+    extra: dict[str, Any] | None = None,
+    store: CheckpointStore | None = None,
+) -> dict[str, Any]:
+    """Write ``heartbeat.json`` under the run path and return what was written.
+
+    ``saving=True`` (with e.g. ``phase="checkpoint"``) tells a watcher a save is in progress,
+    so it pauses hang detection until the next heartbeat with ``saving=False``.
+    """
+    run = S3Uri.parse(run_uri or _require_env(RUN_URI_ENV), field="run_uri")
+    now = time.time()
+    document = {
+        "step": int(step),
+        "time": now,
+        "time_iso": datetime.fromtimestamp(now, UTC).isoformat(),
+        "ranks": ranks,
+        "saving": saving,
+        "phase": phase,
+        **(extra or {}),
+    }
+    (store or CheckpointStore()).put(run.bucket, run.key(HEARTBEAT_FILE), json.dumps(document).encode())
+    return document
+
+
+def resume_from(*, level: str = METADATA, store: CheckpointStore | None = None) -> str | None:
+    """Where to resume: ``TRAINOPS_RESUME_FROM`` when set, else the newest verified checkpoint under
+    ``TRAINOPS_RUN_URI``; None for a fresh start (neither set, or nothing verifies yet)."""
+    if resume := os.environ.get(RESUME_FROM_ENV, "").strip():
+        return resume
+    run_uri = os.environ.get(RUN_URI_ENV, "").strip()
+    if not run_uri:
+        return None
+    latest = latest_verified(S3Uri.parse(run_uri, field=RUN_URI_ENV), level=level, store=store)
+    return latest.checkpoint.uri if latest.checkpoint else None
+
+
+def _require_env(name: str) -> str:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        raise ValueError(f"{name} is not set: pass run_uri= or set {name}=s3://bucket/runs/<run>/")
+    return value

@@ -1,0 +1,116 @@
+"""Verify one checkpoint directory in S3 at a level: structural, metadata (default) or deep.
+
+- ``structural``: the listing only (plus tracker files): required files present, completion
+  signal present, no ``-unfinished`` marker.
+- ``metadata``: also reads the small metadata objects (manifest and ``_COMMITTED``, DCP
+  ``.metadata``, ``trainer_state.json``, safetensors headers) and checks every file's size and
+  ETag from the listing against them.  No request per shard.
+- ``deep``: also streams every object and recomputes its ETag and S3 checksum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from trainops.checkpoints import formats, integrity
+from trainops.checkpoints.formats.base import DEEP, LEVELS, METADATA, Checkpoint, step_from_name
+from trainops.checkpoints.store import CheckpointStore, ObjectInfo, ObjectTooLarge
+from trainops.checkpoints.uri import S3Uri
+
+MAX_REASONS = 20
+
+
+@dataclass
+class VerifyResult:
+    """The verdict on one checkpoint; ``ok`` is True only when ``reasons`` is empty."""
+
+    uri: str
+    format: str
+    level: str
+    step: int | None
+    bytes: int
+    files: int
+    last_modified: datetime | None
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict (for XCom, ``--json`` and logs)."""
+        data = asdict(self)
+        data["ok"] = self.ok
+        data["last_modified"] = self.last_modified.isoformat() if self.last_modified else None
+        return data
+
+    def summary(self) -> str:
+        verdict = "verified" if self.ok else "NOT verified"
+        return (
+            f"{self.uri} {verdict} at {self.level} level: format={self.format} step={self.step} "
+            f"files={self.files} bytes={self.bytes}"
+        )
+
+
+def check_level(level: str) -> str:
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {', '.join(LEVELS)}; got {level!r}")
+    return level
+
+
+def verify_checkpoint(
+    uri: str | S3Uri,
+    *,
+    level: str = METADATA,
+    store: CheckpointStore | None = None,
+    sibling_files: dict[str, ObjectInfo] | None = None,
+) -> VerifyResult:
+    """Verify the checkpoint directory at ``uri``.
+
+    ``sibling_files`` (the files directly in the parent directory, by name) saves a listing
+    when the caller already has it; otherwise the parent is listed once.
+    """
+    check_level(level)
+    if isinstance(uri, str):
+        uri = S3Uri.parse(uri)
+    if not uri.prefix:
+        raise ValueError(f"uri must name a checkpoint directory inside the bucket, not the bucket root: {uri}")
+    store = store or CheckpointStore()
+    files = {info.key[len(uri.prefix) :]: info for info in store.list(uri)}
+    if sibling_files is None:
+        sibling_files = list_files(store, uri.parent)
+    checkpoint = Checkpoint(store, uri, files, sibling_files)
+    result = VerifyResult(
+        uri=str(uri),
+        format="none",
+        level=level,
+        step=step_from_name(uri.name),
+        bytes=sum(info.size for info in files.values()),
+        files=len(files),
+        last_modified=max((info.last_modified for info in files.values()), default=None),
+    )
+    if not files:
+        result.reasons = [f"no objects under {uri}"]
+        return result
+    try:
+        result.format, reasons = formats.check(checkpoint, level)
+        if level == DEEP and not reasons:
+            reasons = integrity.check_contents(store, uri, files)
+    except ObjectTooLarge as error:
+        reasons = [str(error)]
+    result.reasons = _capped(reasons)
+    return result
+
+
+def list_files(store: CheckpointStore, uri: S3Uri) -> dict[str, ObjectInfo]:
+    """The objects directly in ``uri`` (not in its sub-directories), by name."""
+    _, objects = store.list_dir(uri)
+    return {info.key[len(uri.prefix) :]: info for info in objects}
+
+
+def _capped(reasons: list[str]) -> list[str]:
+    if len(reasons) <= MAX_REASONS:
+        return reasons
+    return reasons[:MAX_REASONS] + [f"... and {len(reasons) - MAX_REASONS} more"]

@@ -1,0 +1,169 @@
+"""Pod facts shared by the simulated controllers: phases, readiness, resource requests, ownership,
+creating pods from a template and deleting them the way the API server does."""
+
+from __future__ import annotations
+
+import functools
+import math
+from datetime import UTC, datetime, timedelta
+
+from trainops.devcluster.conditions import condition_true
+from trainops.devcluster.store import NotFound, Store
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+DEFAULT_GRACE_SECONDS = 30
+# Added to every pod by the API server's DefaultTolerationSeconds admission plugin.
+DEFAULT_TOLERATIONS = [
+    {
+        "key": "node.kubernetes.io/not-ready",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
+    {
+        "key": "node.kubernetes.io/unreachable",
+        "operator": "Exists",
+        "effect": "NoExecute",
+        "tolerationSeconds": 300,
+    },
+]
+
+
+def phase(pod: dict) -> str:
+    return (pod.get("status") or {}).get("phase") or "Pending"
+
+
+def is_terminal(pod: dict) -> bool:
+    return phase(pod) in TERMINAL_PHASES
+
+
+def is_deleting(obj: dict) -> bool:
+    return bool(obj["metadata"].get("deletionTimestamp"))
+
+
+def is_active(pod: dict) -> bool:
+    """Neither finished nor being deleted: what controllers count as a live replica."""
+    return not is_terminal(pod) and not is_deleting(pod)
+
+
+def is_ready(pod: dict) -> bool:
+    return condition_true(pod, "Ready")
+
+
+def node_of(pod: dict) -> str:
+    return (pod.get("spec") or {}).get("nodeName") or ""
+
+
+def controller_uid(obj: dict) -> str | None:
+    """The uid of the object's controller ownerReference, if any."""
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
+
+
+def owner_reference(owner: dict) -> dict:
+    return {
+        "apiVersion": owner["apiVersion"],
+        "kind": owner["kind"],
+        "name": owner["metadata"]["name"],
+        "uid": owner["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+@functools.lru_cache(maxsize=4096)
+def milli(quantity: str | int | float) -> int:
+    """A resource quantity ("8", "500m", "64Gi") in thousandths, rounded up."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    return math.ceil(parse_quantity(quantity) * 1000)
+
+
+def pod_requests(pod: dict) -> dict[str, int]:
+    """What the scheduler reserves for a pod, in thousandths: the sum over containers of their
+    requests (a limit stands in for a missing request), at least the largest init container's."""
+    spec = pod.get("spec") or {}
+
+    def of(container: dict) -> dict[str, int]:
+        resources = container.get("resources") or {}
+        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+        return {name: milli(value) for name, value in merged.items()}
+
+    total: dict[str, int] = {}
+    for container in spec.get("containers") or []:
+        for name, value in of(container).items():
+            total[name] = total.get(name, 0) + value
+    for container in spec.get("initContainers") or []:
+        for name, value in of(container).items():
+            total[name] = max(total.get(name, 0), value)
+    return total
+
+
+def gpu_count(pod: dict) -> int:
+    return pod_requests(pod).get("nvidia.com/gpu", 0) // 1000
+
+
+def pod_from_template(
+    template: dict, *, owner: dict, generate_name: str, labels: dict, annotations: dict | None = None
+) -> dict:
+    """A new pod for ``owner`` from its pod template, with the defaults the API server would add."""
+    metadata = template.get("metadata") or {}
+    spec = {
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
+        "schedulerName": "default-scheduler",
+        "dnsPolicy": "ClusterFirst",
+        **(template.get("spec") or {}),
+    }
+    tolerations = list(spec.get("tolerations") or [])
+    for default in DEFAULT_TOLERATIONS:
+        if not any(
+            t.get("key") == default["key"] and t.get("effect") in (None, "", "NoExecute") for t in tolerations
+        ):
+            tolerations.append(dict(default))
+    spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": generate_name,
+            "namespace": owner["metadata"]["namespace"],
+            "labels": {**(metadata.get("labels") or {}), **labels},
+            "annotations": {**(metadata.get("annotations") or {}), **(annotations or {})},
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": spec,
+        "status": {"phase": "Pending"},
+    }
+
+
+def delete_pod(store: Store, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
+    """Delete a pod as the API server does: a pod that is bound and not finished gets
+    ``deletionTimestamp`` and the kubelet stops it; any other pod (or ``grace_seconds=0``) goes at
+    once.  Returns ``False`` when the pod was already gone."""
+    pod = store.find("pods", namespace, name)
+    if pod is None:
+        return False
+    if grace_seconds is None:
+        grace_seconds = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+    if grace_seconds == 0 or not node_of(pod) or is_terminal(pod):
+        try:
+            store.delete("pods", namespace, name)
+        except NotFound:
+            return False
+        return True
+    if is_deleting(pod):
+        return True
+
+    def mark(current: dict) -> None:
+        deadline = datetime.now(UTC) + timedelta(seconds=grace_seconds)
+        current["metadata"]["deletionTimestamp"] = deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+        current["metadata"]["deletionGracePeriodSeconds"] = grace_seconds
+
+    try:
+        store.mutate("pods", namespace, name, mark)
+    except NotFound:
+        return False
+    return True

@@ -1,0 +1,228 @@
+"""``trainops probe``: the node probe (runs on every GPU node, e.g. as a DaemonSet), and
+``trainops health``: the gate and the release of quarantined nodes, for operators.
+
+trainops probe --once [--json] [--window S] [--gemm]
+trainops probe --publish --node NAME [--interval S] [--kubeconfig K]
+trainops health gate [--kubeconfig K] [--selector S] [--prometheus URL] [--min-nodes N] [--dry-run] [--json]
+trainops health release NODE [--kubeconfig K] [--prometheus URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any
+
+from trainops.cluster.retry import Deadline
+from trainops.health.gate import DEFAULT_SELECTOR, GateConfig, GateError, run_gate
+from trainops.health.gemm import measure_gemm_tflops
+from trainops.health.ib_reader import SysfsIbReader
+from trainops.health.nvml_reader import NvmlReader, load_pynvml
+from trainops.health.policy import evaluate, load_policy
+from trainops.health.probe import collect_report, publish
+from trainops.health.prometheus import PrometheusClient
+from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
+from trainops.health.report import HealthReport
+
+WRITE_DEADLINE_S = 60.0
+
+
+def register(subparsers: Any) -> None:
+    _register_probe(subparsers)
+    _register_health(subparsers)
+
+
+def _register_probe(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "probe", help="read this node's GPU and fabric health", description=__doc__
+    )
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--once", action="store_true", help="collect one report and print it")
+    mode.add_argument("--publish", action="store_true", help="write reports to the node object, repeatedly")
+    parser.add_argument("--json", action="store_true", help="--once: print the report as JSON")
+    parser.add_argument(
+        "--window", type=float, default=0.0, help="--once: seconds between two samples (rates)"
+    )
+    parser.add_argument("--node", default=os.environ.get("NODE_NAME"), help="node name (default: $NODE_NAME)")
+    parser.add_argument("--interval", type=float, default=60.0, help="--publish: seconds between reports")
+    parser.add_argument(
+        "--iterations", type=int, default=0, help="--publish: stop after N reports (0: never)"
+    )
+    parser.add_argument("--kubeconfig", help="--publish: kubeconfig file (default: in-cluster, then ~/.kube)")
+    parser.add_argument("--ib-sysfs", default="/sys/class/infiniband", help="InfiniBand sysfs root")
+    parser.add_argument(
+        "--gemm", action="store_true", help="also time a short GEMM per GPU (needs torch+CUDA)"
+    )
+    parser.set_defaults(func=run_probe)
+
+
+def run_probe(args: argparse.Namespace) -> int:
+    if args.publish and not args.node:
+        print("error: --publish needs --node NAME (or $NODE_NAME)", file=sys.stderr)
+        return 2
+    if args.window < 0 or args.interval <= 0 or args.iterations < 0:
+        print("error: --window must be >= 0, --interval > 0 and --iterations >= 0", file=sys.stderr)
+        return 2
+    ib_reader = SysfsIbReader(args.ib_sysfs)
+    speed_probe = measure_gemm_tflops if args.gemm else None
+    with NvmlReader(load_pynvml()) as nvml:
+        if args.once:
+            node = args.node or socket.gethostname()
+            previous = None
+            if args.window:
+                previous = collect_report(nvml, ib_reader, node)
+                time.sleep(args.window)
+            report = collect_report(nvml, ib_reader, node, speed_probe=speed_probe, previous=previous)
+            return _print_once(report, args.json)
+        return _publish_loop(args, nvml, ib_reader, speed_probe)
+
+
+def _print_once(report: HealthReport, as_json: bool) -> int:
+    verdict = evaluate(report)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=2, sort_keys=True))
+    else:
+        print(f"{report.node}: {verdict.verdict} (default policy)")
+        for reason in verdict.reasons:
+            print(f"  {reason}")
+    gpu_count = report.signals["gpu_count"]
+    if not gpu_count.known:
+        print(f"error: GPU health unknown: {gpu_count.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _publish_loop(args: argparse.Namespace, nvml: NvmlReader, ib_reader: SysfsIbReader, speed_probe) -> int:
+    core_api = _core_api(args.kubeconfig)
+    previous: HealthReport | None = None
+    published = 0
+    failed = False
+    while True:
+        report = collect_report(nvml, ib_reader, args.node, speed_probe=speed_probe, previous=previous)
+        try:
+            condition = publish(report, core_api)
+            print(
+                f"{args.node}: {condition['type']}={condition['status']} {condition['message']}", flush=True
+            )
+            failed = False
+        except Exception as err:  # keep probing through API outages; the next round retries
+            print(f"error: publishing to node {args.node} failed: {err}", file=sys.stderr, flush=True)
+            failed = True
+        previous = report
+        published += 1
+        if args.iterations and published >= args.iterations:
+            return 1 if failed else 0
+        time.sleep(args.interval)
+
+
+def _core_api(kubeconfig: str | None) -> Any:
+    from kubernetes import client, config
+
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+    return client.CoreV1Api()
+
+
+def _register_health(subparsers: Any) -> None:
+    parser = subparsers.add_parser("health", help="gate GPU nodes for a run; release quarantined nodes")
+    commands = parser.add_subparsers(dest="health_command", required=True, metavar="COMMAND")
+
+    def common(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
+        sub.add_argument("--prometheus", metavar="URL", help="Prometheus base URL with dcgm-exporter metrics")
+        sub.add_argument(
+            "--prometheus-optional",
+            action="store_true",
+            help="if Prometheus is unreachable, use the node probe's reports alone (default: fail)",
+        )
+        sub.add_argument("--policy", metavar="FILE", help="policy row overrides (JSON or YAML mapping)")
+
+    gate = commands.add_parser(
+        "gate", help="evaluate candidate nodes, quarantine failing ones, choose a tier"
+    )
+    common(gate)
+    gate.add_argument(
+        "--selector", default=DEFAULT_SELECTOR, help=f"candidate node labels (default {DEFAULT_SELECTOR})"
+    )
+    gate.add_argument("--min-nodes", type=int, default=1, help="healthy nodes the run needs (default 1)")
+    gate.add_argument("--no-speed-tiers", action="store_true", help="do not group nodes by measured speed")
+    gate.add_argument("--dry-run", action="store_true", help="quarantine nothing; only report")
+    gate.add_argument("--json", action="store_true", help='print {"nodes": [...], "selected": [...]} as JSON')
+    gate.set_defaults(func=run_health_gate)
+
+    rel = commands.add_parser("release", help="re-check a quarantined node and release it if it passes")
+    common(rel)
+    rel.add_argument("node", metavar="NODE")
+    rel.set_defaults(func=run_health_release)
+
+
+def _on_unavailable(args: argparse.Namespace) -> str:
+    return "probe-only" if args.prometheus_optional else "fail"
+
+
+def _prometheus(args: argparse.Namespace) -> PrometheusClient | None:
+    return PrometheusClient(args.prometheus) if args.prometheus else None
+
+
+def run_health_gate(args: argparse.Namespace) -> int:
+    try:
+        config = GateConfig(
+            selector=args.selector,
+            min_nodes=args.min_nodes,
+            policy=load_policy(args.policy),
+            speed_tiers=not args.no_speed_tiers,
+            on_unavailable=_on_unavailable(args),
+        )
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    core_api = _core_api(args.kubeconfig)
+    try:
+        result = run_gate(core_api, config, prometheus=_prometheus(args))
+    except GateError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    written = [] if args.dry_run else apply_quarantine(core_api, result, Deadline(WRITE_DEADLINE_S))
+    if args.json:
+        print(json.dumps({**result.to_dict(), "quarantined_now": written}, indent=2))
+    else:
+        print(result.table())
+        if written:
+            print(f"quarantined now: {', '.join(written)}")
+        elif args.dry_run and result.to_quarantine:
+            print(f"dry run: would quarantine {', '.join(n.name for n in result.to_quarantine)}")
+    return 0 if result.enough else 1
+
+
+def run_health_release(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.policy)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    try:
+        outcome = release(
+            _core_api(args.kubeconfig),
+            args.node,
+            Deadline(WRITE_DEADLINE_S),
+            policy=policy,
+            prometheus=_prometheus(args),
+            on_unavailable=_on_unavailable(args),
+        )
+    except (ReleaseRefused, GateError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    if outcome.released:
+        print(f"{args.node}: released ({outcome.verdict})")
+    else:
+        print(f"{args.node}: not quarantined; nothing to release")
+    return 0

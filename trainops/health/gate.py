@@ -1,0 +1,297 @@
+"""The health gate, Airflow-free: which candidate nodes a run may have, and which must be quarantined.
+
+It lists the candidate nodes by label selector (paginated), reads the report each node probe
+published (annotation ``trainops.io/health-report``), fills what the probe could not read from
+dcgm-exporter metrics (a handful of fleet-wide Prometheus queries, never one per node), applies
+the policy and gives the run nodes of one speed tier. It only reads; :func:`apply_quarantine`
+then writes the quarantines (see ``quarantine.py``).
+
+    result = run_gate(core_v1, GateConfig(min_nodes=8), prometheus=PrometheusClient(url))
+    apply_quarantine(core_v1, result, Deadline(60))
+    print(result.table())
+
+A node with no report, an unreadable one or a stale one is unknown, never healthy. A node already
+quarantined is never chosen, whatever its report says now: ``trainops health release`` re-checks it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainops.cluster.nodes import NodeState, json_of
+from trainops.cluster.retry import Deadline, call
+from trainops.conventions import GPU_POOL_LABEL, HEALTH_REPORT_ANNOTATION, QUARANTINE_TAINT
+from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
+from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports
+from trainops.health.report import HealthReport, merge_reports
+from trainops.health.stragglers import USABLE, Selection, choose_nodes, node_speed
+
+DEFAULT_SELECTOR = f"{GPU_POOL_LABEL}=true"
+ON_UNAVAILABLE = ("fail", "probe-only")
+SIDES = {
+    "gpu": ("gpu", {"report_age", "gpu_count"}),
+    "fabric": ("ib_port", {"report_age", "ib_port_count"}),
+}
+
+
+class GateError(RuntimeError):
+    """The gate cannot decide, e.g. Prometheus is required and unreachable."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """What to gate and how.
+
+    ``nodes``: only these nodes (each read by name; for large fleets use ``selector``).
+    ``on_unavailable``: when Prometheus is given but cannot be read, ``fail`` raises GateError,
+    ``probe-only`` gates on the probe reports alone and says so in ``GateResult.warnings``.
+    ``speed_tiers``: choose nodes of like measured speed (needs the probe's GEMM speed; a node
+    without one is then excluded).
+    """
+
+    selector: str = DEFAULT_SELECTOR
+    nodes: tuple[str, ...] = ()
+    min_nodes: int = 1
+    policy: Policy = DEFAULT_POLICY
+    speed_tiers: bool = True
+    on_unavailable: str = "fail"
+    page_size: int = 500
+    api_deadline_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.min_nodes < 1:
+            raise ValueError(f"min_nodes must be >= 1, got {self.min_nodes}")
+        if self.on_unavailable not in ON_UNAVAILABLE:
+            raise ValueError(
+                f"on_unavailable must be one of {', '.join(ON_UNAVAILABLE)}, got {self.on_unavailable!r}"
+            )
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        object.__setattr__(self, "nodes", tuple(self.nodes))
+
+
+def side_policy(policy: Policy, side: str) -> Policy:
+    """Only the rows of one side: ``gpu`` (GPU rows, GPU count) or ``fabric`` (InfiniBand rows, port count)."""
+    if side not in SIDES:
+        raise ValueError(f"side must be one of {', '.join(SIDES)}, got {side!r}")
+    scope, node_rows = SIDES[side]
+    return Policy(tuple(row for row in policy.rows if row.scope == scope or row.name in node_rows))
+
+
+@dataclass
+class NodeResult:
+    """One candidate: its verdict for this run, the reasons, and what they rest on."""
+
+    name: str
+    verdict: str
+    reasons: list[str]
+    policy: NodeVerdict  # the policy's verdict with all evidence
+    report: HealthReport
+    quarantined: bool  # already carries the quarantine taint
+    node: dict | None  # the node as read (None: not found)
+    speed: float | None = None
+
+
+@dataclass
+class GateResult:
+    nodes: list[NodeResult]
+    selection: Selection
+    min_nodes: int
+    selector: str
+    sources: list[str]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def selected(self) -> list[str]:
+        return self.selection.nodes if self.selection.enough else []
+
+    @property
+    def enough(self) -> bool:
+        return self.selection.enough
+
+    @property
+    def to_quarantine(self) -> list[NodeResult]:
+        """Nodes the policy quarantines that do not carry the quarantine taint yet."""
+        return [n for n in self.nodes if n.policy.verdict == "quarantine" and not n.quarantined and n.node]
+
+    def missing(self) -> str | None:
+        """Why the run cannot have ``min_nodes`` nodes (None when it can)."""
+        if self.enough:
+            return None
+        usable = self.selection.nodes
+        left_out = [n for n in self.nodes if n.name not in usable]
+        listed = "; ".join(
+            f"{n.name}: {n.verdict}: {n.reasons[0] if n.reasons else ''}" for n in left_out[:20]
+        )
+        more = f"; and {len(left_out) - 20} more" if len(left_out) > 20 else ""
+        return (
+            f"need {self.min_nodes} healthy node(s), have {len(usable)} of {len(self.nodes)} candidate(s) "
+            f"(selector {self.selector!r}). Left out: {listed or 'none'}{more}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodes": [{"name": n.name, "verdict": n.verdict, "reasons": n.reasons} for n in self.nodes],
+            "selected": self.selected,
+            "enough": self.enough,
+            "min_nodes": self.min_nodes,
+            "missing": self.missing(),
+            "tier": list(self.selection.tier) if self.selection.tier else None,
+            "sources": self.sources,
+            "warnings": self.warnings,
+        }
+
+    def table(self) -> str:
+        """A readable table: one line per node, the first reason, then a summary."""
+        chosen = set(self.selected)
+        rows = [("NODE", "VERDICT", "CHOSEN", "SPEED", "REASON")]
+        for n in self.nodes:
+            reason = (n.reasons[0] if n.reasons else "") + (
+                f" (+{len(n.reasons) - 1} more)" if len(n.reasons) > 1 else ""
+            )
+            speed = f"{n.speed:.1f}" if n.speed is not None else "-"
+            rows.append((n.name, n.verdict, "yes" if n.name in chosen else "no", speed, reason))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+        tier = self.selection.tier
+        summary = (
+            f"{len(self.selected)} of {len(self.nodes)} node(s) chosen (need {self.min_nodes})"
+            + (f", speed tier {tier[0]:.1f}-{tier[1]:.1f}" if tier else "")
+            + f"; sources: {'+'.join(self.sources)}"
+        )
+        lines.append(summary if self.enough else f"NOT ENOUGH: {self.missing()}")
+        lines += [f"WARNING: {w}" for w in self.warnings]
+        return "\n".join(line.rstrip() for line in lines)
+
+
+def run_gate(
+    core_v1: Any, config: GateConfig, *, prometheus: PrometheusClient | None = None, now: float | None = None
+) -> GateResult:
+    """Evaluate the candidates (reads only). ``core_v1``: a ``kubernetes.client.CoreV1Api``."""
+    now = time.time() if now is None else now
+    deadline = Deadline(config.api_deadline_s)
+    listed = {node["metadata"]["name"]: node for node in candidate_nodes(core_v1, config, deadline)}
+    names = list(config.nodes) or sorted(listed)
+    reports = {name: published_report(listed.get(name), name, now) for name in names}
+    sources, warnings = ["probe"], []
+    if prometheus is not None:
+        try:
+            from_metrics = fleet_reports(prometheus, names, now=now)
+            reports = {name: merge_reports(reports[name], from_metrics[name]) for name in names}
+            sources.append("prometheus")
+        except PrometheusError as err:
+            if config.on_unavailable == "fail":
+                raise GateError(
+                    f"{err}. The gate does not pass nodes without it; to gate on the node probe's reports "
+                    "alone, set on_unavailable='probe-only' (CLI: --prometheus-optional)."
+                ) from err
+            warnings.append(f"Prometheus unavailable, gated on the node probe's reports alone: {err}")
+    results = [_judge(name, listed.get(name), reports[name], config.policy, now) for name in names]
+    speeds = {r.name: r.speed for r in results if r.verdict in USABLE} if config.speed_tiers else {}
+    verdicts = [NodeVerdict(r.name, r.verdict, r.reasons) for r in results]
+    selection = choose_nodes(verdicts, speeds, config.min_nodes)
+    for r in results:
+        if r.verdict in USABLE and r.name in selection.excluded:
+            r.verdict = "exclude"
+            r.reasons = [selection.excluded[r.name].removeprefix("exclude: "), *r.reasons]
+    return GateResult(results, selection, config.min_nodes, config.selector, sources, warnings)
+
+
+def _judge(name: str, node: dict | None, report: HealthReport, policy: Policy, now: float) -> NodeResult:
+    verdict = evaluate(report, policy, now=now)
+    speed = node_speed(report)
+    result = NodeResult(
+        name,
+        verdict.verdict,
+        list(verdict.reasons),
+        verdict,
+        report,
+        False,
+        node,
+        speed.value if speed.known else None,
+    )
+    if node is None:
+        result.verdict, result.reasons = "exclude", ["node not found"]
+        return result
+    taint = NodeState.of(node).taint(QUARANTINE_TAINT)
+    if taint is not None:
+        result.quarantined = True
+        if verdict.verdict != "quarantine":
+            held = f"quarantined ({QUARANTINE_TAINT}={taint.get('value', '')}); `trainops health release {name}` re-checks it"
+            result.verdict, result.reasons = "exclude", [held, *verdict.reasons]
+    return result
+
+
+def candidate_nodes(core_v1: Any, config: GateConfig, deadline: Deadline) -> list[dict]:
+    """The named nodes (one GET each), or every node matching the selector (paginated list)."""
+    from kubernetes.client.exceptions import ApiException
+
+    if not config.nodes:
+        return list_nodes_paginated(core_v1, config.selector, config.page_size, deadline)
+    found = []
+    for name in config.nodes:
+        try:
+            found.append(
+                call(
+                    lambda name=name: json_of(core_v1.read_node(name, _preload_content=False)),
+                    deadline,
+                    f"read node {name}",
+                )
+            )
+        except ApiException as err:
+            if err.status != 404:
+                raise
+    return found
+
+
+def list_nodes_paginated(core_v1: Any, selector: str, page_size: int, deadline: Deadline) -> list[dict]:
+    """Every node matching ``selector``, ``page_size`` per request; restarts when a continue token expires."""
+    from kubernetes.client.exceptions import ApiException
+
+    for _ in range(3):
+        token, nodes = None, []
+        try:
+            while True:
+                page = call(
+                    lambda token=token: json_of(
+                        core_v1.list_node(
+                            label_selector=selector, limit=page_size, _continue=token, _preload_content=False
+                        )
+                    ),
+                    deadline,
+                    "list nodes",
+                )
+                nodes += page["items"]
+                token = page["metadata"].get("continue")
+                if not token:
+                    return nodes
+        except ApiException as err:
+            if err.status != 410:
+                raise
+    raise GateError(
+        "listing nodes: the continue token expired three times in a row (the fleet changes too fast)"
+    )
+
+
+def published_report(node: dict | None, name: str, now: float) -> HealthReport:
+    """The report the node probe published on ``node``; a report that knows nothing when absent or unreadable."""
+    text = ((node or {}).get("metadata", {}).get("annotations") or {}).get(HEALTH_REPORT_ANNOTATION)
+    if node is None:
+        return HealthReport.empty(name, now, "probe", "node not found")
+    if text is None:
+        return HealthReport.empty(
+            name, now, "probe", f"no {HEALTH_REPORT_ANNOTATION} annotation (is the node probe running?)"
+        )
+    try:
+        report = HealthReport.from_json(text)
+    except (ValueError, KeyError, TypeError) as err:
+        return HealthReport.empty(
+            name, now, "probe", f"unreadable {HEALTH_REPORT_ANNOTATION} annotation: {err}"
+        )
+    if report.node != name:
+        return HealthReport.empty(
+            name, now, "probe", f"the annotation holds a report of node {report.node!r}"
+        )
+    return report

@@ -1,0 +1,167 @@
+"""Fleet-wide GPU signals from dcgm-exporter metrics through the Prometheus HTTP API.
+
+A fixed handful of instant queries covers the whole fleet (never one per node): one for every
+gauge at once (``{__name__=~"..."}``), one for the sample timestamps (freshness) and one
+``increase()`` per error counter. Series are keyed by the exporter's ``Hostname`` and ``gpu``
+labels. A node whose newest sample is older than ``max_age_s``, or that has no series at all,
+gets a report that knows nothing; a metric missing for a GPU makes that signal unknown.
+
+Enable the non-default counters in dcgm-exporter's CSV (ECC, row-remap pending, NVLink errors,
+``DCGM_EXP_XID_ERRORS_COUNT`` with ``--xid-count-window-size`` set to the XID lookback).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from trainops.health.report import HealthReport, Signal, Signals
+
+RECOVERY_ACTIONS = {0: "NONE", 1: "GPU_RESET", 2: "NODE_REBOOT", 3: "DRAIN_P2P", 4: "DRAIN_AND_RESET"}
+
+GAUGES: dict[str, tuple[str, Callable[[float], Any]]] = {
+    "DCGM_FI_DEV_GPU_TEMP": ("temperature_c", float),
+    "DCGM_FI_DEV_MEMORY_TEMP": ("memory_temperature_c", float),
+    "DCGM_FI_DEV_POWER_USAGE": ("power_w", float),
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc_corrected_volatile", int),
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc_uncorrected_volatile", int),
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ("ecc_corrected_aggregate", int),
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ("ecc_uncorrected_aggregate", int),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remapped_rows_correctable", int),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remapped_rows_uncorrectable", int),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("row_remap_failure", bool),
+    "DCGM_FI_DEV_ROW_REMAP_PENDING": ("row_remap_pending", bool),
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("clock_event_reasons", int),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("counter_pcie_replay", int),
+    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL": ("counter_nvlink_replay", int),
+    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL": ("counter_nvlink_recovery", int),
+    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": ("counter_nvlink_crc_flit", int),
+    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": ("counter_nvlink_crc_data", int),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", float),
+    "DCGM_FI_DEV_GPU_RECOVERY_ACTION": (
+        "recovery_action",
+        lambda v: RECOVERY_ACTIONS.get(int(v), f"code {v:g}"),
+    ),
+}
+XID_LAST = "DCGM_FI_DEV_XID_ERRORS"  # last XID value; its presence proves XIDs are watched
+XID_COUNT = "DCGM_EXP_XID_ERRORS_COUNT"  # label xid, count within the exporter's window
+FRESHNESS = "DCGM_FI_DEV_GPU_TEMP"  # on by default; its sample time is the node's last scrape
+COUNTERS = [name for name, (signal, _) in GAUGES.items() if signal.startswith("counter_")]
+
+
+class PrometheusError(Exception):
+    """Prometheus could not be reached or refused a query."""
+
+
+class PrometheusClient:
+    """Instant queries against ``<base_url>/api/v1/query`` with a ``requests`` session."""
+
+    def __init__(self, base_url: str, session: Any = None, timeout: float = 30.0):
+        import requests
+
+        self.base_url = base_url.rstrip("/")
+        self.session = session or requests.Session()
+        self.timeout = timeout
+
+    def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
+        """The result vector of an instant query; raises PrometheusError with the cause."""
+        import requests
+
+        params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+        url = f"{self.base_url}/api/v1/query"
+        try:
+            response = self.session.get(url, params=params, timeout=self.timeout)
+            body = response.json()
+        except (requests.RequestException, ValueError) as err:
+            raise PrometheusError(
+                f"Prometheus at {self.base_url} unreachable or not answering JSON: {err}"
+            ) from err
+        if body.get("status") != "success":
+            raise PrometheusError(
+                f"Prometheus refused {promql!r}: {body.get('errorType')}: {body.get('error')}"
+            )
+        if body["data"].get("resultType") != "vector":
+            raise PrometheusError(
+                f"query {promql!r} returned {body['data'].get('resultType')}, expected a vector"
+            )
+        return body["data"]["result"]
+
+
+def fleet_reports(
+    client: PrometheusClient,
+    nodes: Iterable[str] | None = None,
+    *,
+    now: float | None = None,
+    max_age_s: float = 120.0,
+    rate_window_s: int = 300,
+    node_label: str = "Hostname",
+) -> dict[str, HealthReport]:
+    """One report per node seen in Prometheus, plus an empty one for each of ``nodes`` not seen."""
+    now = time.time() if now is None else now
+    names = "|".join([*GAUGES, XID_LAST, XID_COUNT])
+    series = client.query(f'{{__name__=~"{names}"}}', at=now)
+    scraped = client.query(f"timestamp({FRESHNESS})", at=now)
+    rates = {name: client.query(f"increase({name}[{rate_window_s}s])", at=now) for name in COUNTERS}
+
+    def key(labels: dict[str, str]) -> tuple[str, str] | None:
+        node, gpu = labels.get(node_label), labels.get("gpu")
+        return (node, gpu) if node and gpu is not None else None
+
+    last_scrape: dict[str, float] = defaultdict(float)
+    fresh_gpus: dict[str, set[str]] = defaultdict(set)
+    for item in scraped:
+        if k := key(item["metric"]):
+            last_scrape[k[0]] = max(last_scrape[k[0]], float(item["value"][1]))
+            fresh_gpus[k[0]].add(k[1])
+    values: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
+    xids: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for item in series:
+        if not (k := key(item["metric"])):
+            continue
+        metric, value = item["metric"].get("__name__"), float(item["value"][1])
+        gpu_values = values[k]  # a GPU seen only through its XID count still gets a report entry
+        if metric != XID_COUNT:
+            gpu_values[metric] = value
+        elif value > 0:
+            xids[k].add(int(item["metric"]["xid"]))
+    for name, result in rates.items():
+        for item in result:
+            if k := key(item["metric"]):
+                values[k][f"rate:{name}"] = float(item["value"][1]) * 60.0 / rate_window_s
+
+    reports: dict[str, HealthReport] = {}
+    for node in sorted({n for n, _ in values} | set(last_scrape)):
+        age = now - last_scrape[node] if node in last_scrape else None
+        if age is None or age > max_age_s:
+            why = "no scrape time" if age is None else f"last sample {age:.0f}s old (bound {max_age_s:.0f}s)"
+            reports[node] = HealthReport.empty(node, now, "prometheus", f"dcgm-exporter data stale: {why}")
+            continue
+        gpus = {gpu: _gpu_signals(values[(n, gpu)], xids[(n, gpu)]) for n, gpu in values if n == node}
+        signals = {"gpu_count": Signal(len(fresh_gpus[node]))}
+        reports[node] = HealthReport(node, now, "prometheus", signals, gpus)
+    for node in nodes or ():
+        if node not in reports:
+            reports[node] = HealthReport.empty(
+                node, now, "prometheus", "no dcgm-exporter series for this node"
+            )
+    return reports
+
+
+def _gpu_signals(values: dict[str, Any], xids: set[int]) -> Signals:
+    signals: Signals = {}
+    for metric, (name, convert) in GAUGES.items():
+        found = metric in values
+        signals[name] = Signal(convert(values[metric])) if found else Signal.unknown(f"no {metric} series")
+    for metric in COUNTERS:
+        rate_name = GAUGES[metric][0].removeprefix("counter_") + "_per_min"
+        rate = values.get(f"rate:{metric}")
+        signals[rate_name] = (
+            Signal(round(rate, 3)) if rate is not None else Signal.unknown(f"no {metric} series")
+        )
+    if XID_LAST in values or xids:
+        signals["xid_events"] = Signal(sorted(xids))
+    else:
+        signals["xid_events"] = Signal.unknown(f"no {XID_LAST} series (XID watch off?)")
+    return signals

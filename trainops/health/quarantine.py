@@ -1,0 +1,127 @@
+"""Quarantine a failing node, and release it only after a fresh report passes.
+
+A quarantined node carries the taint ``trainops.io/quarantine=<rows>:NoSchedule`` (the policy rows
+that tripped), the label ``trainops.io/health=quarantined`` and the evidence as JSON in the
+annotation ``trainops.io/quarantine-evidence``. Every write goes through ``edit_node`` (one merge
+patch guarded by resourceVersion, foreign taints kept). Quarantining a node that already carries
+the taint changes nothing: the first evidence stays.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from trainops.cluster.nodes import NodeState, edit_node, with_taint, without_taint
+from trainops.cluster.retry import Deadline
+from trainops.conventions import HEALTH_LABEL, HEALTH_QUARANTINED, QUARANTINE_TAINT
+from trainops.health.gate import GateConfig, GateResult, NodeResult, run_gate
+from trainops.health.policy import DEFAULT_POLICY, Policy
+from trainops.health.prometheus import PrometheusClient
+from trainops.health.stragglers import USABLE
+
+EVIDENCE_ANNOTATION = "trainops.io/quarantine-evidence"
+
+
+def taint_value(result: NodeResult) -> str:
+    """The policy rows behind the quarantine, as a taint value (label-value syntax, <= 63 characters)."""
+    rows = sorted({e["row"] for e in result.policy.evidence if e["verdict"] == "quarantine"})
+    value = re.sub(r"[^A-Za-z0-9_.-]", "-", ".".join(rows))[:63]
+    return value.strip("._-") or "health-check-failed"
+
+
+def evidence(result: NodeResult, now: float) -> dict[str, Any]:
+    return {
+        "quarantined_at": now,
+        "verdict": result.policy.verdict,
+        "reasons": result.policy.reasons,
+        "evidence": [e for e in result.policy.evidence if e["verdict"] == "quarantine"],
+        "report": {"source": result.report.source, "collected_at": result.report.collected_at},
+    }
+
+
+def quarantine(core_v1: Any, result: NodeResult, deadline: Deadline, now: float | None = None) -> bool:
+    """Quarantine ``result``'s node; True when this call wrote to it (False: already quarantined)."""
+    now = time.time() if now is None else now
+    taint = {"key": QUARANTINE_TAINT, "value": taint_value(result), "effect": "NoSchedule"}
+    record = json.dumps(evidence(result, now), sort_keys=True)
+
+    def change(state: NodeState) -> NodeState:
+        if state.taint(QUARANTINE_TAINT) is None:
+            state = with_taint(state, taint)
+        labels = {**state.labels, HEALTH_LABEL: HEALTH_QUARANTINED}
+        annotations = {EVIDENCE_ANNOTATION: record, **state.annotations}  # the first evidence stays
+        return replace(state, labels=labels, annotations=annotations)
+
+    return edit_node(core_v1, result.name, change, deadline, current=result.node).wrote
+
+
+def apply_quarantine(core_v1: Any, result: GateResult, deadline: Deadline) -> list[str]:
+    """Quarantine every node the gate found failing; returns the nodes written now."""
+    return [n.name for n in result.to_quarantine if quarantine(core_v1, n, deadline)]
+
+
+class ReleaseRefused(RuntimeError):
+    """The node still fails (or has no report since its quarantine); it stays quarantined."""
+
+
+@dataclass
+class Released:
+    node: str
+    released: bool  # False: the node was not quarantined
+    verdict: str
+    reasons: list[str]
+
+
+def release(
+    core_v1: Any,
+    name: str,
+    deadline: Deadline,
+    *,
+    policy: Policy = DEFAULT_POLICY,
+    prometheus: PrometheusClient | None = None,
+    on_unavailable: str = "fail",
+    now: float | None = None,
+) -> Released:
+    """Re-check a quarantined node and lift the quarantine only when a report newer than it passes.
+
+    Raises ReleaseRefused (naming why) otherwise, GateError when Prometheus is required and unreachable.
+    """
+    config = GateConfig(nodes=(name,), policy=policy, speed_tiers=False, on_unavailable=on_unavailable)
+    checked = run_gate(core_v1, config, prometheus=prometheus, now=now).nodes[0]
+    if checked.node is None:
+        raise ReleaseRefused(f"node {name} not found")
+    state = NodeState.of(checked.node)
+    if state.taint(QUARANTINE_TAINT) is None and state.labels.get(HEALTH_LABEL) != HEALTH_QUARANTINED:
+        return Released(name, False, checked.policy.verdict, checked.policy.reasons)
+    since = _quarantined_at(state)
+    if checked.report.collected_at <= since:
+        raise ReleaseRefused(
+            f"node {name}: no health report since its quarantine (report from {checked.report.collected_at:.0f}, "
+            f"quarantined at {since:.0f}); wait for the node probe to publish a new one"
+        )
+    if checked.policy.verdict not in USABLE:
+        raise ReleaseRefused(
+            f"node {name} still fails its health checks ({checked.policy.verdict}): "
+            + "; ".join(checked.policy.reasons)
+        )
+
+    def lift(current: NodeState) -> NodeState:
+        current = without_taint(current, QUARANTINE_TAINT)
+        labels = {k: v for k, v in current.labels.items() if k != HEALTH_LABEL}
+        annotations = {k: v for k, v in current.annotations.items() if k != EVIDENCE_ANNOTATION}
+        return replace(current, labels=labels, annotations=annotations)
+
+    edit_node(core_v1, name, lift, deadline, current=checked.node)
+    return Released(name, True, checked.policy.verdict, checked.policy.reasons)
+
+
+def _quarantined_at(state: NodeState) -> float:
+    """When the node was quarantined, from its evidence (0 when there is none to read)."""
+    try:
+        return float(json.loads(state.annotations.get(EVIDENCE_ANNOTATION, "{}")).get("quarantined_at", 0))
+    except (ValueError, TypeError, AttributeError):
+        return 0.0

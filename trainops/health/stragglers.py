@@ -1,0 +1,119 @@
+"""Relative speed against the candidate fleet, straggler detection and speed tiers (reference §6).
+
+A node's speed is the slowest of its GPUs (a synchronous step waits for the slowest rank).
+A straggler is both a statistical outlier (modified z-score over the MAD below ``z_threshold``)
+and materially slow (more than ``min_pct_below`` percent below the fleet median): a tight fleet
+must not lose a node for being 1% slower. Healthy nodes are then grouped so that a run gets
+nodes within ``tier_width_pct`` of each other, the fastest such group that is large enough.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from trainops.health.policy import NodeVerdict
+from trainops.health.report import HealthReport, Signal, get_signal
+
+MAD_SCALE = 0.6745  # makes the MAD-based score comparable to a normal z-score
+MEAN_AD_SCALE = 1.253314  # Iglewicz & Hoaglin fallback when the MAD is zero
+USABLE = ("ok", "warn")
+
+
+def node_speed(report: HealthReport, signal: str = "gemm_tflops") -> Signal:
+    """The slowest GPU's measured speed; unknown when any GPU's speed is unknown."""
+    speeds = [get_signal(gpu, signal) for _, gpu in sorted(report.gpus.items())]
+    if not speeds:
+        return Signal.unknown("no GPUs in report")
+    unknown = [s for s in speeds if not s.known]
+    return unknown[0] if unknown else Signal(min(s.value for s in speeds))
+
+
+def modified_z_scores(speeds: Mapping[str, float]) -> dict[str, float]:
+    """0.6745 * (x - median) / MAD per node (mean absolute deviation fallback when MAD is 0)."""
+    if not speeds:
+        return {}
+    median = statistics.median(speeds.values())
+    deviations = [abs(v - median) for v in speeds.values()]
+    mad = statistics.median(deviations)
+    if mad > 0:
+        return {node: MAD_SCALE * (v - median) / mad for node, v in speeds.items()}
+    mean_ad = statistics.fmean(deviations)
+    if mean_ad == 0:
+        return dict.fromkeys(speeds, 0.0)
+    return {node: (v - median) / (MEAN_AD_SCALE * mean_ad) for node, v in speeds.items()}
+
+
+def percent_below_median(speeds: Mapping[str, float]) -> dict[str, float]:
+    if not speeds:
+        return {}
+    median = statistics.median(speeds.values())
+    return {node: 100.0 * (median - v) / median for node, v in speeds.items()}
+
+
+@dataclass
+class Selection:
+    """The nodes given to a run (fastest first) and why every other candidate was left out."""
+
+    nodes: list[str]
+    enough: bool
+    tier: tuple[float, float] | None  # (slowest, fastest) speed of the chosen tier; None if untiered
+    excluded: dict[str, str] = field(default_factory=dict)
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+def choose_nodes(
+    verdicts: Iterable[NodeVerdict],
+    speeds: Mapping[str, float | None],
+    min_nodes: int,
+    *,
+    z_threshold: float = -2.0,
+    min_pct_below: float = 3.5,
+    tier_width_pct: float = 3.5,
+) -> Selection:
+    """Usable nodes (verdict ok/warn), stragglers removed, from the fastest tier of ``min_nodes``.
+
+    ``speeds`` may be empty (speed not measured): then every usable node is chosen, untiered.
+    Once speeds are given, a usable node without one is excluded (unknown is never ok).
+    Without a tier large enough, all non-straggler nodes are chosen, untiered.
+    """
+    if min_nodes < 1:
+        raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
+    excluded: dict[str, str] = {}
+    usable: list[str] = []
+    for verdict in verdicts:
+        if verdict.verdict in USABLE:
+            usable.append(verdict.name)
+        else:
+            excluded[verdict.name] = f"{verdict.verdict}: " + "; ".join(verdict.reasons)
+    if not speeds:
+        chosen = sorted(usable)
+        return Selection(chosen, len(chosen) >= min_nodes, None, excluded)
+
+    known: dict[str, float] = {}
+    for node in usable:
+        speed = speeds.get(node)
+        if speed is None:
+            excluded[node] = "exclude: speed unknown"
+        else:
+            known[node] = float(speed)
+    z_scores, below = modified_z_scores(known), percent_below_median(known)
+    scores = {n: {"speed": known[n], "modified_z": z_scores[n], "pct_below_median": below[n]} for n in known}
+    for node in list(known):
+        if z_scores[node] < z_threshold and below[node] > min_pct_below:
+            excluded[node] = (
+                f"exclude: straggler, {below[node]:.1f}% below fleet median (z={z_scores[node]:.1f})"
+            )
+            del known[node]
+
+    ranked = sorted(known, key=lambda n: (-known[n], n))
+    for start, fastest in enumerate(ranked):
+        floor = known[fastest] * (1 - tier_width_pct / 100.0)
+        tier = [n for n in ranked[start:] if known[n] >= floor]
+        if len(tier) >= min_nodes:
+            for node in ranked:
+                if node not in tier:
+                    excluded[node] = f"exclude: speed {known[node]:.1f} outside the chosen tier"
+            return Selection(tier, True, (known[tier[-1]], known[fastest]), excluded, scores)
+    return Selection(ranked, len(ranked) >= min_nodes, None, excluded, scores)

@@ -1,0 +1,83 @@
+"""The bookkeeping of a run's attempts, kept in Airflow's task state store between tries.
+
+One attempt is one Job.  The ledger is written *before* the Job is submitted (phase
+``submitting``) and again after (``submitted``), so a worker that dies anywhere around the
+submit leaves enough behind for the next try to find the Job by its deterministic name and
+reattach to it instead of submitting a second one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+SUBMITTING, SUBMITTED, ENDED = "submitting", "submitted", "ended"
+
+
+@dataclass
+class AttemptRecord:
+    number: int
+    job: str
+    phase: str
+    resume_from: str | None = None
+    resume_step: int | None = None
+    resume_verified: str | None = None
+    ended: str | None = None
+    kind: str | None = None
+
+
+@dataclass
+class RunLedger:
+    """Every attempt of one DAG run's training task, and the nodes kept out of it (node -> why)."""
+
+    attempts: list[AttemptRecord] = field(default_factory=list)
+    excluded: dict[str, str] = field(default_factory=dict)
+    preemptions: int = 0
+
+    @classmethod
+    def from_dict(cls, data: Mapping | None) -> RunLedger:
+        if not data:
+            return cls()
+        return cls(
+            [AttemptRecord(**a) for a in data.get("attempts", [])],
+            dict(data.get("excluded", {})),
+            int(data.get("preemptions", 0)),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def current(self) -> AttemptRecord | None:
+        return self.attempts[-1] if self.attempts else None
+
+    @property
+    def live(self) -> AttemptRecord | None:
+        """The last attempt when it has not ended: its Job may still be running (or about to be created)."""
+        current = self.current
+        return current if current is not None and current.phase != ENDED else None
+
+    def begin(
+        self, job: str, resume_from: str | None, resume_step: int | None, verified: str | None
+    ) -> AttemptRecord:
+        if self.live is not None:
+            raise RuntimeError(f"attempt {self.live.number} (Job {self.live.job}) has not ended")
+        record = AttemptRecord(len(self.attempts) + 1, job, SUBMITTING, resume_from, resume_step, verified)
+        self.attempts.append(record)
+        return record
+
+    def next_number(self) -> int:
+        return len(self.attempts) + 1
+
+    def end(self, kind: str, why: str) -> None:
+        current = self.current
+        if current is not None:
+            current.phase, current.kind, current.ended = ENDED, kind, why
+
+    def exclude(self, node: str, why: str) -> None:
+        self.excluded.setdefault(node, why)
+
+    @property
+    def resumes_used(self) -> int:
+        """Attempts after the first (each is one resume)."""
+        return max(0, len(self.attempts) - 1)

@@ -1,0 +1,231 @@
+"""Why an attempt failed, from what the cluster shows: infrastructure, user code, or unknown.
+
+The evidence is plain API data (the Job's pods, their nodes, the tail of each failed pod's log,
+and optionally each node's health verdict), so the rules are testable without a cluster.
+
+Rules, in order:
+1. Node-level evidence (the node not Ready, a ``GPUHealthy=False`` condition, a health verdict
+   that says quarantine, a fatal GPU error such as an XID or uncorrectable ECC in the failed
+   pod's log) makes it an infrastructure failure and blames that node (it gets quarantined).
+2. Pod-level infrastructure evidence without a node to blame (the pod was disrupted, its node
+   was lost, an NCCL timeout, killed by SIGTERM/SIGKILL from outside) is infrastructure too, but
+   nobody is quarantined on hearsay: an NCCL timeout shows on every rank, not just the bad one.
+3. Otherwise a failed container with a non-zero exit code is the user's code (exit 1, a
+   segfault, an abort, OOMKilled: the next attempt would do the same).
+4. A failed attempt with no failed container to look at is infrastructure, reason unknown.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from trainops.conventions import GPU_HEALTHY_CONDITION, HEALTH_LABEL, HEALTH_QUARANTINED
+
+
+class FailureKind(StrEnum):
+    INFRASTRUCTURE = "infrastructure"
+    USER_CODE = "user_code"
+    HANG = "hang"
+    START_TIMEOUT = "start_timeout"
+    ADMISSION_TIMEOUT = "admission_timeout"
+    STOPPED = "stopped"
+
+
+RETRYABLE = frozenset({FailureKind.INFRASTRUCTURE, FailureKind.HANG, FailureKind.START_TIMEOUT})
+
+# XID in kernel/driver lines ("NVRM: Xid (PCI:0000:3b:00): 79, ...") and in plain "Xid 79" forms.
+_XID = re.compile(r"\bXid\b(?:\s*\([^)]*\))?[:\s]+(\d+)", re.IGNORECASE)
+_GPU_FATAL = re.compile(
+    r"uncorrectable ECC error|GPU has fallen off the bus|CUDA error: (?:an illegal memory access|"
+    r"unspecified launch failure|uncorrectable ECC)|NVLink (?:error|fatal)",
+    re.IGNORECASE,
+)
+_NCCL = re.compile(
+    r"Watchdog caught collective operation timeout|NCCL[^\n]*(?:timeout|timed out)|ncclSystemError|"
+    r"ncclRemoteError|ncclInternalError|NCCL communicator was aborted",
+    re.IGNORECASE,
+)
+# Killed from outside (node shutdown, kubelet, runtime); other signals (SEGV, ABRT, FPE) are the code's own.
+_OUTSIDE_SIGNALS = {128 + 9: "SIGKILL", 128 + 15: "SIGTERM"}
+_NODE_LOST_REASONS = {"NodeLost", "Evicted", "Terminated", "UnexpectedAdmissionError", "NodeShutdown"}
+_DISRUPTION_INFRA = {
+    "DeletionByTaintManager",
+    "TerminationByKubelet",
+    "DeletionByPodGC",
+    "EvictionByEvictionAPI",
+}
+
+
+@dataclass
+class Failure:
+    """The verdict on one failed attempt.  ``culprits``: node -> evidence (to quarantine)."""
+
+    kind: FailureKind
+    reason: str
+    culprits: dict[str, dict] = field(default_factory=dict)
+    evidence: list[str] = field(default_factory=list)
+
+    @property
+    def retryable(self) -> bool:
+        return self.kind in RETRYABLE
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": str(self.kind),
+            "reason": self.reason,
+            "culprits": self.culprits,
+            "evidence": self.evidence,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Failure:
+        return cls(
+            FailureKind(data["kind"]),
+            data["reason"],
+            dict(data.get("culprits") or {}),
+            list(data.get("evidence") or []),
+        )
+
+
+@dataclass(frozen=True)
+class PodExit:
+    """What one pod's trainer container shows: how it ended and where it ran."""
+
+    pod: str
+    node: str | None
+    exit_code: int | None
+    reason: str
+    message: str
+    finished_at: str
+    pod_reason: str
+    disruption: str
+    deleted: bool = False
+
+    @classmethod
+    def of(cls, pod: Mapping, container: str | None = None) -> PodExit:
+        status = pod.get("status") or {}
+        statuses = status.get("containerStatuses") or []
+        chosen = next(
+            (s for s in statuses if container in (None, s.get("name"))), statuses[0] if statuses else {}
+        )
+        terminated = (
+            ((chosen.get("state") or {}).get("terminated"))
+            or ((chosen.get("lastState") or {}).get("terminated"))
+            or {}
+        )
+        disruption = next(
+            (
+                c
+                for c in status.get("conditions") or []
+                if c.get("type") == "DisruptionTarget" and c.get("status") == "True"
+            ),
+            {},
+        )
+        return cls(
+            pod=pod["metadata"]["name"],
+            node=(pod.get("spec") or {}).get("nodeName"),
+            exit_code=terminated.get("exitCode"),
+            reason=terminated.get("reason") or "",
+            message=terminated.get("message") or "",
+            finished_at=terminated.get("finishedAt") or "",
+            pod_reason=status.get("reason") or "",
+            disruption=disruption.get("reason") or "",
+            deleted=bool(pod["metadata"].get("deletionTimestamp")),
+        )
+
+    def order(self) -> tuple:
+        """Earliest first; on a tie, a pod that ended by itself before one that was being deleted."""
+        return (self.finished_at or "~", self.deleted, self.exit_code in _OUTSIDE_SIGNALS)
+
+    @property
+    def failed(self) -> bool:
+        return (self.exit_code not in (None, 0)) or bool(
+            self.pod_reason in _NODE_LOST_REASONS or self.disruption
+        )
+
+
+def node_problems(node: Mapping | None) -> list[str]:
+    """Node-level faults visible on the Node object: not Ready, GPUs unhealthy, already quarantined."""
+    if node is None:
+        return ["the node object is gone (node deleted or lost)"]
+    problems = []
+    conditions = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
+    ready = conditions.get("Ready")
+    if ready is not None and ready.get("status") != "True":
+        problems.append(
+            f"node not Ready ({ready.get('status')}: {ready.get('reason') or ready.get('message') or '-'})"
+        )
+    gpu = conditions.get(GPU_HEALTHY_CONDITION)
+    if gpu is not None and gpu.get("status") == "False":
+        problems.append(f"{GPU_HEALTHY_CONDITION}=False: {gpu.get('message') or gpu.get('reason') or '-'}")
+    if ((node.get("metadata") or {}).get("labels") or {}).get(HEALTH_LABEL) == HEALTH_QUARANTINED:
+        problems.append("node already quarantined")
+    return problems
+
+
+def gpu_errors(text: str) -> list[str]:
+    """Fatal GPU errors in a log or termination message: XIDs and the CUDA/ECC/NVLink errors they cause."""
+    found = [f"XID {code}" for code in dict.fromkeys(_XID.findall(text))]
+    found += list(dict.fromkeys(m.group(0) for m in _GPU_FATAL.finditer(text)))
+    return found
+
+
+def classify(
+    pods: list[Mapping],
+    nodes: Mapping[str, Mapping | None],
+    logs: Mapping[str, str] | None = None,
+    node_health: Mapping[str, list[str]] | None = None,
+    *,
+    container: str | None = None,
+) -> Failure:
+    """Classify a failed attempt.  ``nodes``: node name -> Node (None when gone); ``logs``: pod -> log
+    tail; ``node_health``: node -> reasons a health check says to quarantine it."""
+    logs = logs or {}
+    exits = sorted((PodExit.of(p, container) for p in pods), key=PodExit.order)
+    failed = [e for e in exits if e.failed]
+    culprits: dict[str, dict] = {}
+    evidence: list[str] = []
+    for node in sorted({e.node for e in exits if e.node}):
+        problems = node_problems(nodes.get(node)) + list((node_health or {}).get(node, []))
+        if problems:
+            culprits[node] = {"problems": problems}
+    for e in failed:
+        errors = gpu_errors(f"{e.message}\n{logs.get(e.pod, '')}")
+        if errors and e.node:
+            entry = culprits.setdefault(e.node, {"problems": []})
+            entry["problems"] += [f"{err} in pod {e.pod}" for err in errors]
+            entry.setdefault("exit_code", e.exit_code)
+    if culprits:
+        summary = "; ".join(f"{n}: {', '.join(c['problems'])}" for n, c in sorted(culprits.items()))
+        return Failure(FailureKind.INFRASTRUCTURE, f"node fault: {summary}", culprits, evidence)
+    # Once one pod fails the Job controller stops the others, so only the first failure tells why.
+    for e in failed[:1]:
+        text = f"{e.message}\n{logs.get(e.pod, '')}"
+        if e.pod_reason in _NODE_LOST_REASONS:
+            evidence.append(f"pod {e.pod} on {e.node}: {e.pod_reason}")
+        if e.disruption in _DISRUPTION_INFRA:
+            evidence.append(f"pod {e.pod} on {e.node}: disrupted ({e.disruption})")
+        if match := _NCCL.search(text):
+            evidence.append(f"pod {e.pod} on {e.node}: {match.group(0)}")
+        if e.exit_code in _OUTSIDE_SIGNALS and e.reason != "OOMKilled":
+            evidence.append(
+                f"pod {e.pod} on {e.node}: killed by {_OUTSIDE_SIGNALS[e.exit_code]} from outside"
+            )
+    if evidence:
+        return Failure(FailureKind.INFRASTRUCTURE, f"infrastructure: {evidence[0]}", {}, evidence)
+    first = failed[0] if failed else None
+    if first is not None and first.exit_code not in (None, 0):
+        detail = f" ({first.reason})" if first.reason and first.reason != "Error" else ""
+        message = f": {first.message.strip()[:300]}" if first.message.strip() else ""
+        return Failure(
+            FailureKind.USER_CODE,
+            f"pod {first.pod} on {first.node} exited with code {first.exit_code}{detail}{message}",
+            {},
+            [f"no infrastructure evidence on nodes {sorted({e.node for e in exits if e.node})}"],
+        )
+    return Failure(
+        FailureKind.INFRASTRUCTURE, "the attempt failed with no failed container to explain it", {}, []
+    )

@@ -1,0 +1,258 @@
+"""One try of the gang training task, Airflow-free: reattach or submit an attempt, then judge how it ended.
+
+``GangRun.start()`` reattaches to the current attempt's Job when it is still alive (also when the
+previous try's worker died right after submitting: the ledger names the Job before it is
+created, and the name is deterministic), and otherwise submits a new attempt that resumes from
+the latest verified checkpoint.  ``GangRun.finish(outcome)`` classifies the end of an attempt
+and returns a ``Verdict``: succeeded, retry (a resume), or fail now.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from trainops.training import follow
+from trainops.training.attempts import SUBMITTED, SUBMITTING, AttemptRecord, RunLedger
+from trainops.training.cluster import GangCluster
+from trainops.training.failures import Failure, FailureKind, classify
+from trainops.training.job import build_job
+from trainops.training.naming import job_name
+from trainops.training.spec import CONTAINER_NAME, TrainingSpec
+
+log = logging.getLogger(__name__)
+
+
+class Decision(StrEnum):
+    SUCCEEDED = "succeeded"
+    RETRY = "retry"
+    FAIL = "fail"
+
+
+@dataclass
+class Verdict:
+    decision: Decision
+    message: str
+    failure: Failure | None = None
+    result: dict = field(default_factory=dict)
+
+
+@dataclass
+class Checkpoint:
+    uri: str | None
+    step: int | None
+    how: str
+
+
+def latest_checkpoint(run_uri: str) -> tuple[Checkpoint, list[str]]:
+    """Where a new attempt resumes (None: fresh start), and why newer checkpoints were skipped."""
+    from trainops.checkpoints.latest import latest_verified
+
+    latest = latest_verified(run_uri)
+    skipped = [f"{r.uri}: {'; '.join(r.reasons)}" for r in latest.skipped]
+    found = latest.checkpoint
+    if found is None:
+        return Checkpoint(None, None, "no verified checkpoint under the run path"), skipped
+    return Checkpoint(found.uri, found.step, f"verified at level {found.level} ({found.format})"), skipped
+
+
+_STATUS_KIND = {
+    follow.HANG: FailureKind.HANG,
+    follow.START_TIMEOUT: FailureKind.START_TIMEOUT,
+    follow.ADMISSION_TIMEOUT: FailureKind.ADMISSION_TIMEOUT,
+    follow.DEACTIVATED: FailureKind.STOPPED,
+    follow.JOB_MISSING: FailureKind.INFRASTRUCTURE,
+}
+
+
+class GangRun:
+    """``save(ledger_dict)`` persists the ledger (Airflow: the task state store); ``stop()`` stops the
+    current attempt's run; ``quarantine(node, reason, evidence)`` quarantines a blamed node."""
+
+    def __init__(
+        self,
+        spec: TrainingSpec,
+        dag_id: str,
+        run_id: str,
+        cluster: GangCluster,
+        ledger: RunLedger,
+        save: Callable[[dict], None],
+        stop: Callable[[str], str],
+        quarantine: Callable[[str, str, dict], bool],
+        *,
+        fail_fast_on_user_error: bool = True,
+        quarantine_culprits: bool = True,
+        logger: logging.Logger = log,
+    ) -> None:
+        self.spec, self.dag_id, self.run_id = spec, dag_id, run_id
+        self.cluster, self.ledger, self._save = cluster, ledger, save
+        self._stop, self._quarantine = stop, quarantine
+        self.fail_fast_on_user_error = fail_fast_on_user_error
+        self.quarantine_culprits = quarantine_culprits
+        self.log = logger
+
+    def save(self) -> None:
+        self._save(self.ledger.to_dict())
+
+    # ---- start -------------------------------------------------------------------------
+    def start(self, attempts_possible: Callable[[int], int]) -> tuple[AttemptRecord, bool]:
+        """Reattach or submit; returns the attempt and whether this try reattached.
+        ``attempts_possible(n)``: how many attempts the run can have, given this is attempt n."""
+        live = self.ledger.live
+        if live is not None:
+            job = self.cluster.read_job(self.spec.namespace, live.job)
+            if job is not None and not _finished(job):
+                self.log.info(
+                    "reattaching to Job %s of attempt %d: it is still running", live.job, live.number
+                )
+                return live, True
+            if job is None and live.phase == SUBMITTING:
+                self.log.info(
+                    "attempt %d's Job %s was never created (the try died first): creating it",
+                    live.number,
+                    live.job,
+                )
+                self._submit(live)
+                return live, False
+            if job is None:
+                self.ledger.end(str(FailureKind.INFRASTRUCTURE), f"Job {live.job} disappeared")
+            else:
+                # the previous try died before it judged the attempt; judge it now
+                pods = self.cluster.job_pods(self.spec.namespace, live.job)
+                if _condition(job, "Complete"):
+                    self.ledger.end("succeeded", "completed while no try was watching")
+                    self.save()
+                    return live, True
+                self._judge_failure(
+                    follow.Outcome(follow.FAILED, "failed while no try was watching", live.job, pods)
+                )
+            self.save()
+        return self._new_attempt(attempts_possible), False
+
+    def _new_attempt(self, attempts_possible: Callable[[int], int]) -> AttemptRecord:
+        checkpoint, skipped = latest_checkpoint(self.spec.run_path)
+        number = self.ledger.next_number()
+        record = self.ledger.begin(
+            job_name(self.dag_id, self.run_id, number), checkpoint.uri, checkpoint.step, checkpoint.how
+        )
+        self.save()  # before the submit: a worker dying now leaves the Job's name behind
+        self.log.info("attempt %d of %d: Job %s", number, attempts_possible(number), record.job)
+        if checkpoint.uri:
+            self.log.info("resuming from %s (step %s, %s)", checkpoint.uri, checkpoint.step, checkpoint.how)
+        else:
+            self.log.info("fresh start: %s", checkpoint.how)
+        for reason in skipped:
+            self.log.info("skipped newer checkpoint %s", reason)
+        if self.ledger.excluded:
+            for node, why in sorted(self.ledger.excluded.items()):
+                self.log.info("excluded node %s: %s", node, why)
+        else:
+            self.log.info("excluded nodes: none")
+        self._submit(record)
+        return record
+
+    def _submit(self, record: AttemptRecord) -> None:
+        job = build_job(
+            self.spec,
+            name=record.job,
+            dag_id=self.dag_id,
+            run_id=self.run_id,
+            attempt=record.number,
+            resume_from=record.resume_from,
+            excluded_nodes=self.ledger.excluded,
+        )
+        _, created = self.cluster.create_job(job)
+        self.log.info(
+            "%s Job %s/%s",
+            "submitted" if created else "found already submitted",
+            self.spec.namespace,
+            record.job,
+        )
+        record.phase = SUBMITTED
+        self.save()
+
+    # ---- finish ------------------------------------------------------------------------
+    def finish(self, event: dict) -> Verdict:
+        outcome = follow.Outcome(**event)
+        record = self.ledger.current
+        for message in outcome.preemptions:
+            self.ledger.preemptions += 1
+            self.log.info("preempted and requeued by Kueue (no resume used): %s", message)
+        if outcome.status == follow.SUCCEEDED:
+            self.ledger.end("succeeded", outcome.message)
+            self.save()
+            return Verdict(Decision.SUCCEEDED, outcome.message, result=self.result())
+        if outcome.stopped:
+            self.log.info("stopped the run: %s", outcome.stopped)
+        verdict = self._judge_failure(outcome)
+        self.save()
+        self.log.info("attempt %d ended: %s", record.number if record else 0, verdict.message)
+        return verdict
+
+    def _judge_failure(self, outcome: follow.Outcome) -> Verdict:
+        if outcome.status == follow.FAILED:
+            nodes = self.cluster.nodes(
+                {n for p in outcome.pods if (n := (p.get("spec") or {}).get("nodeName"))}
+            )
+            logs = self.cluster.log_tails(self.spec.namespace, outcome.pods)
+            failure = classify(outcome.pods, nodes, logs, container=CONTAINER_NAME)
+        else:
+            failure = Failure(_STATUS_KIND[outcome.status], outcome.message)
+        for line in failure.evidence:
+            self.log.info("evidence: %s", line)
+        if failure.kind is FailureKind.INFRASTRUCTURE:
+            self._blame(failure)
+            self.log.info("stopping the attempt: %s", self._stop(outcome.job))
+        self.ledger.end(str(failure.kind), failure.reason)
+        if failure.kind is FailureKind.USER_CODE and self.fail_fast_on_user_error:
+            return Verdict(Decision.FAIL, f"user code failed (no resume used): {failure.reason}", failure)
+        if failure.retryable or failure.kind is FailureKind.USER_CODE:
+            return Verdict(Decision.RETRY, f"{failure.kind}: {failure.reason}", failure)
+        return Verdict(Decision.FAIL, f"{failure.kind}: {failure.reason}", failure)
+
+    def _blame(self, failure: Failure) -> None:
+        for node, evidence in sorted(failure.culprits.items()):
+            reason = "; ".join(evidence["problems"])
+            if self.quarantine_culprits:
+                wrote = self._quarantine(
+                    node,
+                    evidence["problems"][0],
+                    {"problems": evidence["problems"], "run": f"{self.dag_id}/{self.run_id}"},
+                )
+                self.log.info(
+                    "quarantined node %s%s: %s", node, "" if wrote else " (already quarantined)", reason
+                )
+            self.ledger.exclude(node, reason)
+
+    def result(self) -> dict:
+        checkpoint, _ = latest_checkpoint(self.spec.run_path)
+        current = self.ledger.current
+        return {
+            "run_uri": self.spec.run_path,
+            "job": current.job if current else None,
+            "attempts": len(self.ledger.attempts),
+            "resumes_used": self.ledger.resumes_used,
+            "preemptions": self.ledger.preemptions,
+            "excluded_nodes": self.ledger.excluded,
+            "history": self.ledger.to_dict()["attempts"],
+            "checkpoint": {"uri": checkpoint.uri, "step": checkpoint.step, "verified": checkpoint.how},
+        }
+
+    def exhausted_message(self, verdict: Verdict) -> str:
+        checkpoint, _ = latest_checkpoint(self.spec.run_path)
+        where = f"{checkpoint.uri} (step {checkpoint.step})" if checkpoint.uri else "none"
+        return (
+            f"resumes exhausted after {len(self.ledger.attempts)} attempts; last: {verdict.message}. "
+            f"Latest verified checkpoint: {where}. Excluded nodes: {self.ledger.excluded or 'none'}. "
+            "Fix the cause, then Clear the task to resume from that checkpoint."
+        )
+
+
+def _condition(job: dict, kind: str) -> bool:
+    return follow.condition(job, kind) is not None
+
+
+def _finished(job: dict) -> bool:
+    return _condition(job, "Complete") or _condition(job, "Failed")

@@ -1,0 +1,79 @@
+"""Deferrable wait until nodes claimed by other runs are free again, with a deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from trainops.cluster.claims import holder_of
+
+
+class NodesFreeTrigger(BaseTrigger):
+    """Fires ``{"status": "free"}`` once none of ``nodes`` is claimed by a run other than ``run``,
+    or ``{"status": "timeout", "holders": {node: run}, "message": ...}`` at ``deadline`` (epoch seconds)."""
+
+    def __init__(
+        self,
+        nodes: list[str],
+        run: str,
+        kubernetes_conn_id: str,
+        deadline: float,
+        poll_interval_s: float = 10.0,
+    ) -> None:
+        super().__init__()
+        self.nodes, self.run = list(nodes), run
+        self.kubernetes_conn_id, self.deadline, self.poll_interval_s = (
+            kubernetes_conn_id,
+            deadline,
+            poll_interval_s,
+        )
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "nodes": self.nodes,
+                "run": self.run,
+                "kubernetes_conn_id": self.kubernetes_conn_id,
+                "deadline": self.deadline,
+                "poll_interval_s": self.poll_interval_s,
+            },
+        )
+
+    async def holders(self) -> dict[str, str]:
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+        from kubernetes_asyncio import client
+
+        wanted = set(self.nodes)
+        async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
+            nodes = (await client.CoreV1Api(api_client).list_node()).items
+        held = {
+            n.metadata.name: holder_of(n.metadata.annotations) for n in nodes if n.metadata.name in wanted
+        }
+        return {name: holder for name, holder in held.items() if holder and holder != self.run}
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        while True:
+            held = await self.holders()
+            if not held:
+                yield TriggerEvent({"status": "free"})
+                return
+            remaining = self.deadline - time.time()
+            if remaining <= 0:
+                listed = ", ".join(f"{node} (held by {run})" for node, run in sorted(held.items()))
+                yield TriggerEvent(
+                    {
+                        "status": "timeout",
+                        "holders": held,
+                        "message": f"nodes still claimed by other runs: {listed}",
+                    }
+                )
+                return
+            self.log.info(
+                "waiting for %d node(s) held by other runs: %s", len(held), sorted(set(held.values()))
+            )
+            await asyncio.sleep(min(self.poll_interval_s, remaining))

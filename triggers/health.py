@@ -1,0 +1,106 @@
+"""The deferrable wait of the health gate and sensors: re-evaluate until enough nodes pass, or a deadline.
+
+``GateSpec`` is the serializable description of one check (connections, candidates, policy
+overrides, side); ``GateSpec.evaluate()`` runs the Airflow-free gate once (reads only). The
+trigger runs it in a worker thread (``asyncio.to_thread``) every ``poll_interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from trainops.health.gate import DEFAULT_SELECTOR, GateConfig, GateError, GateResult, run_gate, side_policy
+from trainops.health.policy import load_policy
+
+SIDES = ("all", "gpu", "fabric")
+
+
+@dataclass
+class GateSpec:
+    """One health check. ``min_nodes`` None means every named node (``nodes`` required then)."""
+
+    kubernetes_conn_id: str = "kubernetes_default"
+    selector: str = DEFAULT_SELECTOR
+    nodes: list[str] = field(default_factory=list)
+    min_nodes: int | None = 1
+    policy_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
+    side: str = "all"
+    speed_tiers: bool = True
+    prometheus_conn_id: str | None = None
+    on_prometheus_unavailable: str = "fail"
+
+    def config(self) -> GateConfig:
+        """The core's gate config; raises ValueError naming the bad field (an unknown policy row, ...)."""
+        if self.side not in SIDES:
+            raise ValueError(f"side must be one of {', '.join(SIDES)}, got {self.side!r}")
+        if self.min_nodes is None and not self.nodes:
+            raise ValueError(
+                "give the nodes to check (nodes=[...]) or how many must pass (min_nodes / min_healthy)"
+            )
+        if not isinstance(self.policy_overrides, dict):
+            raise ValueError(
+                f"policy_overrides: expected a mapping {{row: {{field: value}}}}, got {self.policy_overrides!r}"
+            )
+        policy = load_policy(self.policy_overrides or None)
+        return GateConfig(
+            selector=self.selector,
+            nodes=tuple(self.nodes),
+            min_nodes=len(self.nodes) if self.min_nodes is None else int(self.min_nodes),
+            policy=policy if self.side == "all" else side_policy(policy, self.side),
+            speed_tiers=self.speed_tiers,
+            on_unavailable=self.on_prometheus_unavailable,
+        )
+
+    def evaluate(self) -> GateResult:
+        """Run the gate once through the Airflow connections (reads only)."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+        from trainops.hooks.prometheus import PrometheusHook
+
+        config = self.config()
+        prometheus = PrometheusHook(self.prometheus_conn_id).client() if self.prometheus_conn_id else None
+        core_v1 = KubernetesHook(conn_id=self.kubernetes_conn_id).core_v1_client
+        return run_gate(core_v1, config, prometheus=prometheus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class HealthGateTrigger(BaseTrigger):
+    """Fires ``{"status": "ready", "selected": [...]}`` once the check passes,
+    ``{"status": "timeout", "message": <what is missing>}`` at ``deadline`` (epoch seconds),
+    or ``{"status": "error", "message": ...}`` when the check cannot be made (e.g. Prometheus required and down).
+    """
+
+    def __init__(self, spec: dict[str, Any], deadline: float, poll_interval_s: float = 30.0) -> None:
+        super().__init__()
+        self.spec, self.deadline, self.poll_interval_s = dict(spec), float(deadline), float(poll_interval_s)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {"spec": self.spec, "deadline": self.deadline, "poll_interval_s": self.poll_interval_s},
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        spec = GateSpec(**self.spec)
+        while True:
+            try:
+                result = await asyncio.to_thread(spec.evaluate)
+            except (GateError, ValueError) as err:
+                yield TriggerEvent({"status": "error", "message": str(err)})
+                return
+            if result.enough:
+                yield TriggerEvent({"status": "ready", "selected": result.selected})
+                return
+            remaining = self.deadline - time.time()
+            if remaining <= 0:
+                yield TriggerEvent({"status": "timeout", "message": result.missing()})
+                return
+            self.log.info("health: waiting, %s", result.missing())
+            await asyncio.sleep(min(self.poll_interval_s, remaining))
