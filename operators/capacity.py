@@ -90,10 +90,11 @@ class ClaimNodesOperator(BaseOperator):
         deadline = time.time() + self.wait_for_nodes_s
         return self._claim_or_wait(context, deadline)
 
-    def execute_complete(self, context, event: dict, deadline: float) -> dict:
+    def execute_complete(self, context, event: dict) -> dict:
+        # The deadline rides in the event: dag.test() drops defer(kwargs=...) when a trigger fires.
         if event["status"] != "free":
             raise RuntimeError(f"claim of {run_key(context)}: {event['message']}")
-        return self._claim_or_wait(context, deadline)
+        return self._claim_or_wait(context, event["deadline"])
 
     def _claim_or_wait(self, context, deadline: float) -> dict:
         from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
@@ -101,6 +102,7 @@ class ClaimNodesOperator(BaseOperator):
 
         run, nodes = run_key(context), node_names(self.nodes)
         apis = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).apis()
+        self._run, self._apis = run, apis
         try:
             summary = claim(
                 apis,
@@ -115,22 +117,36 @@ class ClaimNodesOperator(BaseOperator):
                 log=self.log,
             )
         except NodesHeld as held:
+            self._give_back_partial_claim()
             if time.time() >= deadline:
                 raise
             self.log.info("%s; waiting up to %.0fs for them", held, deadline - time.time())
             self.defer(
                 trigger=NodesFreeTrigger(nodes, run, self.kubernetes_conn_id, deadline, self.poll_interval_s),
                 method_name="execute_complete",
-                kwargs={"deadline": deadline},
             )
+        except Exception:
+            self._give_back_partial_claim()
+            raise
         self.log.info("claimed %d node(s), %d GPUs, for %s", len(summary.nodes), summary.gpus, run)
         return asdict(summary)
 
     def on_kill(self) -> None:
-        self.log.warning(
-            "claim interrupted: nodes claimed so far carry trainops.io/claimed-by; "
-            "the ReturnCapacityOperator teardown (or `trainops capacity return`) gives them back"
-        )
+        self._give_back_partial_claim()
+
+    def _give_back_partial_claim(self) -> None:
+        """Undo a claim that did not finish: Airflow does not run a teardown whose only setup failed,
+        so a failed or killed claim gives back itself what it took (nothing, if it took nothing)."""
+        run, apis = getattr(self, "_run", None), getattr(self, "_apis", None)
+        if run is None:
+            return
+        self.log.warning("claim of %s did not finish; giving back what it took", run)
+        try:
+            give_back(apis, run, cluster_queue=self.cluster_queue, deadlines=self.deadlines, log=self.log)
+        except Exception as error:  # the claim's own error matters more; the records stay for a retry
+            self.log.error(
+                "giving back %s failed (%s); run `trainops capacity return --run %s`", run, error, run
+            )
 
 
 class ReturnCapacityOperator(BaseOperator):

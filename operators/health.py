@@ -37,7 +37,8 @@ class NodeHealthGateOperator(BaseOperator):
 
     XCom: ``{"nodes": [chosen], "verdicts": [{"name", "verdict", "reasons"}], "quarantined": [candidates
     carrying the quarantine],
-    "tier": [slowest, fastest] | None, "warnings": [...]}``.
+    "tier": [slowest, fastest] | None, "warnings": [...]}``; the chosen nodes also as XCom key ``nodes``
+    (``gate.output["nodes"]``).
     """
 
     template_fields: Sequence[str] = (
@@ -98,19 +99,21 @@ class NodeHealthGateOperator(BaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         spec = self._spec()
-        return self._gate(spec, deadline=time.time() + float(self.wait_timeout_s))
+        waits = float(self.wait_timeout_s) > 0
+        return self._gate(context, spec, time.time() + float(self.wait_timeout_s), may_wait=waits)
 
-    def execute_complete(self, context: Any, event: dict[str, Any], deadline: float) -> dict[str, Any]:
+    def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event["status"] == "timeout":
             raise AirflowException(
                 f"health gate: not enough healthy nodes by the deadline: {event['message']}"
             )
         if event["status"] != "ready":
             raise AirflowException(f"health gate failed: {event.get('message')}")
-        return self._gate(self._spec(), deadline)
+        deadline = event["deadline"]
+        return self._gate(context, self._spec(), deadline, may_wait=time.time() < deadline)
 
-    def _gate(self, spec: GateSpec, deadline: float) -> dict[str, Any]:
-        """Evaluate, quarantine, and return the XCom; defer when too few pass and time is left."""
+    def _gate(self, context: Any, spec: GateSpec, deadline: float, may_wait: bool) -> dict[str, Any]:
+        """Evaluate, quarantine, and return the XCom; defer when too few pass and it may wait."""
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
         from trainops.cluster.retry import Deadline
@@ -127,14 +130,14 @@ class NodeHealthGateOperator(BaseOperator):
         if quarantined:
             self.log.warning("quarantined now: %s", ", ".join(quarantined))
         if result.enough:
+            context["ti"].xcom_push(key="nodes", value=result.selected)
             return _xcom(result, quarantined)
-        if time.time() >= deadline:
+        if not may_wait:
             raise AirflowException(f"health gate: {result.missing()}")
         self.log.info("too few healthy nodes; waiting (deferred) until %s", time.ctime(deadline))
         self.defer(
             trigger=HealthGateTrigger(spec.to_dict(), deadline, float(self.poll_interval_s)),
             method_name="execute_complete",
-            kwargs={"deadline": deadline},
         )
 
 

@@ -7,7 +7,10 @@ MODE_TRAINING = "training"
 QUARANTINE_TAINT = "trainops.io/quarantine"
 HEALTH_LABEL = "trainops.io/health"
 HEALTH_QUARANTINED = "quarantined"
-HEALTH_REPORT_ANNOTATION = "trainops.io/health-report"
+HEALTH_REPORT_ANNOTATION = "trainops.io/health-report"  # the node probe's latest report
+# Why a node was quarantined (evidence as JSON).  Kept apart from the probe's report, which the
+# probe rewrites on every publish and would otherwise erase the evidence.
+QUARANTINE_EVIDENCE_ANNOTATION = "trainops.io/quarantine-evidence"
 GPU_HEALTHY_CONDITION = "GPUHealthy"
 
 CLAIMED_BY_ANNOTATION = "trainops.io/claimed-by"

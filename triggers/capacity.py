@@ -25,7 +25,7 @@ class NodesFreeTrigger(BaseTrigger):
         poll_interval_s: float = 10.0,
     ) -> None:
         super().__init__()
-        self.nodes, self.run = list(nodes), run
+        self.nodes, self.run_key = list(nodes), run
         self.kubernetes_conn_id, self.deadline, self.poll_interval_s = (
             kubernetes_conn_id,
             deadline,
@@ -37,7 +37,7 @@ class NodesFreeTrigger(BaseTrigger):
             f"{type(self).__module__}.{type(self).__qualname__}",
             {
                 "nodes": self.nodes,
-                "run": self.run,
+                "run": self.run_key,
                 "kubernetes_conn_id": self.kubernetes_conn_id,
                 "deadline": self.deadline,
                 "poll_interval_s": self.poll_interval_s,
@@ -54,13 +54,13 @@ class NodesFreeTrigger(BaseTrigger):
         held = {
             n.metadata.name: holder_of(n.metadata.annotations) for n in nodes if n.metadata.name in wanted
         }
-        return {name: holder for name, holder in held.items() if holder and holder != self.run}
+        return {name: holder for name, holder in held.items() if holder and holder != self.run_key}
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
             held = await self.holders()
             if not held:
-                yield TriggerEvent({"status": "free"})
+                yield TriggerEvent({"status": "free", "deadline": self.deadline})
                 return
             remaining = self.deadline - time.time()
             if remaining <= 0:

@@ -75,6 +75,7 @@ class HealthGateTrigger(BaseTrigger):
     """Fires ``{"status": "ready", "selected": [...]}`` once the check passes,
     ``{"status": "timeout", "message": <what is missing>}`` at ``deadline`` (epoch seconds),
     or ``{"status": "error", "message": ...}`` when the check cannot be made (e.g. Prometheus required and down).
+    Every event also carries the ``deadline``.
     """
 
     def __init__(self, spec: dict[str, Any], deadline: float, poll_interval_s: float = 30.0) -> None:
@@ -93,14 +94,18 @@ class HealthGateTrigger(BaseTrigger):
             try:
                 result = await asyncio.to_thread(spec.evaluate)
             except (GateError, ValueError) as err:
-                yield TriggerEvent({"status": "error", "message": str(err)})
+                yield TriggerEvent({"status": "error", "message": str(err), "deadline": self.deadline})
                 return
             if result.enough:
-                yield TriggerEvent({"status": "ready", "selected": result.selected})
+                yield TriggerEvent(
+                    {"status": "ready", "selected": result.selected, "deadline": self.deadline}
+                )
                 return
             remaining = self.deadline - time.time()
             if remaining <= 0:
-                yield TriggerEvent({"status": "timeout", "message": result.missing()})
+                yield TriggerEvent(
+                    {"status": "timeout", "message": result.missing(), "deadline": self.deadline}
+                )
                 return
             self.log.info("health: waiting, %s", result.missing())
             await asyncio.sleep(min(self.poll_interval_s, remaining))

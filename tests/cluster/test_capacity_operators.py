@@ -1,5 +1,7 @@
 """The operators in a real DAG (dag.test()) against the devcluster: the teardown always gives back."""
 
+import threading
+
 from tests.cluster.helpers import apis_for, default_seeded_objects, nodes_by_app, snapshot
 from trainops.cluster.capacity import claim, give_back
 from trainops.devcluster.airflow_home import xcom_value
@@ -41,7 +43,8 @@ def test_teardown_returns_capacity_when_training_fails(run_dag, devcluster):
     assert snapshot(devcluster) == before
 
 
-def test_teardown_returns_capacity_when_the_claim_fails_halfway(run_dag, devcluster):
+def test_a_claim_failing_halfway_gives_back_what_it_took(run_dag, devcluster):
+    """Airflow skips a teardown whose only setup failed, so the failing claim undoes itself."""
     nodes = nodes_to_claim(devcluster)
     before = snapshot(devcluster)
     devcluster.inject("api-fault", path="/clusterqueues/training$", status=500, count=1)
@@ -49,8 +52,24 @@ def test_teardown_returns_capacity_when_the_claim_fails_halfway(run_dag, devclus
     run = run_dag(DAG_ID, conf={"nodes": nodes})
 
     assert task_states(run)["claim_nodes"] == "failed"
-    assert task_states(run)["return_capacity"] == "success"
+    assert task_states(run)["return_capacity"] == "upstream_failed"
     assert snapshot(devcluster) == before
+
+
+def test_claim_waits_deferred_until_another_run_returns_its_node(run_dag, devcluster):
+    nodes = nodes_to_claim(devcluster)
+    apis = apis_for(devcluster)
+    claim(apis, "other_dag/run_1", nodes[-1:], cluster_queue="training")
+    release = threading.Timer(
+        2.0, lambda: give_back(apis_for(devcluster), "other_dag/run_1", cluster_queue="training")
+    )
+    release.start()
+
+    run = run_dag(DAG_ID, conf={"nodes": nodes})
+    release.join()
+
+    assert run.state == "success", task_states(run)
+    assert sorted(xcom_value(run, "claim_nodes")["nodes"]) == sorted(nodes)
 
 
 def test_claim_waits_for_nodes_held_by_another_run_then_fails_naming_it(run_dag, devcluster):

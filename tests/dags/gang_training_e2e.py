@@ -7,7 +7,6 @@ conf: ``nodes`` (names to claim), ``run_uri``, ``size`` (gang nodes), ``args`` (
 import sys
 
 from airflow.sdk import DAG
-
 from trainops.operators.capacity import ClaimNodesOperator, ReturnCapacityOperator
 from trainops.operators.training import GangTrainingOperator
 

@@ -5,7 +5,6 @@ policy_overrides, speed_tiers.
 """
 
 from airflow.sdk import dag, task
-
 from trainops.operators.health import NodeHealthGateOperator
 
 

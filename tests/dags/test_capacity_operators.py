@@ -18,7 +18,7 @@ with DAG(
         task_id="claim_nodes",
         nodes="{{ params.nodes }}",
         inference_deployments=["inference/llm-chat", "inference/embeddings"],
-        wait_for_nodes_s=3,
+        wait_for_nodes_s=15,
         poll_interval_s=0.2,
         api_deadline_s=30,
         drain_deadline_s=60,

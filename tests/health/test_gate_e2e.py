@@ -4,7 +4,6 @@ slow, D no telemetry at all. Through the core, the CLI and the operator in a rea
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from kubernetes import client, config
@@ -16,7 +15,6 @@ from trainops.conventions import HEALTH_LABEL, QUARANTINE_TAINT
 from trainops.devcluster import airflow_home
 from trainops.devcluster.airflow_home import xcom_value
 from trainops.devcluster.cluster import DevCluster
-from trainops.devcluster.probe_daemon import wait_for_reports
 from trainops.health.gate import GateConfig, run_gate
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.quarantine import EVIDENCE_ANNOTATION, apply_quarantine
@@ -32,12 +30,13 @@ def cluster(monkeypatch):
     cluster.telemetry[D].set_missing()
     with cluster:
         cluster.wait_until_settled()
-        since = time.time()
         cluster.inject("xid", A, code=79)
         cluster.inject("ib-down", B)
         cluster.inject("slow-gpu", C, factor=0.7)
-        wait_for_reports(cluster.store, [A, B, C], since)
-        monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(cluster.kubeconfig))
+        cluster.probe_daemon.wait_rounds(2)
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(cluster.kubeconfig)
+        )
         prometheus = {"conn_type": "http", "host": f"{cluster.url}/devcluster/prometheus"}
         monkeypatch.setenv("AIRFLOW_CONN_PROMETHEUS", json.dumps(prometheus))
         yield cluster
@@ -89,7 +88,9 @@ def test_gate_quarantines_a_and_b_keeps_c_out_excludes_d_and_returns_the_rest(cl
     assert apply_quarantine(core_v1, again, Deadline(30)) == []
     assert len(writes(cluster)) == before  # the second run changed nothing
     assert sorted(again.selected) == healthy
-    assert {n.name: n.verdict for n in again.nodes} == {n.name: n.verdict for n in result.nodes}
+    assert {n.name: n.verdict for n in again.nodes} == {n.name: n.verdict for n in result.nodes}, (
+        again.table()
+    )
 
 
 def test_cli_gate_json_dry_run_writes_nothing_then_gate_quarantines(cluster, capsys):
@@ -111,7 +112,7 @@ def test_cli_gate_fails_naming_what_is_missing(cluster, capsys):
     args = ["health", "gate", "--kubeconfig", str(cluster.kubeconfig), "--min-nodes", "11", "--dry-run"]
     assert main(args) == 1
     out = capsys.readouterr().out
-    assert "NOT ENOUGH: need 11 healthy node(s), have 7 of 12" in out
+    assert "NOT ENOUGH: need 11 healthy node(s), have 8 of 12" in out
     assert f"{D}: exclude: gpu_count [node] gpu_count unknown" in out
 
 
@@ -123,7 +124,12 @@ def test_operator_in_a_dag_quarantines_and_pushes_the_chosen_nodes(cluster, core
     healthy = sorted(set(cluster.telemetry) - {A, B, C, D})
     assert sorted(gate["nodes"]) == healthy and xcom_value(run, "chosen") == healthy
     verdicts = {v["name"]: v["verdict"] for v in gate["verdicts"]}
-    assert (verdicts[A], verdicts[B], verdicts[C], verdicts[D]) == ("quarantine", "quarantine", "exclude", "exclude")
+    assert (verdicts[A], verdicts[B], verdicts[C], verdicts[D]) == (
+        "quarantine",
+        "quarantine",
+        "exclude",
+        "exclude",
+    )
     assert sorted(gate["quarantined"]) == [A, B]
     assert_quarantined(core_v1, A, {"xid_fatal"})
     assert_quarantined(core_v1, B, {"ib_state"})

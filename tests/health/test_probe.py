@@ -1,4 +1,4 @@
-"""The probe: report format, publishing to a node over HTTP, and the ``trainops probe`` CLI."""
+"""The probe: report format, publishing to a devcluster node over HTTP, and the ``trainops probe`` CLI."""
 
 from __future__ import annotations
 
@@ -10,24 +10,55 @@ import pynvml
 import pytest
 
 from tests.health.conftest import two_sample_report
-from tests.health.node_api import NodeApi
 from trainops.cli import main
 from trainops.devcluster.telemetry import FakeNvml, TelemetryIbReader
 from trainops.health.probe import ANNOTATION, collect_report, publish
 from trainops.health.report import SCHEMA_VERSION, HealthReport
 
-
-@pytest.fixture
-def node_api():
-    api = NodeApi(["gpu-node-a"])
-    yield api
-    api.close()
+NODE = "gpu-node-a"
 
 
 @pytest.fixture
-def core_api(node_api):
-    config = kubernetes.client.Configuration(host=node_api.url)
-    return kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+def cluster(devcluster):
+    """The devcluster with a node named like the test telemetry, which the probe daemon leaves alone."""
+    devcluster.store.create("nodes", {"metadata": {"name": NODE, "annotations": {"other.io/keep": "yes"}}})
+    devcluster.store.mutate(
+        "nodes", "", NODE, lambda n: n.setdefault("status", {}).update(conditions=[READY])
+    )
+    return devcluster
+
+
+READY = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready"}
+
+
+@pytest.fixture
+def core_api(cluster, k8s):
+    return kubernetes.client.CoreV1Api(k8s)
+
+
+class RacingKubelet:
+    """A CoreV1Api whose next ``writes`` node reads are each followed by a kubelet heartbeat write,
+    so the patch built from that read meets a newer resourceVersion (409) on the real server."""
+
+    def __init__(self, core_api, store, writes: int):
+        self.core_api, self.store, self.writes, self.conflicts = core_api, store, writes, 0
+        self.api_client = core_api.api_client
+
+    def _racing(self, read):
+        def wrapped(name, **kwargs):
+            node = read(name, **kwargs)
+            if self.writes:
+                self.writes -= 1
+                self.conflicts += 1
+                beat = lambda n: n["status"]["conditions"][0].update(message=f"heartbeat {self.writes}")  # noqa: E731
+                self.store.mutate("nodes", "", name, beat)
+            return node
+
+        return wrapped
+
+    def __getattr__(self, name):
+        attr = getattr(self.core_api, name)
+        return self._racing(attr) if name in ("read_node", "read_node_status") else attr
 
 
 @pytest.fixture
@@ -42,8 +73,12 @@ def moment(stamp: str) -> datetime:
     return datetime.fromisoformat(stamp)
 
 
-def conditions(node_api, name="gpu-node-a"):
-    return {c["type"]: c for c in node_api.nodes[name]["status"]["conditions"]}
+def stored(cluster, name=NODE) -> dict:
+    return cluster.store.get("nodes", "", name)
+
+
+def conditions(cluster, name=NODE):
+    return {c["type"]: c for c in stored(cluster, name)["status"]["conditions"]}
 
 
 def test_report_round_trips_through_json(node, clock):
@@ -71,14 +106,14 @@ def test_collect_report_opens_a_module_for_one_report(node, clock):
     assert report.gpus["0"]["nvlink_replay_per_min"].reason.startswith("rate needs two samples")
 
 
-def test_publish_writes_annotation_and_condition(node, clock, node_api, core_api):
+def test_publish_writes_annotation_and_condition(node, clock, cluster, core_api):
     report = two_sample_report(node, clock)
     condition = publish(report, core_api)
-    stored = node_api.nodes["gpu-node-a"]
-    assert HealthReport.from_json(stored["metadata"]["annotations"][ANNOTATION]).to_dict() == report.to_dict()
-    assert stored["metadata"]["annotations"]["other.io/keep"] == "yes"
-    assert conditions(node_api)["Ready"]["status"] == "True"
-    ours = conditions(node_api)["GPUHealthy"]
+    annotations = stored(cluster)["metadata"]["annotations"]
+    assert HealthReport.from_json(annotations[ANNOTATION]).to_dict() == report.to_dict()
+    assert annotations["other.io/keep"] == "yes"
+    assert conditions(cluster)["Ready"]["status"] == "True"
+    ours = conditions(cluster)["GPUHealthy"]
     assert (ours["status"], ours["reason"], ours["message"]) == (
         "True",
         "HealthChecksPassed",
@@ -87,29 +122,31 @@ def test_publish_writes_annotation_and_condition(node, clock, node_api, core_api
     assert condition == ours
 
 
-def test_publish_retries_on_conflict_and_keeps_transition_time(node, clock, node_api, core_api):
+def test_publish_retries_on_conflict_and_keeps_transition_time(node, clock, cluster, core_api):
     publish(two_sample_report(node, clock), core_api)
-    first_transition = moment(conditions(node_api)["GPUHealthy"]["lastTransitionTime"])
-    node_api.concurrent_writes = 2  # the kubelet writes just before each of our next two patches
+    first_transition = moment(conditions(cluster)["GPUHealthy"]["lastTransitionTime"])
+    racing = RacingKubelet(core_api, cluster.store, writes=2)
     clock.now += 3600
-    publish(two_sample_report(node, clock), core_api)
-    assert node_api.conflicts == 2
-    ours = conditions(node_api)["GPUHealthy"]
+    publish(two_sample_report(node, clock), racing)
+    assert racing.conflicts == 2
+    patches = [e for e in cluster.server.audit.entries() if e["verb"] == "patch" and NODE in e["path"]]
+    assert [e["status"] for e in patches[-4:]].count(409) == 2
+    ours = conditions(cluster)["GPUHealthy"]
     assert moment(ours["lastTransitionTime"]) == first_transition
     assert moment(ours["lastHeartbeatTime"]) == first_transition + timedelta(seconds=3660)
-    assert conditions(node_api)["Ready"]["message"].startswith("heartbeat")  # the kubelet's write survived
+    assert conditions(cluster)["Ready"]["message"].startswith("heartbeat")  # the kubelet's write survived
 
     clock.now += 60
     publish(two_sample_report(node, clock, lambda: node.inject_xid(79, gpu=1)), core_api)
-    ours = conditions(node_api)["GPUHealthy"]
+    ours = conditions(cluster)["GPUHealthy"]
     assert (ours["status"], ours["reason"]) == ("False", "HealthChecksFailed")
     assert "xid_fatal [gpu 1]" in ours["message"] and moment(ours["lastTransitionTime"]) > first_transition
 
 
-def test_publish_gives_up_after_repeated_conflicts(node, clock, node_api, core_api):
-    node_api.concurrent_writes = 100
-    with pytest.raises(RuntimeError, match="node gpu-node-a: gave up after 5 resourceVersion conflicts"):
-        publish(two_sample_report(node, clock), core_api)
+def test_publish_gives_up_after_repeated_conflicts(node, clock, cluster, core_api):
+    racing = RacingKubelet(core_api, cluster.store, writes=100)
+    with pytest.raises(RuntimeError, match=f"node {NODE}: gave up after 5 resourceVersion conflicts"):
+        publish(two_sample_report(node, clock), racing)
 
 
 def test_cli_once_without_a_driver_reports_unknown(no_driver, tmp_path, capsys):
@@ -135,20 +172,7 @@ def test_cli_publish_needs_a_node(monkeypatch, capsys):
     assert "--publish needs --node NAME" in capsys.readouterr().err
 
 
-def test_cli_publish_without_a_driver_sets_condition_unknown(no_driver, node_api, tmp_path, capsys):
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [{"name": "c", "cluster": {"server": node_api.url}}],
-                "users": [{"name": "u", "user": {"token": "t"}}],
-                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "x",
-            }
-        )
-    )
+def test_cli_publish_without_a_driver_sets_condition_unknown(no_driver, cluster, tmp_path, capsys):
     args = [
         "probe",
         "--publish",
@@ -157,10 +181,10 @@ def test_cli_publish_without_a_driver_sets_condition_unknown(no_driver, node_api
         "--iterations",
         "1",
         "--kubeconfig",
-        str(kubeconfig),
+        str(cluster.kubeconfig),
     ]
     assert main([*args, "--ib-sysfs", str(tmp_path)]) == 0
-    ours = conditions(node_api)["GPUHealthy"]
+    ours = conditions(cluster)["GPUHealthy"]
     assert (ours["status"], ours["reason"]) == ("Unknown", "SignalsUnknown")
     assert "gpu_count [node] gpu_count unknown: NVML unavailable" in ours["message"]
     assert "gpu-node-a: GPUHealthy=Unknown" in capsys.readouterr().out

@@ -19,7 +19,9 @@ def cluster(s3, monkeypatch):
     with DevCluster(nodes=16, gpus_per_node=8, process_env=s3.env()) as dev:
         dev.wait_until_settled()
         monkeypatch.setenv("KUBECONFIG", str(dev.kubeconfig))
-        monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(dev.kubeconfig))
+        monkeypatch.setenv(
+            "AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(dev.kubeconfig)
+        )
         yield dev
 
 
@@ -41,8 +43,15 @@ def idle_nodes(api) -> list[str]:
     from kubernetes import client
 
     core = client.CoreV1Api(api)
-    busy = {p["spec"].get("nodeName") for p in raw(core.list_pod_for_all_namespaces(_preload_content=False))["items"]}
-    return sorted(n["metadata"]["name"] for n in raw(core.list_node(_preload_content=False))["items"] if n["metadata"]["name"] not in busy)
+    busy = {
+        p["spec"].get("nodeName")
+        for p in raw(core.list_pod_for_all_namespaces(_preload_content=False))["items"]
+    }
+    return sorted(
+        n["metadata"]["name"]
+        for n in raw(core.list_node(_preload_content=False))["items"]
+        if n["metadata"]["name"] not in busy
+    )
 
 
 def jobs(api, namespace="training") -> list[dict]:

@@ -8,12 +8,22 @@ def pod(name, node, exit_code, *, reason="Error", message="", finished="2025-01-
     return {
         "metadata": {"name": name, **({"deletionTimestamp": "x"} if status.pop("deleted", False) else {})},
         "spec": {"nodeName": node},
-        "status": {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}], **status},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}],
+            **status,
+        },
     }
 
 
 def node(name, ready="True", gpu=None, labels=None):
-    conditions = [{"type": "Ready", "status": ready, "reason": "KubeletReady" if ready == "True" else "NodeStatusUnknown"}]
+    conditions = [
+        {
+            "type": "Ready",
+            "status": ready,
+            "reason": "KubeletReady" if ready == "True" else "NodeStatusUnknown",
+        }
+    ]
     if gpu is not None:
         conditions.append({"type": "GPUHealthy", "status": gpu, "message": "XID 79 on GPU 0"})
     return {"metadata": {"name": name, "labels": labels or {}}, "status": {"conditions": conditions}}
@@ -23,7 +33,10 @@ NODES = {n: node(n) for n in ("a", "b")}
 
 
 def test_xid_in_the_failed_pods_log_blames_its_node():
-    pods = [pod("p0", "a", 1, finished="2025-01-01T00:00:05Z"), pod("p1", "b", 143, finished="2025-01-01T00:00:06Z", deleted=True)]
+    pods = [
+        pod("p0", "a", 1, finished="2025-01-01T00:00:05Z"),
+        pod("p1", "b", 143, finished="2025-01-01T00:00:06Z", deleted=True),
+    ]
     logs = {"p0": "step 41\nNVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has fallen off the bus.\n"}
     failure = classify(pods, NODES, logs)
     assert failure.kind is FailureKind.INFRASTRUCTURE and failure.retryable
@@ -46,13 +59,17 @@ def test_health_verdict_from_telemetry_blames_the_node():
 
 
 def test_nccl_timeout_is_infrastructure_but_blames_nobody():
-    failure = classify([pod("p0", "a", 1, message="Watchdog caught collective operation timeout: WorkNCCL(...)")], NODES)
+    failure = classify(
+        [pod("p0", "a", 1, message="Watchdog caught collective operation timeout: WorkNCCL(...)")], NODES
+    )
     assert failure.kind is FailureKind.INFRASTRUCTURE and failure.culprits == {}
     assert "collective operation timeout" in failure.reason
 
 
 def test_disrupted_pod_is_infrastructure():
-    status = {"conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]}
+    status = {
+        "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]
+    }
     failure = classify([pod("p0", "a", 143, **status)], NODES)
     assert failure.kind is FailureKind.INFRASTRUCTURE and "DeletionByTaintManager" in failure.reason
 

@@ -25,7 +25,8 @@ def running_pod(api, attempt: str):
         (
             p
             for p in pods(api)
-            if p["metadata"]["labels"].get("trainops.io/attempt") == attempt and p["status"].get("phase") == "Running"
+            if p["metadata"]["labels"].get("trainops.io/attempt") == attempt
+            and p["status"].get("phase") == "Running"
         ),
         None,
     )
@@ -48,7 +49,9 @@ def assert_capacity_returned(api, nodes):
         assert CLAIMED_BY_ANNOTATION not in annotations, f"{name} still claimed"
 
 
-def test_xid_crash_quarantines_the_node_and_resumes_elsewhere_from_the_last_verified_step(cluster, api, s3, bucket, run_dag):
+def test_xid_crash_quarantines_the_node_and_resumes_elsewhere_from_the_last_verified_step(
+    cluster, api, s3, bucket, run_dag
+):
     nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/xid/"
     fault = {}
 
@@ -67,13 +70,17 @@ def test_xid_crash_quarantines_the_node_and_resumes_elsewhere_from_the_last_veri
     bad = node(api, culprit)
     assert bad["metadata"]["labels"][HEALTH_LABEL] == "quarantined"
     taint = next(t for t in bad["spec"]["taints"] if t["key"] == QUARANTINE_TAINT)
-    assert taint["value"].startswith("xid-79") and taint["effect"] == "NoSchedule"
+    assert taint["effect"] == "NoSchedule"
+    assert result["history"][0]["kind"] == "infrastructure" and "XID 79" in result["history"][0]["ended"]
+    assert "XID 79" in result["excluded_nodes"][culprit]
     second = [j for j in jobs(api) if j["metadata"]["labels"]["trainops.io/attempt"] == "2"]
     assert len(second) == 1
     resumed = env_of(second[0])["TRAINOPS_RESUME_FROM"]
     step = int(resumed.rstrip("/").rpartition("step-")[2])
     assert step % 20 == 0 and 40 <= step <= fault["step"] + 20 and fault["step"] - step <= 20 + 5
-    attempt2_nodes = {p["spec"]["nodeName"] for p in pods(api) if p["metadata"]["labels"]["trainops.io/attempt"] == "2"}
+    attempt2_nodes = {
+        p["spec"]["nodeName"] for p in pods(api) if p["metadata"]["labels"]["trainops.io/attempt"] == "2"
+    }
     assert culprit not in attempt2_nodes and len(attempt2_nodes) == 2
     assert latest_verified(run_uri).checkpoint.step == 300
     assert_capacity_returned(api, set(nodes) - {culprit})
@@ -81,7 +88,9 @@ def test_xid_crash_quarantines_the_node_and_resumes_elsewhere_from_the_last_veri
 
 def test_user_code_exit_1_fails_at_once_without_using_a_resume(cluster, api, s3, bucket, run_dag):
     nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/bug/"
-    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri, [*TRAIN, "--fail-at-step", "30", "--exit-code", "1"]))
+    dag_run = run_dag(
+        "gang_training_e2e", conf(nodes, run_uri, [*TRAIN, "--fail-at-step", "30", "--exit-code", "1"])
+    )
 
     assert dag_run.state == "failed"
     train = task_state(dag_run, "train")
@@ -105,7 +114,9 @@ def test_worker_killed_right_after_submitting_reattaches_to_the_one_job(cluster,
     assert latest_verified(run_uri).checkpoint.step == 300
 
 
-def test_crash_in_the_middle_of_a_save_resumes_from_the_previous_complete_checkpoint(cluster, api, s3, bucket, run_dag):
+def test_crash_in_the_middle_of_a_save_resumes_from_the_previous_complete_checkpoint(
+    cluster, api, s3, bucket, run_dag
+):
     nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/midsave/"
     bucket_name, _, prefix = run_uri[5:].partition("/")
     fault = {}
@@ -123,7 +134,12 @@ def test_crash_in_the_middle_of_a_save_resumes_from_the_previous_complete_checkp
 
     def inject():
         fault["step"] = saving_at()
-        rank0 = next(p for p in pods(api) if p["metadata"]["name"].rsplit("-", 2)[-2] == "0" and p["metadata"]["labels"]["trainops.io/attempt"] == "1")
+        rank0 = next(
+            p
+            for p in pods(api)
+            if p["metadata"]["name"].rsplit("-", 2)[-2] == "0"
+            and p["metadata"]["labels"]["trainops.io/attempt"] == "1"
+        )
         cluster.inject("crash-pod", f"training/{rank0['metadata']['name']}", exit_code=137)
 
     when(in_save, inject)
@@ -156,7 +172,131 @@ def test_hang_is_detected_the_job_stopped_and_the_run_resumed(cluster, api, s3, 
     assert "no progress for" in history[0]["ended"]
     from kubernetes import client
 
-    workloads = client.CustomObjectsApi(api).list_namespaced_custom_object("kueue.x-k8s.io", "v1beta2", "training", "workloads")
-    first = next(w for w in workloads["items"] if w["metadata"]["ownerReferences"][0]["name"] == history[0]["job"])
+    workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "training", "workloads"
+    )
+    first = next(
+        w for w in workloads["items"] if w["metadata"]["ownerReferences"][0]["name"] == history[0]["job"]
+    )
     assert first["spec"]["active"] is False
     assert history[1]["resume_step"] is not None and fault["step"] - history[1]["resume_step"] <= 25
+
+
+def urgent_job(nodes: int) -> dict:
+    """A higher-priority gang (simulated pods that run 2 s) that needs more quota than is free."""
+    from trainops.training.job import build_job, job_to_dict
+    from trainops.training.spec import TrainingSpec
+
+    spec = TrainingSpec(
+        image="registry.example/urgent:1",
+        command=["serve"],
+        run_uri="s3://urgent/runs/u/",
+        nodes=nodes,
+        priority_class="training-urgent",
+    )
+    job = job_to_dict(build_job(spec, name="urgent", dag_id="other", run_id="r", attempt=1, resume_from=None))
+    job["spec"]["template"]["metadata"]["annotations"] = {"devcluster.trainops.io/run-seconds": "2"}
+    return job
+
+
+def test_preemption_by_a_higher_priority_workload_requeues_without_using_a_resume(
+    cluster, api, s3, bucket, run_dag
+):
+    from kubernetes import client
+
+    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/preempted/"
+    when(
+        lambda: heartbeat_step(s3, run_uri) >= 50 and running_pod(api, "1") is not None,
+        lambda: client.BatchV1Api(api).create_namespaced_job("training", urgent_job(3)),
+    )
+    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri))
+
+    assert dag_run.state == "success"
+    result = xcom_value(dag_run, "train")
+    assert result["preemptions"] >= 1
+    assert result["attempts"] == 1 and result["resumes_used"] == 0
+    assert task_state(dag_run, "train").try_number == 1
+    urgent = next(j for j in jobs(api) if j["metadata"]["name"] == "urgent")
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in urgent["status"]["conditions"])
+    assert latest_verified(run_uri).checkpoint.step == 300
+
+
+def test_resumes_exhausted_is_a_clear_final_error_and_the_teardown_still_runs(
+    cluster, api, s3, bucket, run_dag, capfd
+):
+    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/exhausted/"
+    # killed by SIGKILL from outside at step 30, every attempt: infrastructure, each one a resume
+    dag_run = run_dag(
+        "gang_training_e2e", conf(nodes, run_uri, [*TRAIN, "--fail-at-step", "30", "--exit-code", "137"])
+    )
+
+    assert dag_run.state == "failed"
+    train = task_state(dag_run, "train")
+    assert train.state == "failed" and train.try_number == 3
+    assert sorted(j["metadata"]["labels"]["trainops.io/attempt"] for j in jobs(api)) == ["1", "2", "3"]
+    printed = capfd.readouterr().out
+    assert "resumes exhausted after 3 attempts" in printed
+    assert f"Latest verified checkpoint: {run_uri}step-20/ (step 20)" in printed
+    assert task_state(dag_run, "give_back").state == "success"
+    assert_capacity_returned(api, nodes)
+
+
+def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, bucket):
+    """Mark-failed in the UI runs the trigger's on_kill: the Workload is deactivated, the pods go."""
+    import asyncio
+    import sys
+    import time
+
+    from kubernetes import client
+    from trainops.operators.training import GangTrainingOperator
+
+    from trainops.cluster.capacity import Apis, claim
+    from trainops.training.attempts import RunLedger
+    from trainops.training.cluster import GangCluster
+    from trainops.training.runner import GangRun
+
+    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/killed-by-user/"
+    claim(Apis.from_api_client(api), "tests/kill", nodes, cluster_queue="training")
+    operator = GangTrainingOperator(
+        task_id="train",
+        image="devcluster.trainops.io/local",
+        command=[sys.executable, "-m", "trainops.demo.trainer"],
+        args=TRAIN,
+        run_uri=run_uri,
+        nodes=2,
+        kubeconfig=str(cluster.kubeconfig),
+    )
+    cluster_calls = GangCluster(client.CoreV1Api(api), client.BatchV1Api(api))
+    run = GangRun(
+        operator.spec(),
+        "dag",
+        "run",
+        cluster_calls,
+        RunLedger(),
+        lambda ledger: None,
+        lambda job: "",
+        lambda *a: False,
+    )
+    record, _ = run.start(lambda n: n)
+    trigger = operator.trigger(record.job)
+
+    async def follow_then_kill():
+        following = asyncio.create_task(anext(trigger.run()))
+        while heartbeat_step(s3, run_uri) < 20:
+            await asyncio.sleep(0.05)
+        following.cancel()
+        await trigger.on_kill()
+
+    asyncio.run(follow_then_kill())
+    workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "training", "workloads"
+    )
+    assert [w["spec"]["active"] for w in workloads["items"]] == [False]
+    for _ in range(600):  # the pods get SIGTERM and go
+        if not [p for p in pods(api) if p["status"].get("phase") == "Running"]:
+            break
+        time.sleep(0.1)
+    assert [p["metadata"]["name"] for p in pods(api) if p["status"].get("phase") == "Running"] == []
+    step = heartbeat_step(s3, run_uri)
+    time.sleep(0.5)
+    assert heartbeat_step(s3, run_uri) == step  # nothing trains any more

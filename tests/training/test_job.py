@@ -9,7 +9,9 @@ from trainops.training.spec import TrainingSpec
 
 
 def spec(**changes) -> TrainingSpec:
-    values = dict(image="devcluster.trainops.io/local", command=["python", "-m", "train"], run_uri="s3://b/runs/r1")
+    values = dict(
+        image="devcluster.trainops.io/local", command=["python", "-m", "train"], run_uri="s3://b/runs/r1"
+    )
     values.update(changes)
     return TrainingSpec(**values)
 
@@ -46,9 +48,13 @@ def test_queue_priority_toleration_and_node_rules():
     labels = job["metadata"]["labels"]
     assert labels[KUEUE_QUEUE_LABEL] == "research" and labels[KUEUE_PRIORITY_LABEL] == "training-urgent"
     pod = job["spec"]["template"]["spec"]
-    assert {"key": MODE_TAINT, "operator": "Equal", "value": "training", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": MODE_TAINT, "operator": "Equal", "value": "training", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
     assert pod["nodeSelector"] == {"trainops.io/gpu-pool": "true"}
-    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
     expressions = terms[0]["matchExpressions"]
     assert {"key": "trainops.io/health", "operator": "NotIn", "values": ["quarantined"]} in expressions
     assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-node-003"]} in expressions
@@ -56,7 +62,10 @@ def test_queue_priority_toleration_and_node_rules():
 
 
 def test_trainer_env_says_where_to_resume_and_which_attempt():
-    env = {e["name"]: e for e in built(spec={"env": {"LR": "0.1"}})["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {
+        e["name"]: e
+        for e in built(spec={"env": {"LR": "0.1"}})["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
     assert env["TRAINOPS_RUN_URI"]["value"] == "s3://b/runs/r1/"
     assert env["TRAINOPS_RESUME_FROM"]["value"] == "s3://b/runs/r1/step-40/"
     assert env["TRAINOPS_ATTEMPT"]["value"] == "2"
@@ -69,7 +78,9 @@ def test_fresh_start_has_empty_resume_and_no_exclusions():
     env = {e["name"]: e.get("value") for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["TRAINOPS_RESUME_FROM"] == ""
     terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
-    expressions = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+    expressions = terms["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0][
+        "matchExpressions"
+    ]
     assert [e["key"] for e in expressions] == ["trainops.io/health"]
 
 

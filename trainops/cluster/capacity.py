@@ -94,15 +94,6 @@ def node_gpus(node: dict) -> int:
     return int((node.get("status") or {}).get("allocatable", {}).get(GPU_RESOURCE, 0))
 
 
-def other_holders(apis: Apis, run: str, nodes: Sequence[str], deadline: Deadline) -> dict[str, str]:
-    """Which of ``nodes`` are claimed by a run other than ``run`` (node -> holder)."""
-    by_name = {n["metadata"]["name"]: n for n in call(lambda: list_nodes(apis.core), deadline, "list nodes")}
-    holders = {
-        name: holder_of(by_name[name]["metadata"].get("annotations")) for name in nodes if name in by_name
-    }
-    return {name: holder for name, holder in holders.items() if holder and holder != run}
-
-
 def _check_nodes(nodes: Sequence[str]) -> list[str]:
     if isinstance(nodes, str) or not nodes or not all(isinstance(n, str) and n for n in nodes):
         raise ValueError(f"nodes must be a non-empty list of node names, got {nodes!r}")

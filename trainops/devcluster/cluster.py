@@ -22,7 +22,7 @@ from urllib.parse import unquote
 
 import yaml
 
-from trainops.devcluster import topology
+from trainops.devcluster import defaults, kinds, topology
 from trainops.devcluster.controllers import start_controllers
 from trainops.devcluster.gc import GarbageCollector
 from trainops.devcluster.kueue import KueueConfig, KueueController, kueue_admission
@@ -59,7 +59,9 @@ class DevCluster:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("nodes and gpus_per_node must be at least 1")
         if host not in ("127.0.0.1", "localhost", "::1"):
-            raise ValueError(f"host {host!r}: the devcluster binds loopback only (127.0.0.1, localhost or ::1)")
+            raise ValueError(
+                f"host {host!r}: the devcluster binds loopback only (127.0.0.1, localhost or ::1)"
+            )
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
         self.seed = seed
@@ -121,7 +123,10 @@ class DevCluster:
         return self._controllers.faults
 
     def _seed_objects(self) -> None:
-        create = self.store.create
+        def create(resource: str, obj: dict) -> None:
+            defaults.apply(kinds.by_resource(resource), obj, creating=True)
+            self.store.create(resource, obj)
+
         for name in ("default", "kube-system", topology.INFERENCE_NAMESPACE, topology.TRAINING_NAMESPACE):
             create("namespaces", topology.namespace(name))
         for index in range(self.nodes):
@@ -157,7 +162,8 @@ class DevCluster:
         while time.monotonic() < deadline:
             deployments, _ = self.store.list("deployments.apps")
             if all(
-                d.get("status", {}).get("readyReplicas", 0) == d["spec"].get("replicas", 0) for d in deployments
+                d.get("status", {}).get("readyReplicas", 0) == d["spec"].get("replicas", 0)
+                for d in deployments
             ):
                 return
             time.sleep(0.05)
@@ -184,7 +190,9 @@ class DevCluster:
             "xid": lambda target, code, gpu=0: faults.xid(target, int(code), gpu=int(gpu)),
             "ecc": lambda target, uncorrectable, gpu=0: faults.ecc(target, int(uncorrectable), gpu=int(gpu)),
             "ib-down": lambda target, port=1: faults.ib_down(target, port=int(port)),
-            "nvlink-errors": lambda target, replay, gpu=0: faults.nvlink_errors(target, int(replay), gpu=int(gpu)),
+            "nvlink-errors": lambda target, replay, gpu=0: faults.nvlink_errors(
+                target, int(replay), gpu=int(gpu)
+            ),
             "slow-gpu": lambda target, factor, gpu=None: faults.slow_gpu(
                 target, float(factor), gpu=None if gpu is None else int(gpu)
             ),
@@ -227,7 +235,9 @@ class DevCluster:
                 return 200, "text/plain; version=0.0.4", render_dcgm(self.telemetry[parts[1]]).encode()
             if method == "GET" and parts == ["prometheus", "api", "v1", "query"]:
                 promql, at = _first(query.get("query")), _first(query.get("time"))
-                answer = prometheus_query(self.telemetry, promql or "", time.time() if at is None else float(at))
+                answer = prometheus_query(
+                    self.telemetry, promql or "", time.time() if at is None else float(at)
+                )
                 return _json(200 if answer["status"] == "success" else 400, answer)
         except (FaultError, ValueError, KeyError) as error:
             return _json(400, {"error": str(error)})

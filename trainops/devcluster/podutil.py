@@ -3,6 +3,7 @@ creating pods from a template and deleting them the way the API server does."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from datetime import UTC, datetime, timedelta
@@ -109,6 +110,7 @@ def pod_from_template(
     template: dict, *, owner: dict, generate_name: str, labels: dict, annotations: dict | None = None
 ) -> dict:
     """A new pod for ``owner`` from its pod template, with the defaults the API server would add."""
+    template = copy.deepcopy(template)
     metadata = template.get("metadata") or {}
     spec = {
         "restartPolicy": "Always",

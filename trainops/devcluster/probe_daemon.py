@@ -13,7 +13,7 @@ has one. A repaired node (new ``boot_id``) gets a fresh NVML reader, as a restar
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -48,27 +48,39 @@ class ProbeDaemon(Controller):
         heartbeat_s: float = 30.0,
         policy: Policy = DEFAULT_POLICY,
     ) -> None:
-        if interval_s <= 0 or heartbeat_s < interval_s:
-            raise ValueError(
-                f"need interval_s > 0 and heartbeat_s >= interval_s, got {interval_s}, {heartbeat_s}"
-            )
+        if interval_s <= 0 or heartbeat_s <= 0:
+            raise ValueError(f"interval_s and heartbeat_s must be > 0, got {interval_s}, {heartbeat_s}")
         super().__init__(store)
         self.telemetry = telemetry
         self.interval_s = interval_s
         self.heartbeat_s = heartbeat_s
         self.policy = policy
         self._probes: dict[str, _NodeProbe] = {}
+        self._rounds = 0
+        self._round_done = threading.Condition()
 
     def start(self) -> None:
         super().start()
         self.after(0, self._round)
 
     def _round(self) -> None:
-        for name in list(self.telemetry):
-            if self._stopped.is_set():
-                return
-            self.probe(name)
-        self.after(self.interval_s, self._round)
+        try:
+            for name in list(self.telemetry):
+                if self._stopped.is_set():
+                    return
+                self._safely(lambda name=name: self.probe(name))
+            with self._round_done:
+                self._rounds += 1
+                self._round_done.notify_all()
+        finally:
+            self.after(self.interval_s, self._round)
+
+    def wait_rounds(self, count: int = 2, timeout: float = 60.0) -> None:
+        """Block until ``count`` more full rounds have run: every node probed (and written if changed) since."""
+        with self._round_done:
+            target = self._rounds + count
+            if not self._round_done.wait_for(lambda: self._rounds >= target, timeout):
+                raise TimeoutError(f"the probe daemon did not finish {count} round(s) in {timeout:g}s")
 
     def probe(self, name: str) -> bool:
         """Probe one node now; True when a report was written."""
@@ -78,7 +90,7 @@ class ProbeDaemon(Controller):
         probe = self._probes.get(name)
         if probe is None or probe.boot_id != telemetry.boot_id:
             if probe:
-                probe.reader.close()
+                _close(probe.reader)
             probe = self._probes[name] = _NodeProbe(telemetry.boot_id, NvmlReader(FakeNvml(telemetry)))
             probe.reader.start()
         report = collect_report(
@@ -111,21 +123,12 @@ class ProbeDaemon(Controller):
     def stop(self) -> None:
         super().stop()
         for probe in self._probes.values():
-            probe.reader.close()
+            _close(probe.reader)
 
 
-def wait_for_reports(store: Store, nodes: list[str], since: float, timeout: float = 60.0) -> None:
-    """Block until each of ``nodes`` carries a report collected after ``since`` (or raise TimeoutError)."""
-    deadline = time.monotonic() + timeout
-    pending = list(nodes)
-    while pending:
-        pending = [name for name in pending if _collected_at(store, name) <= since]
-        if pending and time.monotonic() > deadline:
-            raise TimeoutError(f"no health report newer than {since} on {', '.join(pending)}")
-        time.sleep(0.05)
-
-
-def _collected_at(store: Store, name: str) -> float:
-    node = store.find("nodes", "", name)
-    text = ((node or {}).get("metadata", {}).get("annotations") or {}).get(HEALTH_REPORT_ANNOTATION)
-    return HealthReport.from_json(text).collected_at if text else 0.0
+def _close(reader: NvmlReader) -> None:
+    """Close NVML; a driver that is gone (missing telemetry) has nothing left to close."""
+    try:
+        reader.close()
+    except reader.nvml.NVMLError:
+        pass

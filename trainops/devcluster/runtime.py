@@ -102,7 +102,7 @@ class PodRun:
 class PodRuntime(InformerController):
     """The kubelets of all nodes, as one controller."""
 
-    watches = ("pods",)
+    watches = ("pods", "nodes")
 
     def __init__(
         self, store: Store, logs: PodLogs, telemetry: Mapping | None = None, process_env=None
@@ -118,6 +118,8 @@ class PodRuntime(InformerController):
 
     # ---- pod changes -------------------------------------------------------------------
     def changed(self, resource: str, old: dict | None, new: dict | None) -> None:
+        if resource == "nodes":
+            return  # only read from the cache
         key = key_of(old or new)
         run = self._runs.get(key)
         if run is not None and (new is None or new["metadata"]["uid"] != run.uid):
@@ -158,10 +160,10 @@ class PodRuntime(InformerController):
     def _start(self, run: PodRun, error: str = "") -> None:
         if not self._current(run) or run.deleting:
             return
-        pod = self.store.find("pods", *run.key)
+        pod = self.cache["pods"].get(run.key)
         if pod is None or pod["metadata"]["uid"] != run.uid:
             return
-        node = self.store.find("nodes", "", run.node) or {}
+        node = self.cache["nodes"].get(("", run.node)) or {}
         run.host_ip = next(
             (
                 a["address"]
@@ -278,7 +280,7 @@ class PodRuntime(InformerController):
     def _restart(self, run: PodRun, index: int) -> None:
         if not self._current(run) or run.deleting or not run.containers[index].waiting:
             return
-        pod = self.store.find("pods", *run.key)
+        pod = self.cache["pods"].get(run.key)
         if pod is None:
             return
         self._start_container(run, pod, index)

@@ -16,6 +16,7 @@ import json
 import logging
 import queue
 import select
+import sys
 import threading
 import time
 import uuid
@@ -113,8 +114,7 @@ class ApiServer:
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> str:
-        httpd = ThreadingHTTPServer((self.host, self.port), _Handler)
-        httpd.daemon_threads = True
+        httpd = _HttpServer((self.host, self.port), _Handler)
         httpd.api = self  # type: ignore[attr-defined]
         self._httpd = httpd
         threading.Thread(
@@ -796,6 +796,16 @@ class ApiServer:
 
 
 # ---- HTTP plumbing ------------------------------------------------------------------------
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256  # the stdlib's 5 refuses connections when many clients arrive at once
+
+    def handle_error(self, request, client_address) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return  # a client that went away is not a server error
+        super().handle_error(request, client_address)
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "devcluster"

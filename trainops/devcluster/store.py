@@ -137,19 +137,18 @@ class Store:
         and a name from generateName."""
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
-        meta.setdefault("namespace", "")
+        namespace = meta.get("namespace", "")
+        _drop_empty(meta)
         with self._lock:
             if not meta.get("name") and meta.get("generateName"):
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
-            key = (meta["namespace"], meta["name"])
+            key = (namespace, meta["name"])
             if key in self._objects[resource]:
                 raise AlreadyExists(f'{resource} "{meta["name"]}" already exists')
             meta["uid"] = meta.get("uid") or str(uuid.uuid4())
             meta["creationTimestamp"] = now_iso()
             meta["generation"] = 1
             meta.pop("resourceVersion", None)
-            if not meta["namespace"]:
-                meta.pop("namespace")
             return self._commit(ADDED, resource, key, obj)
 
     def update(self, resource: str, obj: dict, *, check_version: bool = True) -> dict:
@@ -158,6 +157,7 @@ class Store:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
         key = (meta.get("namespace", ""), meta["name"])
+        _drop_empty(meta)
         with self._lock:
             current = self._objects[resource].get(key)
             if current is None:
@@ -187,7 +187,9 @@ class Store:
             obj["metadata"].pop("resourceVersion", None)
             return self.update(resource, obj, check_version=False)
 
-    def delete(self, resource: str, namespace: str, name: str, *, resource_version: str | None = None) -> dict:
+    def delete(
+        self, resource: str, namespace: str, name: str, *, resource_version: str | None = None
+    ) -> dict:
         with self._lock:
             current = self._objects[resource].get((namespace, name))
             if current is None:
@@ -265,6 +267,13 @@ class Store:
             if event is None:
                 return
             yield event
+
+
+def _drop_empty(meta: dict) -> None:
+    """Omit empty metadata fields, as the API server does (a cluster-scoped object has no namespace)."""
+    for name in ("namespace", "labels", "annotations", "ownerReferences", "finalizers"):
+        if name in meta and not meta[name]:
+            del meta[name]
 
 
 def _same_meta(a: dict, b: dict) -> bool:

@@ -90,7 +90,11 @@ def gpu_node(index: int, gpus: int) -> dict:
                 {"type": "Hostname", "address": name},
             ],
             "nodeInfo": {
+                "machineID": f"{index:032x}",
+                "systemUUID": f"00000000-0000-0000-0000-{index:012x}",
+                "bootID": f"b00700000000{index:020x}",
                 "kubeletVersion": "v1.32.0",
+                "kubeProxyVersion": "v1.32.0",
                 "containerRuntimeVersion": "devcluster://0.1",
                 "osImage": "devcluster",
                 "kernelVersion": "6.8.0",

@@ -97,16 +97,16 @@ def release(
     state = NodeState.of(checked.node)
     if state.taint(QUARANTINE_TAINT) is None and state.labels.get(HEALTH_LABEL) != HEALTH_QUARANTINED:
         return Released(name, False, checked.policy.verdict, checked.policy.reasons)
+    if checked.policy.verdict not in USABLE:
+        raise ReleaseRefused(
+            f"node {name} still fails its health checks ({checked.policy.verdict}): "
+            + "; ".join(checked.policy.reasons)
+        )
     since = _quarantined_at(state)
     if checked.report.collected_at <= since:
         raise ReleaseRefused(
             f"node {name}: no health report since its quarantine (report from {checked.report.collected_at:.0f}, "
             f"quarantined at {since:.0f}); wait for the node probe to publish a new one"
-        )
-    if checked.policy.verdict not in USABLE:
-        raise ReleaseRefused(
-            f"node {name} still fails its health checks ({checked.policy.verdict}): "
-            + "; ".join(checked.policy.reasons)
         )
 
     def lift(current: NodeState) -> NodeState:

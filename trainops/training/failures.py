@@ -215,7 +215,7 @@ def classify(
                 f"pod {e.pod} on {e.node}: killed by {_OUTSIDE_SIGNALS[e.exit_code]} from outside"
             )
     if evidence:
-        return Failure(FailureKind.INFRASTRUCTURE, f"infrastructure: {evidence[0]}", {}, evidence)
+        return Failure(FailureKind.INFRASTRUCTURE, evidence[0], {}, evidence)
     first = failed[0] if failed else None
     if first is not None and first.exit_code not in (None, 0):
         detail = f" ({first.reason})" if first.reason and first.reason != "Error" else ""
