@@ -35,6 +35,8 @@ class GangTrainingOperator(BaseOperator):
     :param local_queue: the Kueue LocalQueue in ``namespace`` (``queue`` is Airflow's executor queue).
     :param node_names: run only on these nodes (e.g. the claim task's XCom); default: the GPU pool.
     :param hang_timeout: seconds without progress that count as a hang; None learns it from the run.
+    :param max_resumes: resume at most this many times even when ``retries`` allows more (templated, so a
+        DAG param can set it; ``retries`` is fixed when the DAG is parsed); None: ``retries`` decides.
     :param hang_policy: overrides of ``trainops.training.progress.HangPolicy`` fields.
     :param admission_timeout: seconds Kueue may take to admit the gang (None: wait forever).
     :param start_timeout: seconds from admission until every pod runs.
@@ -52,6 +54,8 @@ class GangTrainingOperator(BaseOperator):
         "gpus_per_node",
         "local_queue",
         "priority_class",
+        "hang_timeout",
+        "max_resumes",
     )
     ui_color = "#d7ecff"
 
@@ -73,6 +77,7 @@ class GangTrainingOperator(BaseOperator):
         memory: str | None = None,
         termination_grace_seconds: int = 30,
         hang_timeout: float | None = None,
+        max_resumes: int | None = None,
         hang_policy: Mapping[str, Any] | None = None,
         admission_timeout: float | None = 3600.0,
         start_timeout: float = 600.0,
@@ -92,6 +97,7 @@ class GangTrainingOperator(BaseOperator):
         self.node_names = node_names or []
         self.cpu, self.memory, self.termination_grace_seconds = cpu, memory, termination_grace_seconds
         self.hang_timeout, self.hang_policy = hang_timeout, dict(hang_policy or {})
+        self.max_resumes = max_resumes
         self.admission_timeout, self.start_timeout, self.heartbeat_poll = (
             admission_timeout,
             start_timeout,
@@ -173,11 +179,14 @@ class GangTrainingOperator(BaseOperator):
             logger=self.log,
         )
 
-    @staticmethod
-    def _attempts_possible(context):
-        ti = context["ti"]
+    def _last_retry(self, ti) -> int:
+        """The try number after which no resume is left: ``retries``, or ``max_resumes`` when lower."""
+        return ti.max_tries if self.max_resumes is None else min(ti.max_tries, int(self.max_resumes))
+
+    def _attempts_possible(self, context):
+        ti, last = context["ti"], self._last_retry(context["ti"])
         # attempts before this one + the tries left including this one
-        return lambda number: (number - 1) + (ti.max_tries + 2 - ti.try_number)
+        return lambda number: (number - 1) + (last + 2 - ti.try_number)
 
     # ---- Airflow -----------------------------------------------------------------------
     def execute(self, context):
@@ -198,6 +207,6 @@ class GangTrainingOperator(BaseOperator):
         if verdict.decision is Decision.FAIL:
             raise AirflowFailException(verdict.message)
         ti = context["ti"]
-        if ti.try_number > ti.max_tries:
+        if ti.try_number > self._last_retry(ti):
             raise AirflowFailException(run.exhausted_message(verdict))
         raise AirflowException(f"attempt failed, resuming on the next try: {verdict.message}")

@@ -38,13 +38,13 @@ def latest_verified(run_uri: str | S3Uri, *, level: str = METADATA, store: Check
     run = S3Uri.parse(run_uri, field="run_uri") if isinstance(run_uri, str) else run_uri
     store = store or CheckpointStore()
     names, objects = store.list_dir(run)
-    sibling_files = {info.key[len(run.prefix) :]: info for info in objects}
+    sibling_names = {info.key[len(run.prefix) :] for info in objects}
     candidates = sorted(
         ((step, name) for name in names if (step := step_from_name(name)) is not None), reverse=True
     )
     result = LatestResult(str(run), None)
     for _, name in candidates:
-        verdict = verify_checkpoint(run.child(name), level=level, store=store, sibling_files=sibling_files)
+        verdict = verify_checkpoint(run.child(name), level=level, store=store, sibling_names=sibling_names)
         if verdict.ok:
             result.checkpoint = verdict
             break

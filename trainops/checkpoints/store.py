@@ -65,6 +65,17 @@ class CheckpointStore:
             ]
         return names, objects
 
+    def exists(self, bucket: str, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.head_object(Bucket=bucket, Key=key)
+        except ClientError as error:
+            if _error_code(error) in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
+
     def read(self, bucket: str, key: str, *, limit: int) -> bytes | None:
         """The whole object, or None when it does not exist; refuses objects over ``limit`` bytes."""
         try:

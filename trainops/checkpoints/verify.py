@@ -16,7 +16,7 @@ from typing import Any
 
 from trainops.checkpoints import formats, integrity
 from trainops.checkpoints.formats.base import DEEP, LEVELS, METADATA, Checkpoint, step_from_name
-from trainops.checkpoints.store import CheckpointStore, ObjectInfo, ObjectTooLarge
+from trainops.checkpoints.store import CheckpointStore, ObjectTooLarge
 from trainops.checkpoints.uri import S3Uri
 
 MAX_REASONS = 20
@@ -65,12 +65,12 @@ def verify_checkpoint(
     *,
     level: str = METADATA,
     store: CheckpointStore | None = None,
-    sibling_files: dict[str, ObjectInfo] | None = None,
+    sibling_names: set[str] | None = None,
 ) -> VerifyResult:
     """Verify the checkpoint directory at ``uri``.
 
-    ``sibling_files`` (the files directly in the parent directory, by name) saves a listing
-    when the caller already has it; otherwise the parent is listed once.
+    ``sibling_names`` (the names of the files directly in the parent directory) saves requests
+    when the caller has listed the parent already.
     """
     check_level(level)
     if isinstance(uri, str):
@@ -79,9 +79,7 @@ def verify_checkpoint(
         raise ValueError(f"uri must name a checkpoint directory inside the bucket, not the bucket root: {uri}")
     store = store or CheckpointStore()
     files = {info.key[len(uri.prefix) :]: info for info in store.list(uri)}
-    if sibling_files is None:
-        sibling_files = list_files(store, uri.parent)
-    checkpoint = Checkpoint(store, uri, files, sibling_files)
+    checkpoint = Checkpoint(store, uri, files, sibling_names)
     result = VerifyResult(
         uri=str(uri),
         format="none",
@@ -102,12 +100,6 @@ def verify_checkpoint(
         reasons = [str(error)]
     result.reasons = _capped(reasons)
     return result
-
-
-def list_files(store: CheckpointStore, uri: S3Uri) -> dict[str, ObjectInfo]:
-    """The objects directly in ``uri`` (not in its sub-directories), by name."""
-    _, objects = store.list_dir(uri)
-    return {info.key[len(uri.prefix) :]: info for info in objects}
 
 
 def _capped(reasons: list[str]) -> list[str]:

@@ -9,6 +9,7 @@ from trainops.devcluster.controller import Controller
 from trainops.devcluster.deployments import DeploymentController
 from trainops.devcluster.disruption import DisruptionController
 from trainops.devcluster.faults import Faults
+from trainops.devcluster.gc import GarbageCollector
 from trainops.devcluster.jobs import JobController
 from trainops.devcluster.logs import PodLogs
 from trainops.devcluster.nodes import NodeLifecycle
@@ -25,10 +26,19 @@ class Controllers:
     deployments: DeploymentController
     disruption: DisruptionController
     nodes: NodeLifecycle
+    garbage_collector: GarbageCollector
     faults: Faults
 
     def all(self) -> list[Controller]:
-        return [self.nodes, self.scheduler, self.runtime, self.jobs, self.deployments, self.disruption]
+        return [
+            self.nodes,
+            self.scheduler,
+            self.runtime,
+            self.jobs,
+            self.deployments,
+            self.disruption,
+            self.garbage_collector,
+        ]
 
     def stop(self) -> None:
         for controller in reversed(self.all()):
@@ -41,8 +51,8 @@ def start_controllers(
     telemetry: Mapping | None = None,
     process_env: Mapping[str, str] | None = None,
 ) -> Controllers:
-    """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, disruption and node
-    lifecycle controllers on ``store``; ``telemetry`` maps node names to ``NodeTelemetry``;
+    """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, disruption, node
+    lifecycle and garbage-collector controllers on ``store``; ``telemetry`` maps node names to ``NodeTelemetry``;
     ``process_env`` is laid over this process's environment for process-runtime pods."""
     telemetry = telemetry if telemetry is not None else {}
     runtime = PodRuntime(store, logs, telemetry, process_env)
@@ -53,6 +63,7 @@ def start_controllers(
         deployments=DeploymentController(store),
         disruption=DisruptionController(store),
         nodes=NodeLifecycle(store),
+        garbage_collector=GarbageCollector(store),
         faults=Faults(store, telemetry, runtime),
     )
     for controller in controllers.all():

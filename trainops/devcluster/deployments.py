@@ -106,7 +106,7 @@ class DeploymentController(InformerController):
         cut = max(0, len(old) + sum(1 for p in new if is_ready(p)) - replicas)
         retired, old = deletion_order(old)[:cut], deletion_order(old)[cut:]
         for pod in surplus + retired:
-            if delete_pod(self.store, *key_of(pod)):
+            if delete_pod(self.store, *key_of(pod), uid=pod["metadata"]["uid"]):
                 self.events.record(deployment, "SuccessfulDelete", f"Deleted pod: {pod['metadata']['name']}")
         for _ in range(replicas - len(new)):
             created = self._create(deployment, current_hash)

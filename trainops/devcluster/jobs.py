@@ -12,6 +12,7 @@ and conditions: ``Suspended``, ``FailureTarget``/``Failed`` (``BackoffLimitExcee
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -31,7 +32,8 @@ from trainops.devcluster.podutil import (
 from trainops.devcluster.store import NotFound, Store, StoreError, now_iso
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-SYNC_BATCH_S = 0.05  # a burst of pod changes becomes one sync per Job (real: 1 s)
+SYNC_BATCH_S = 0.05  # a burst of pod changes becomes one sync per Job (real: 1 s) ...
+SYNC_SHARE = 0.1  # ... and syncs of huge Jobs are spaced to take at most this share of the time
 
 
 @dataclass
@@ -75,6 +77,7 @@ class JobController(InformerController):
         self._job_keys: dict[str, Key] = {}
         self._dirty: set[Key] = set()
         self._flush_pending = False
+        self._flush_seconds = 0.0
 
     # ---- watching ----------------------------------------------------------------------
     def changed(self, resource: str, old: dict | None, new: dict | None) -> None:
@@ -116,15 +119,17 @@ class JobController(InformerController):
         self._dirty.add(key)
         if not self._flush_pending:
             self._flush_pending = True
-            self.after(SYNC_BATCH_S, self._flush)
+            self.after(max(SYNC_BATCH_S, self._flush_seconds / SYNC_SHARE), self._flush)
 
     def _flush(self) -> None:
         self._flush_pending = False
+        started = time.monotonic()
         dirty, self._dirty = self._dirty, set()
         for key in sorted(dirty):
             job = self.cache["jobs.batch"].get(key)
             if job is not None and not is_finished(job):
                 self._sync(job)
+        self._flush_seconds = time.monotonic() - started
 
     # ---- reconciling -------------------------------------------------------------------
     def _sync(self, job: dict) -> None:
@@ -150,7 +155,7 @@ class JobController(InformerController):
             if set_condition(probe, "FailureTarget", "True", reason, message):
                 self.events.record(job, reason, message, WARNING)
             for pod in active:
-                delete_pod(self.store, *key_of(pod))
+                delete_pod(self.store, *key_of(pod), uid=pod["metadata"]["uid"])
             active = []
         elif spec.get("suspend"):
             if set_condition(probe, "Suspended", "True", "JobSuspended", "Job suspended"):
@@ -300,7 +305,7 @@ class JobController(InformerController):
     def _delete(self, job: dict, pods: list[dict], tracking: Tracking) -> None:
         for pod in pods:
             tracking.not_failures.add(pod["metadata"]["uid"])
-            if delete_pod(self.store, *key_of(pod)):
+            if delete_pod(self.store, *key_of(pod), uid=pod["metadata"]["uid"]):
                 self.events.record(job, "SuccessfulDelete", f"Deleted pod: {pod['metadata']['name']}")
 
     def _write_status(self, job: dict, status: dict) -> None:

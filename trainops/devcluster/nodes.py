@@ -146,7 +146,7 @@ class NodeLifecycle(InformerController):
         except NotFound:
             return
         self.events.record(pod, "TaintManagerEviction", f"Marking for deletion Pod {key[0]}/{key[1]}")
-        delete_pod(self.store, *key)
+        delete_pod(self.store, *key, uid=uid)
 
 
 def _no_execute(node: dict) -> list[dict]:

@@ -6,28 +6,13 @@ from __future__ import annotations
 import copy
 import functools
 import math
-from datetime import UTC, datetime, timedelta
 
+from trainops.devcluster import defaults, gc, kinds
 from trainops.devcluster.conditions import condition_true
-from trainops.devcluster.store import NotFound, Store
+from trainops.devcluster.store import Conflict, NotFound, Store
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 DEFAULT_GRACE_SECONDS = 30
-# Added to every pod by the API server's DefaultTolerationSeconds admission plugin.
-DEFAULT_TOLERATIONS = [
-    {
-        "key": "node.kubernetes.io/not-ready",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-    {
-        "key": "node.kubernetes.io/unreachable",
-        "operator": "Exists",
-        "effect": "NoExecute",
-        "tolerationSeconds": 300,
-    },
-]
 
 
 def phase(pod: dict) -> str:
@@ -112,21 +97,7 @@ def pod_from_template(
     """A new pod for ``owner`` from its pod template, with the defaults the API server would add."""
     template = copy.deepcopy(template)
     metadata = template.get("metadata") or {}
-    spec = {
-        "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": DEFAULT_GRACE_SECONDS,
-        "schedulerName": "default-scheduler",
-        "dnsPolicy": "ClusterFirst",
-        **(template.get("spec") or {}),
-    }
-    tolerations = list(spec.get("tolerations") or [])
-    for default in DEFAULT_TOLERATIONS:
-        if not any(
-            t.get("key") == default["key"] and t.get("effect") in (None, "", "NoExecute") for t in tolerations
-        ):
-            tolerations.append(dict(default))
-    spec["tolerations"] = tolerations
-    return {
+    pod = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -136,36 +107,26 @@ def pod_from_template(
             "annotations": {**(metadata.get("annotations") or {}), **(annotations or {})},
             "ownerReferences": [owner_reference(owner)],
         },
-        "spec": spec,
+        "spec": template.get("spec") or {},
         "status": {"phase": "Pending"},
     }
+    defaults.apply(kinds.by_resource("pods"), pod, creating=True)
+    return pod
 
 
-def delete_pod(store: Store, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
-    """Delete a pod as the API server does: a pod that is bound and not finished gets
-    ``deletionTimestamp`` and the kubelet stops it; any other pod (or ``grace_seconds=0``) goes at
-    once.  Returns ``False`` when the pod was already gone."""
-    pod = store.find("pods", namespace, name)
-    if pod is None:
-        return False
-    if grace_seconds is None:
-        grace_seconds = pod["spec"].get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
-    if grace_seconds == 0 or not node_of(pod) or is_terminal(pod):
+def delete_pod(store: Store, namespace: str, name: str, uid: str | None = None) -> bool:
+    """Delete a pod as a DELETE request does (a running pod gets ``deletionTimestamp`` and its kubelet
+    stops it).  Returns ``False`` when that pod was already gone."""
+    for _ in range(5):  # a concurrent status write makes the graceful mark conflict: read again
         try:
-            store.delete("pods", namespace, name)
+            gc.delete_object(store, "pods", namespace, name, uid=uid)
+            return True
         except NotFound:
             return False
-        return True
-    if is_deleting(pod):
-        return True
-
-    def mark(current: dict) -> None:
-        deadline = datetime.now(UTC) + timedelta(seconds=grace_seconds)
-        current["metadata"]["deletionTimestamp"] = deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
-        current["metadata"]["deletionGracePeriodSeconds"] = grace_seconds
-
-    try:
-        store.mutate("pods", namespace, name, mark)
-    except NotFound:
-        return False
-    return True
+        except Conflict:
+            if uid is None:
+                continue
+            current = store.find("pods", namespace, name)
+            if current is None or current["metadata"]["uid"] != uid:
+                return False
+    return False

@@ -23,7 +23,7 @@ from trainops.devcluster.store import NotFound, Store
 from trainops.devcluster.telemetry import FakeNvml, NodeTelemetry, TelemetryIbReader
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, Policy, evaluate
-from trainops.health.probe import _replace_condition, collect_report, gpu_healthy_condition
+from trainops.health.probe import collect_report, gpu_healthy_condition, replace_condition
 from trainops.health.report import HealthReport
 
 
@@ -111,7 +111,7 @@ class ProbeDaemon(Controller):
         def write(node: dict) -> None:
             node["metadata"].setdefault("annotations", {})[HEALTH_REPORT_ANNOTATION] = text
             status = node.setdefault("status", {})
-            status["conditions"] = _replace_condition(status.get("conditions") or [], condition)
+            status["conditions"] = replace_condition(status.get("conditions") or [], condition)
 
         try:
             self.store.mutate("nodes", "", name, write)

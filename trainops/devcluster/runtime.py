@@ -36,7 +36,7 @@ from trainops.devcluster.events import EventRecorder
 from trainops.devcluster.informer import InformerController, Key, key_of
 from trainops.devcluster.logs import PodLogs
 from trainops.devcluster.podutil import DEFAULT_GRACE_SECONDS, gpu_count, is_deleting, node_of, phase
-from trainops.devcluster.store import NotFound, Store, StoreError, now_iso
+from trainops.devcluster.store import Conflict, NotFound, Store, StoreError, now_iso
 
 LOCAL_IMAGE = "devcluster.trainops.io/local"
 START_SECONDS = "devcluster.trainops.io/start-seconds"
@@ -296,10 +296,9 @@ class PodRuntime(InformerController):
         self._release(run)
         del self._runs[run.key]
         if run.deleting:
-            try:
-                self.store.delete("pods", *run.key)
-            except NotFound:
-                pass
+            pod = self.cache["pods"].get(run.key)
+            if pod is not None:
+                self._remove(pod)
 
     def _release(self, run: PodRun) -> None:
         users = self._gpu_users.get(run.node, {})
@@ -348,12 +347,17 @@ class PodRuntime(InformerController):
             self._exited(run, index, generation, Exit(137))
 
     def _remove(self, pod: dict) -> None:
-        try:
-            current = self.store.get("pods", *key_of(pod))
-            if current["metadata"]["uid"] == pod["metadata"]["uid"]:
-                self.store.delete("pods", *key_of(pod))
-        except NotFound:
-            pass
+        """Remove a stopped pod's object (the kubelet's final delete; finalizers still hold it)."""
+        current = self.store.find("pods", *key_of(pod))
+        if current is None or current["metadata"]["uid"] != pod["metadata"]["uid"]:
+            return
+        if not current["metadata"].get("finalizers"):
+            try:
+                self.store.delete(
+                    "pods", *key_of(pod), resource_version=current["metadata"]["resourceVersion"]
+                )
+            except (NotFound, Conflict):
+                pass  # changed meanwhile: the next change brings us back here
 
     def _abandon(self, run: PodRun) -> None:
         """The pod object is gone: kill whatever still runs for it."""

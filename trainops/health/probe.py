@@ -122,13 +122,13 @@ def publish(report: HealthReport, core_api: Any, policy: Policy = DEFAULT_POLICY
 
     def conditions_body(node: Any) -> dict[str, Any]:
         current = core_api.api_client.sanitize_for_serialization(node.status.conditions or [])
-        return {"status": {"conditions": _replace_condition(current, condition)}}
+        return {"status": {"conditions": replace_condition(current, condition)}}
 
     _patch_node(core_api.read_node_status, core_api.patch_node_status, report.node, conditions_body)
     return condition
 
 
-def _replace_condition(conditions: list[dict[str, Any]], condition: dict[str, Any]) -> list[dict[str, Any]]:
+def replace_condition(conditions: list[dict[str, Any]], condition: dict[str, Any]) -> list[dict[str, Any]]:
     """The full list (merge patch replaces lists) with ours updated; transition time kept if status is."""
     ours = dict(condition)
     for old in conditions:

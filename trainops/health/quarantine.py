@@ -17,37 +17,40 @@ from typing import Any
 
 from trainops.cluster.nodes import NodeState, edit_node, with_taint, without_taint
 from trainops.cluster.retry import Deadline
-from trainops.conventions import HEALTH_LABEL, HEALTH_QUARANTINED, QUARANTINE_TAINT
+from trainops.conventions import (
+    HEALTH_LABEL,
+    HEALTH_QUARANTINED,
+    QUARANTINE_EVIDENCE_ANNOTATION,
+    QUARANTINE_TAINT,
+)
 from trainops.health.gate import GateConfig, GateResult, NodeResult, run_gate
 from trainops.health.policy import DEFAULT_POLICY, Policy
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.stragglers import USABLE
 
-EVIDENCE_ANNOTATION = "trainops.io/quarantine-evidence"
+EVIDENCE_ANNOTATION = QUARANTINE_EVIDENCE_ANNOTATION
 
 
-def taint_value(result: NodeResult) -> str:
-    """The policy rows behind the quarantine, as a taint value (label-value syntax, <= 63 characters)."""
-    rows = sorted({e["row"] for e in result.policy.evidence if e["verdict"] == "quarantine"})
-    value = re.sub(r"[^A-Za-z0-9_.-]", "-", ".".join(rows))[:63]
+def taint_value(reason: str) -> str:
+    """``reason`` as a taint value (label-value syntax, <= 63 characters): ``xid_fatal.gpu_lost``, ``xid-79``."""
+    value = re.sub(r"[^A-Za-z0-9_.-]+", "-", reason)[:63]
     return value.strip("._-") or "health-check-failed"
 
 
-def evidence(result: NodeResult, now: float) -> dict[str, Any]:
-    return {
-        "quarantined_at": now,
-        "verdict": result.policy.verdict,
-        "reasons": result.policy.reasons,
-        "evidence": [e for e in result.policy.evidence if e["verdict"] == "quarantine"],
-        "report": {"source": result.report.source, "collected_at": result.report.collected_at},
-    }
+def quarantine_node(
+    core_v1: Any,
+    node: str,
+    reason: str,
+    evidence: dict[str, Any],
+    deadline: Deadline,
+    current: dict | None = None,
+) -> bool:
+    """Taint, label and annotate ``node`` as quarantined with ``evidence``; True when this call wrote.
 
-
-def quarantine(core_v1: Any, result: NodeResult, deadline: Deadline, now: float | None = None) -> bool:
-    """Quarantine ``result``'s node; True when this call wrote to it (False: already quarantined)."""
-    now = time.time() if now is None else now
-    taint = {"key": QUARANTINE_TAINT, "value": taint_value(result), "effect": "NoSchedule"}
-    record = json.dumps(evidence(result, now), sort_keys=True)
+    Idempotent: a node already quarantined keeps its taint and its first evidence.
+    """
+    taint = {"key": QUARANTINE_TAINT, "value": taint_value(reason), "effect": "NoSchedule"}
+    record = json.dumps(evidence, sort_keys=True, default=str)
 
     def change(state: NodeState) -> NodeState:
         if state.taint(QUARANTINE_TAINT) is None:
@@ -56,7 +59,25 @@ def quarantine(core_v1: Any, result: NodeResult, deadline: Deadline, now: float 
         annotations = {EVIDENCE_ANNOTATION: record, **state.annotations}  # the first evidence stays
         return replace(state, labels=labels, annotations=annotations)
 
-    return edit_node(core_v1, result.name, change, deadline, current=result.node).wrote
+    return edit_node(core_v1, node, change, deadline, current=current).wrote
+
+
+def evidence(result: NodeResult, now: float) -> dict[str, Any]:
+    return {
+        "quarantined_at": now,
+        "source": "trainops.health.gate",
+        "verdict": result.policy.verdict,
+        "reasons": result.policy.reasons,
+        "evidence": [e for e in result.policy.evidence if e["verdict"] == "quarantine"],
+        "report": {"source": result.report.source, "collected_at": result.report.collected_at},
+    }
+
+
+def quarantine(core_v1: Any, result: NodeResult, deadline: Deadline, now: float | None = None) -> bool:
+    """Quarantine the node of a failing gate ``result``; True when this call wrote to it."""
+    rows = sorted({e["row"] for e in result.policy.evidence if e["verdict"] == "quarantine"})
+    record = evidence(result, time.time() if now is None else now)
+    return quarantine_node(core_v1, result.name, ".".join(rows), record, deadline, current=result.node)
 
 
 def apply_quarantine(core_v1: Any, result: GateResult, deadline: Deadline) -> list[str]:

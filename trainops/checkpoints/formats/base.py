@@ -32,12 +32,17 @@ def step_from_name(name: str) -> int | None:
 
 @dataclass
 class Checkpoint:
-    """One checkpoint directory: its objects (keyed relative to it) and the files beside it."""
+    """One checkpoint directory: its objects (keyed relative to it) and the files beside it.
+
+    ``sibling_names`` are the names of the files in the parent directory when the caller has
+    listed it already (``latest_verified`` does); otherwise each sibling asked about costs a HEAD.
+    """
 
     store: CheckpointStore
     uri: S3Uri
     files: dict[str, ObjectInfo]
-    sibling_files: dict[str, ObjectInfo]
+    sibling_names: set[str] | None = None
+    _sibling_seen: dict[str, bool] = field(default_factory=dict, repr=False)
     _unfinished_uploads: set[str] | None = field(default=None, repr=False)
 
     @property
@@ -51,7 +56,18 @@ class Checkpoint:
     def read(self, relative_key: str, *, limit: int = METADATA_READ_LIMIT) -> bytes | None:
         return self.store.read(self.uri.bucket, self.uri.key(relative_key), limit=limit)
 
+    def has_sibling(self, name: str) -> bool:
+        """Whether a file ``name`` exists beside the checkpoint (in its parent directory)."""
+        if self.sibling_names is not None:
+            return name in self.sibling_names
+        if name not in self._sibling_seen:
+            self._sibling_seen[name] = self.store.exists(self.uri.bucket, self.uri.parent.key(name))
+        return self._sibling_seen[name]
+
     def read_sibling(self, name: str, *, limit: int = TRACKER_READ_LIMIT) -> bytes | None:
+        """The file ``name`` beside the checkpoint, or None when there is none."""
+        if not self.has_sibling(name):
+            return None
         return self.store.read(self.uri.bucket, self.uri.parent.key(name), limit=limit)
 
     def missing(self, relative_key: str, referenced_by: str) -> str:

@@ -20,7 +20,7 @@ _ZERO_SHARD = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_sta
 
 def looks_like_deepspeed(checkpoint: Checkpoint) -> bool:
     return any(_MODEL_STATES.match(key) or _ZERO_SHARD.match(key) for key in checkpoint.files) or (
-        LATEST in checkpoint.sibling_files and checkpoint.name.startswith("global_step")
+        checkpoint.name.startswith("global_step") and checkpoint.has_sibling(LATEST)
     )
 
 
@@ -29,9 +29,10 @@ def check(checkpoint: Checkpoint, level: str) -> list[str]:
 
 
 def _check_latest(checkpoint: Checkpoint) -> list[str]:
-    if LATEST not in checkpoint.sibling_files:
+    latest = checkpoint.read_sibling(LATEST)
+    if latest is None:
         return [f"no '{LATEST}' file beside the checkpoint: DeepSpeed writes it after saving a tag"]
-    tag = (checkpoint.read_sibling(LATEST) or b"").decode(errors="replace").strip()
+    tag = latest.decode(errors="replace").strip()
     if tag == checkpoint.name:
         return []
     latest_step = step_from_name(tag)

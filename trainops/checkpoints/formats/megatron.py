@@ -38,9 +38,10 @@ def check(checkpoint: Checkpoint, level: str) -> list[str]:
 
 
 def _check_tracker(checkpoint: Checkpoint) -> list[str]:
-    if TRACKER not in checkpoint.sibling_files:
+    tracker = checkpoint.read_sibling(TRACKER)
+    if tracker is None:
         return [f"no {TRACKER} beside the checkpoint: Megatron writes it once every rank has saved"]
-    value = (checkpoint.read_sibling(TRACKER) or b"").decode(errors="replace").strip()
+    value = tracker.decode(errors="replace").strip()
     if value == "release":
         return [] if checkpoint.name == "release" else [f"{TRACKER} says 'release', not an iteration"]
     if not value.isdigit():

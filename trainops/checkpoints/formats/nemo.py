@@ -20,7 +20,7 @@ def looks_like_nemo(checkpoint: Checkpoint) -> bool:
 def marker_reasons(checkpoint: Checkpoint) -> list[str]:
     """Applies to every format: a NeMo marker next to any checkpoint means its save did not finish."""
     marker = checkpoint.name + UNFINISHED_SUFFIX
-    if marker in checkpoint.sibling_files:
+    if checkpoint.has_sibling(marker):
         return [f"{marker} exists beside the checkpoint: its save started and did not finish"]
     return []
 

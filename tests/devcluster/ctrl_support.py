@@ -1,0 +1,87 @@
+"""A small simulated control plane for the controller tests: a Store with nodes, the controllers
+running on it, and helpers to create objects and wait for an outcome."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+
+from trainops.devcluster.controllers import Controllers, start_controllers
+from trainops.devcluster.logs import PodLogs
+from trainops.devcluster.store import Store
+from trainops.devcluster.telemetry import NodeTelemetry
+
+NS = "default"
+
+
+def node(name: str, gpus: int = 8, labels: dict | None = None, taints: list | None = None, **spec) -> dict:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+        "spec": {"taints": taints or [], **spec},
+        "status": {
+            "allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": str(gpus), "pods": "110"},
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            "addresses": [{"type": "InternalIP", "address": f"192.168.0.{len(name)}"}],
+        },
+    }
+
+
+def pod(name: str, *, gpus: int = 1, image: str = "registry.example/app:1", annotations: dict | None = None, **spec) -> dict:
+    container = {"name": "main", "image": image, "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+    container.update(spec.pop("container", {}))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}},
+        "spec": {"restartPolicy": "Never", "containers": [container], **spec},
+        "status": {"phase": "Pending"},
+    }
+
+
+class Plane:
+    def __init__(self, store: Store, logs: PodLogs, telemetry: dict, controllers: Controllers) -> None:
+        self.store, self.logs, self.telemetry, self.controllers = store, logs, telemetry, controllers
+        self.faults = controllers.faults
+
+    def pod(self, name: str) -> dict | None:
+        return self.store.find("pods", NS, name)
+
+    def wait(self, what: Callable[[], object], timeout: float = 60.0) -> object:
+        """Poll until ``what()`` is truthy and return it (the timeout only stops a broken test hanging)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            value = what()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"condition not reached: {what}")
+            time.sleep(0.02)
+
+    def wait_phase(self, name: str, phase: str) -> dict:
+        return self.wait(lambda: (p := self.pod(name)) and p["status"].get("phase") == phase and p)
+
+    def job_condition(self, name: str, kind: str) -> dict | None:
+        job = self.store.get("jobs.batch", NS, name)
+        return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind and c["status"] == "True"), None)
+
+    def events(self, reason: str) -> list[dict]:
+        return [e for e in self.store.list("events")[0] if e["reason"] == reason]
+
+
+@contextmanager
+def control_plane(*nodes: dict, process_env: dict | None = None):
+    store = Store()
+    logs = PodLogs()
+    telemetry = {}
+    for obj in nodes:
+        store.create("nodes", obj)
+        gpus = int(obj["status"]["allocatable"]["nvidia.com/gpu"])
+        telemetry[obj["metadata"]["name"]] = NodeTelemetry.healthy(obj["metadata"]["name"], max(gpus, 1))
+    controllers = start_controllers(store, logs, telemetry, process_env or {})
+    try:
+        yield Plane(store, logs, telemetry, controllers)
+    finally:
+        controllers.stop()
