@@ -34,7 +34,14 @@ PREFIX = "runs/bench/step-1000/"
 def upload_checkpoint(client) -> None:
     names = [f"__{rank}_0.distcp" for rank in range(SHARDS)]
     with ThreadPoolExecutor(32) as pool:
-        list(pool.map(lambda name: client.put_object(Bucket=BUCKET, Key=PREFIX + name, Body=os.urandom(SHARD_BYTES)), names))
+        list(
+            pool.map(
+                lambda name: client.put_object(
+                    Bucket=BUCKET, Key=PREFIX + name, Body=os.urandom(SHARD_BYTES)
+                ),
+                names,
+            )
+        )
     metadata = dcp_metadata({name: [(f"layer{i}.weight", 0, SHARD_BYTES)] for i, name in enumerate(names)})
     client.put_object(Bucket=BUCKET, Key=PREFIX + ".metadata", Body=metadata)
 
@@ -90,11 +97,23 @@ def main() -> int:
         peak_mib = tracemalloc.get_traced_memory()[1] / (1 << 20)
         tracemalloc.stop()
 
-    print(f"# {SHARDS} shards + .metadata + manifest + _COMMITTED; upload {upload_s:.1f}s, commit {commit_s:.2f}s")
+    print(
+        f"# {SHARDS} shards + .metadata + manifest + _COMMITTED; upload {upload_s:.1f}s, commit {commit_s:.2f}s"
+    )
     list_ratio, head_speedup = verify_s / list_s, head_s / verify_s
     lines = [
-        ("checkpoint_verify_vs_list", f"verify={verify_s:.2f}s list={list_s:.2f}s peak={peak_mib:.1f}MiB", f"ratio={list_ratio:.2f} target<=1.5", list_ratio <= 1.5),
-        ("checkpoint_verify_vs_head", f"verify={verify_s:.2f}s head={head_s:.2f}s", f"ratio={head_speedup:.1f} target>=10", head_speedup >= 10),
+        (
+            "checkpoint_verify_vs_list",
+            f"verify={verify_s:.2f}s list={list_s:.2f}s peak={peak_mib:.1f}MiB",
+            f"ratio={list_ratio:.2f} target<=1.5",
+            list_ratio <= 1.5,
+        ),
+        (
+            "checkpoint_verify_vs_head",
+            f"verify={verify_s:.2f}s head={head_s:.2f}s",
+            f"ratio={head_speedup:.1f} target>=10",
+            head_speedup >= 10,
+        ),
     ]
     for name, figures, target, passed in lines:
         print(f"bench {name}: {figures} {target} {'PASS' if passed else 'FAIL'}")

@@ -36,6 +36,10 @@ def node_names(nodes: Any) -> list[str]:
     return list(nodes)
 
 
+def _list_or_template(value: Any) -> Any:
+    return value if isinstance(value, str) else list(value)
+
+
 class ClaimNodesOperator(BaseOperator):
     """Claim GPU nodes from inference for this DAG run (use as a setup task).
 
@@ -79,8 +83,9 @@ class ClaimNodesOperator(BaseOperator):
         self.cluster_queue = cluster_queue
         self.gpus_per_node = gpus_per_node
         self.gpu_flavor = gpu_flavor
-        self.inference_deployments = list(inference_deployments)
-        self.inference_services = list(inference_services)
+        # a template string (e.g. "{{ params.workloads }}") stays whole until it is rendered
+        self.inference_deployments = _list_or_template(inference_deployments)
+        self.inference_services = _list_or_template(inference_services)
         self.kubernetes_conn_id = kubernetes_conn_id
         self.wait_for_nodes_s = wait_for_nodes_s
         self.poll_interval_s = poll_interval_s

@@ -30,13 +30,16 @@ class CheckpointVerifyOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         if (uri is None) == (run_uri is None):
-            raise ValueError("CheckpointVerifyOperator needs exactly one of uri= (one checkpoint) or run_uri= (latest)")
+            raise ValueError(
+                "CheckpointVerifyOperator needs exactly one of uri= (one checkpoint) or run_uri= (latest)"
+            )
         self.uri, self.run_uri, self.level, self.aws_conn_id = uri, run_uri, level, aws_conn_id
 
     def execute(self, context: Any) -> dict[str, Any]:
+        from trainops.hooks.checkpoint_store import CheckpointStoreHook
+
         from trainops.checkpoints.latest import latest_verified
         from trainops.checkpoints.verify import verify_checkpoint
-        from trainops.hooks.checkpoint_store import CheckpointStoreHook
 
         store = CheckpointStoreHook(aws_conn_id=self.aws_conn_id).get_store()
         if self.uri is not None:
@@ -47,7 +50,9 @@ class CheckpointVerifyOperator(BaseOperator):
             return result.to_dict()
         latest = latest_verified(self.run_uri, level=self.level, store=store)
         for skipped in latest.skipped:
-            self.log.warning("Skipped %s (step %s): %s", skipped.uri, skipped.step, "; ".join(skipped.reasons))
+            self.log.warning(
+                "Skipped %s (step %s): %s", skipped.uri, skipped.step, "; ".join(skipped.reasons)
+            )
         if latest.checkpoint is None:
             raise AirflowException(
                 f"No checkpoint under {latest.run_uri} verifies at {self.level} level "

@@ -9,7 +9,6 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
-
 from trainops.triggers.checkpoint import CheckpointTrigger
 
 
@@ -74,5 +73,7 @@ class CheckpointSensor(BaseSensorOperator):
             raise AirflowSensorTimeout(f"Timed out after {self.timeout}s: {event['message']}")
         if event.get("status") != "success":
             raise AirflowException(f"Checkpoint check failed: {event.get('message')}")
-        self.log.info("Verified checkpoint %s (step %s)", event["checkpoint"]["uri"], event["checkpoint"]["step"])
+        self.log.info(
+            "Verified checkpoint %s (step %s)", event["checkpoint"]["uri"], event["checkpoint"]["step"]
+        )
         return event["checkpoint"]

@@ -52,8 +52,9 @@ class CheckpointTrigger(BaseTrigger):
 
     def check(self) -> dict[str, Any] | None:
         """One blocking check: the qualifying checkpoint as a dict, or None."""
-        from trainops.checkpoints.latest import fresh_checkpoint
         from trainops.hooks.checkpoint_store import CheckpointStoreHook
+
+        from trainops.checkpoints.latest import fresh_checkpoint
 
         max_age = timedelta(seconds=self.max_age_seconds) if self.max_age_seconds is not None else None
         result = fresh_checkpoint(
@@ -76,7 +77,9 @@ class CheckpointTrigger(BaseTrigger):
                 yield TriggerEvent({"status": "success", "checkpoint": found})
                 return
             if self.deadline is not None and time.time() + self.poll_interval > self.deadline:
-                yield TriggerEvent({"status": "timeout", "message": f"no qualifying checkpoint under {self.run_uri}"})
+                yield TriggerEvent(
+                    {"status": "timeout", "message": f"no qualifying checkpoint under {self.run_uri}"}
+                )
                 return
             self.log.info("No verified checkpoint under %s meets the condition yet", self.run_uri)
             await asyncio.sleep(self.poll_interval)

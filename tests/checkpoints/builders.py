@@ -15,13 +15,17 @@ def put(client, bucket: str, key: str, body: bytes) -> None:
     client.put_object(Bucket=bucket, Key=key, Body=body)
 
 
-def keys(client, bucket: str, prefix: str = "") -> list[str]:
-    return [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix) for o in page.get("Contents", [])]
+def prefix_of(uri: str) -> str:
+    """The key prefix of an ``s3://bucket/prefix/`` URI."""
+    return uri.split("/", 3)[3]
 
 
 def write_dcp(client, bucket: str, prefix: str, ranks: int = 2) -> list[str]:
     """A DCP directory: one ``__R_0.distcp`` per rank holding two tensors, then ``.metadata``."""
-    shards = {f"__{rank}_0.distcp": [(f"layer{rank}.w", 0, ITEM_BYTES), (f"layer{rank}.b", ITEM_BYTES, ITEM_BYTES)] for rank in range(ranks)}
+    shards = {
+        f"__{rank}_0.distcp": [(f"layer{rank}.w", 0, ITEM_BYTES), (f"layer{rank}.b", ITEM_BYTES, ITEM_BYTES)]
+        for rank in range(ranks)
+    }
     for name in shards:
         put(client, bucket, prefix + name, os.urandom(2 * ITEM_BYTES))
     put(client, bucket, prefix + ".metadata", dcp_metadata(shards))
@@ -29,7 +33,12 @@ def write_dcp(client, bucket: str, prefix: str, ranks: int = 2) -> list[str]:
 
 
 def safetensors(tensor_bytes: int = 32) -> bytes:
-    header = json.dumps({"__metadata__": {"format": "pt"}, "w": {"dtype": "BF16", "shape": [tensor_bytes // 2], "data_offsets": [0, tensor_bytes]}}).encode()
+    header = json.dumps(
+        {
+            "__metadata__": {"format": "pt"},
+            "w": {"dtype": "BF16", "shape": [tensor_bytes // 2], "data_offsets": [0, tensor_bytes]},
+        }
+    ).encode()
     return struct.pack("<Q", len(header)) + header + os.urandom(tensor_bytes)
 
 
@@ -37,7 +46,12 @@ def write_hf(client, bucket: str, prefix: str, step: int) -> None:
     """A Hugging Face Trainer ``checkpoint-N`` directory."""
     put(client, bucket, prefix + "model.safetensors", safetensors())
     put(client, bucket, prefix + "optimizer.pt", os.urandom(100))
-    put(client, bucket, prefix + "trainer_state.json", json.dumps({"global_step": step, "log_history": []}).encode())
+    put(
+        client,
+        bucket,
+        prefix + "trainer_state.json",
+        json.dumps({"global_step": step, "log_history": []}).encode(),
+    )
 
 
 def write_megatron_legacy(client, bucket: str, prefix: str, tensor_parallel: int = 2) -> None:
@@ -47,7 +61,12 @@ def write_megatron_legacy(client, bucket: str, prefix: str, tensor_parallel: int
 
 def write_megatron_torch_dist(client, bucket: str, prefix: str) -> None:
     put(client, bucket, prefix + "common.pt", os.urandom(50))
-    put(client, bucket, prefix + "metadata.json", b'{"sharded_backend": "torch_dist", "sharded_backend_version": 1}')
+    put(
+        client,
+        bucket,
+        prefix + "metadata.json",
+        b'{"sharded_backend": "torch_dist", "sharded_backend_version": 1}',
+    )
     write_dcp(client, bucket, prefix)
 
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from trainops.checkpoints.store import CheckpointStore
-
 
 @pytest.fixture
 def client(s3):
@@ -16,8 +14,3 @@ def client(s3):
 def run(bucket) -> str:
     """The run path ``s3://<bucket>/runs/demo/``."""
     return f"s3://{bucket}/runs/demo/"
-
-
-@pytest.fixture
-def store(s3) -> CheckpointStore:
-    return CheckpointStore()

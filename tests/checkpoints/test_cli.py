@@ -6,12 +6,8 @@ import json
 
 import pytest
 
-from tests.checkpoints.builders import write_dcp
+from tests.checkpoints.builders import prefix_of, write_dcp
 from trainops.cli import main
-
-
-def prefix_of(uri: str) -> str:
-    return uri.split("/", 3)[3]
 
 
 @pytest.fixture
@@ -28,7 +24,9 @@ def test_verify_exits_0_for_a_good_checkpoint(run_with_good_and_partial, capsys)
 
 
 def test_verify_exits_1_with_reasons_for_a_partial_one(run_with_good_and_partial, capsys):
-    assert main(["checkpoints", "verify", f"{run_with_good_and_partial}step-200/", "--level", "structural"]) == 1
+    assert (
+        main(["checkpoints", "verify", f"{run_with_good_and_partial}step-200/", "--level", "structural"]) == 1
+    )
     out = capsys.readouterr().out
     assert "NOT verified" in out and ".metadata is missing" in out
 
@@ -56,3 +54,8 @@ def test_bad_level_is_rejected_by_the_parser(capsys):
         main(["checkpoints", "verify", "s3://b/x/", "--level", "shallow"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'shallow'" in capsys.readouterr().err
+
+
+def test_uri_without_a_bucket_exits_2_naming_the_field(capsys):
+    assert main(["checkpoints", "latest", "s3:///runs/demo/"]) == 2
+    assert "run_uri has no bucket" in capsys.readouterr().err

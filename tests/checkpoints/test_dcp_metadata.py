@@ -27,7 +27,10 @@ class _Evaluates:
 
 
 def test_torch_metadata_yields_the_size_each_shard_needs():
-    data = dcp_metadata({"__0_0.distcp": [("w", 0, 64), ("b", 64, 32)], "__1_0.distcp": [("v", 0, 16)]}, {"step": ("__1_0.distcp", 16, 8)})
+    data = dcp_metadata(
+        {"__0_0.distcp": [("w", 0, 64), ("b", 64, 32)], "__1_0.distcp": [("v", 0, 16)]},
+        {"step": ("__1_0.distcp", 16, 8)},
+    )
     requirements = shard_requirements(load_metadata(data))
     assert requirements.min_sizes == {"__0_0.distcp": 96, "__1_0.distcp": 24}
     assert requirements.unstored_items == []
@@ -42,7 +45,9 @@ def test_malicious_metadata_in_s3_is_refused_without_running_anything(client, bu
     result = verify_checkpoint(f"{run}step-100/")
 
     assert not result.ok
-    assert any("refused to load" in reason and "system" in reason for reason in result.reasons), result.reasons
+    assert any("refused to load" in reason and "system" in reason for reason in result.reasons), (
+        result.reasons
+    )
     assert not marker.exists()
 
 

@@ -8,14 +8,10 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from tests.checkpoints.builders import put, write_dcp
+from tests.checkpoints.builders import prefix_of, put, write_dcp
 from trainops.checkpoints.helper import commit
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.verify import verify_checkpoint
-
-
-def prefix_of(uri: str) -> str:
-    return uri.split("/", 3)[3]
 
 
 def test_intact_checkpoint_verifies_deep(client, bucket, run):
@@ -33,9 +29,13 @@ def test_multipart_object_etag_is_recomputed(client, bucket, run):
     upload = client.create_multipart_upload(Bucket=bucket, Key=key)
     parts = []
     for number, body in enumerate([os.urandom(5 << 20), os.urandom(1000)], start=1):
-        etag = client.upload_part(Bucket=bucket, Key=key, UploadId=upload["UploadId"], PartNumber=number, Body=body)["ETag"]
+        etag = client.upload_part(
+            Bucket=bucket, Key=key, UploadId=upload["UploadId"], PartNumber=number, Body=body
+        )["ETag"]
         parts.append({"PartNumber": number, "ETag": etag})
-    client.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=upload["UploadId"], MultipartUpload={"Parts": parts})
+    client.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
+    )
     assert client.head_object(Bucket=bucket, Key=key)["ETag"].endswith('-2"')
 
     result = verify_checkpoint(f"{run}step-100/", level="deep")
@@ -53,7 +53,10 @@ def test_bytes_not_matching_the_stored_checksum_fail_deep_only(client, bucket, r
     prefix = prefix_of(run) + "step-100/"
     write_dcp(client, bucket, prefix)
     client.put_object(
-        Bucket=bucket, Key=prefix + "__0_0.distcp", Body=os.urandom(128), ChecksumAlgorithm="SHA256",
+        Bucket=bucket,
+        Key=prefix + "__0_0.distcp",
+        Body=os.urandom(128),
+        ChecksumAlgorithm="SHA256",
         ChecksumSHA256="AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
     )
     assert verify_checkpoint(f"{run}step-100/", level="metadata").ok
@@ -61,7 +64,9 @@ def test_bytes_not_matching_the_stored_checksum_fail_deep_only(client, bucket, r
     result = verify_checkpoint(f"{run}step-100/", level="deep", store=store)
 
     assert not result.ok
-    assert any(reason.startswith("__0_0.distcp: ") and "corrupt" in reason for reason in result.reasons), result.reasons
+    assert any(reason.startswith("__0_0.distcp: ") and "corrupt" in reason for reason in result.reasons), (
+        result.reasons
+    )
 
 
 def test_deep_does_not_hash_a_checkpoint_that_failed_metadata(client, bucket, run):

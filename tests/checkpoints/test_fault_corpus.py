@@ -7,6 +7,7 @@ import json
 import os
 
 from tests.checkpoints.builders import (
+    prefix_of,
     put,
     safetensors,
     write_dcp,
@@ -18,10 +19,6 @@ from tests.checkpoints.builders import (
 from trainops.checkpoints.helper import commit
 from trainops.checkpoints.latest import latest_verified
 from trainops.checkpoints.verify import verify_checkpoint
-
-
-def prefix_of(uri: str) -> str:
-    return uri.split("/", 3)[3]
 
 
 def assert_refused(uri: str, reason: str, level: str = "metadata"):
@@ -82,7 +79,9 @@ def test_multipart_upload_never_completed(client, bucket, run):
     write_dcp(client, bucket, prefix)
     client.delete_object(Bucket=bucket, Key=prefix + "__1_0.distcp")
     upload = client.create_multipart_upload(Bucket=bucket, Key=prefix + "__1_0.distcp")
-    client.upload_part(Bucket=bucket, Key=prefix + "__1_0.distcp", UploadId=upload["UploadId"], PartNumber=1, Body=b"x" * 128)
+    client.upload_part(
+        Bucket=bucket, Key=prefix + "__1_0.distcp", UploadId=upload["UploadId"], PartNumber=1, Body=b"x" * 128
+    )
     assert_refused(f"{run}step-200/", "its multipart upload was started and never completed")
 
 
@@ -133,7 +132,9 @@ def test_megatron_without_tracker(client, bucket, run):
 def test_deepspeed_latest_pointing_at_partial_dir(client, bucket, run):
     write_deepspeed(client, bucket, prefix_of(run) + "global_step100/")
     write_deepspeed(client, bucket, prefix_of(run) + "global_step200/", data_parallel=3)
-    client.delete_object(Bucket=bucket, Key=prefix_of(run) + "global_step200/zero_pp_rank_1_mp_rank_00_optim_states.pt")
+    client.delete_object(
+        Bucket=bucket, Key=prefix_of(run) + "global_step200/zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    )
     put(client, bucket, prefix_of(run) + "latest", b"global_step200")
     assert verify_checkpoint(f"{run}global_step100/").ok
     assert_refused(f"{run}global_step200/", "cover data-parallel ranks [0, 2], expected 0..2")
@@ -224,7 +225,9 @@ def test_checksum_mismatch(client, bucket, run):
 def test_committed_without_manifest(client, bucket, run):
     prefix = committed_checkpoint(client, bucket, run, "step-200")
     client.delete_object(Bucket=bucket, Key=prefix + "trainops-manifest.json")
-    assert_refused(f"{run}step-200/", "_COMMITTED exists but trainops-manifest.json is missing", level="structural")
+    assert_refused(
+        f"{run}step-200/", "_COMMITTED exists but trainops-manifest.json is missing", level="structural"
+    )
 
 
 def test_manifest_without_committed(client, bucket, run):
@@ -243,7 +246,9 @@ def test_manifest_naming_a_missing_file(client, bucket, run):
 
 def test_manifest_hash_not_matching_committed(client, bucket, run):
     prefix = committed_checkpoint(client, bucket, run, "step-200")
-    manifest = json.loads(client.get_object(Bucket=bucket, Key=prefix + "trainops-manifest.json")["Body"].read())
+    manifest = json.loads(
+        client.get_object(Bucket=bucket, Key=prefix + "trainops-manifest.json")["Body"].read()
+    )
     manifest["files"] = [entry for entry in manifest["files"] if entry["key"] != "__1_0.distcp"]
     put(client, bucket, prefix + "trainops-manifest.json", json.dumps(manifest).encode())
     assert_refused(f"{run}step-200/", "does not match the SHA-256 recorded in _COMMITTED")

@@ -9,28 +9,35 @@ import threading
 
 import pytest
 
-from tests.checkpoints.builders import put, write_dcp
+from tests.checkpoints.builders import prefix_of, put, write_dcp
 from trainops.checkpoints.helper import CommitConflict, commit, heartbeat, resume_from
+from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.verify import verify_checkpoint
 
 
-def prefix_of(uri: str) -> str:
-    return uri.split("/", 3)[3]
-
-
 def versions(client, bucket: str, key: str) -> list[dict]:
-    return [v for v in client.list_object_versions(Bucket=bucket, Prefix=key).get("Versions", []) if v["Key"] == key]
+    return [
+        v
+        for v in client.list_object_versions(Bucket=bucket, Prefix=key).get("Versions", [])
+        if v["Key"] == key
+    ]
 
 
 def test_commit_writes_manifest_then_committed(client, bucket, run):
     write_dcp(client, bucket, prefix_of(run) + "step-100/")
     result = commit(f"{run}step-100/")
     assert result.written and (result.files, result.bytes) > (0, 0)
-    manifest = json.loads(client.get_object(Bucket=bucket, Key=prefix_of(run) + "step-100/trainops-manifest.json")["Body"].read())
+    manifest = json.loads(
+        client.get_object(Bucket=bucket, Key=prefix_of(run) + "step-100/trainops-manifest.json")[
+            "Body"
+        ].read()
+    )
     assert manifest["step"] == 100
     assert sorted(f["key"] for f in manifest["files"]) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert all(f["size"] > 0 and len(f["etag"]) == 32 for f in manifest["files"])
-    committed = json.loads(client.get_object(Bucket=bucket, Key=prefix_of(run) + "step-100/_COMMITTED")["Body"].read())
+    committed = json.loads(
+        client.get_object(Bucket=bucket, Key=prefix_of(run) + "step-100/_COMMITTED")["Body"].read()
+    )
     assert committed["manifest_sha256"] == result.manifest_sha256
     assert verify_checkpoint(f"{run}step-100/").ok
 
@@ -76,16 +83,16 @@ def test_commit_of_changed_files_after_a_lost_race_raises(client, bucket, run):
     committed = client.get_object(Bucket=bucket, Key=prefix + "_COMMITTED")["Body"].read()
     client.delete_object(Bucket=bucket, Key=prefix + "_COMMITTED")
     put(client, bucket, prefix + "__0_0.distcp", b"changed")
-    store_put_if_absent = __import__("trainops.checkpoints.store", fromlist=["CheckpointStore"]).CheckpointStore.put_if_absent
 
-    def racing_put_if_absent(self, bucket_name, key, body, **kwargs):
-        self.client.put_object(Bucket=bucket_name, Key=key, Body=committed)  # the other writer wins
-        return store_put_if_absent(self, bucket_name, key, body, **kwargs)
+    class OtherWriterWinsStore(CheckpointStore):
+        """Another commit (of the old files) lands between our manifest and our _COMMITTED."""
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("trainops.checkpoints.store.CheckpointStore.put_if_absent", racing_put_if_absent)
-        with pytest.raises(CommitConflict, match="changed after it was committed"):
-            commit(f"{run}step-100/")
+        def put_if_absent(self, bucket_name, key, body, **kwargs):
+            self.client.put_object(Bucket=bucket_name, Key=key, Body=committed)
+            return super().put_if_absent(bucket_name, key, body, **kwargs)
+
+    with pytest.raises(CommitConflict, match="changed after it was committed"):
+        commit(f"{run}step-100/", store=OtherWriterWinsStore())
 
 
 def test_commit_of_an_empty_prefix_is_refused(s3, bucket, run):
@@ -108,9 +115,27 @@ def test_heartbeat_without_a_run_uri_names_the_variable(s3, monkeypatch):
         heartbeat(1)
 
 
-def test_resume_from_prefers_the_orchestrators_choice(s3, monkeypatch):
-    monkeypatch.setenv("TRAINOPS_RESUME_FROM", "s3://b/runs/demo/step-7/")
-    assert resume_from() == "s3://b/runs/demo/step-7/"
+def test_resume_from_takes_the_orchestrators_choice_when_the_run_has_nothing_newer(
+    client, bucket, run, monkeypatch
+):
+    monkeypatch.setenv("TRAINOPS_RUN_URI", run)
+    monkeypatch.setenv("TRAINOPS_RESUME_FROM", f"{run}step-200/")
+    for step in (100, 200):
+        write_dcp(client, bucket, prefix_of(run) + f"step-{step}/")
+        commit(f"{run}step-{step}/")
+    assert resume_from() == f"{run}step-200/"
+
+
+def test_resume_from_after_an_in_place_restart_takes_the_newer_verified_checkpoint(
+    client, bucket, run, monkeypatch
+):
+    """A pod re-admitted after a preemption keeps its env, which names the attempt's first checkpoint."""
+    monkeypatch.setenv("TRAINOPS_RUN_URI", run)
+    monkeypatch.setenv("TRAINOPS_RESUME_FROM", f"{run}step-100/")
+    for step in (100, 200, 300):
+        write_dcp(client, bucket, prefix_of(run) + f"step-{step}/")
+        commit(f"{run}step-{step}/")
+    assert resume_from() == f"{run}step-300/"
 
 
 def test_resume_from_finds_the_latest_verified_checkpoint(client, bucket, run, monkeypatch):

@@ -5,7 +5,12 @@ from trainops.checkpoints.uri import S3Uri
 
 def test_parse_normalises_to_directory_form():
     uri = S3Uri.parse("s3://bucket/runs/demo/step-100")
-    assert (uri.bucket, uri.prefix, uri.name, str(uri.parent)) == ("bucket", "runs/demo/step-100/", "step-100", "s3://bucket/runs/demo/")
+    assert (uri.bucket, uri.prefix, uri.name, str(uri.parent)) == (
+        "bucket",
+        "runs/demo/step-100/",
+        "step-100",
+        "s3://bucket/runs/demo/",
+    )
     assert str(S3Uri.parse("s3://bucket")) == "s3://bucket/"
 
 

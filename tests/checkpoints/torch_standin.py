@@ -145,7 +145,9 @@ def _torch_modules():
             del sys.modules[module_name]
 
 
-def dcp_metadata(shards: dict[str, list[tuple[str, int, int]]], bytes_items: dict[str, tuple[str, int, int]] | None = None) -> bytes:
+def dcp_metadata(
+    shards: dict[str, list[tuple[str, int, int]]], bytes_items: dict[str, tuple[str, int, int]] | None = None
+) -> bytes:
     """A ``.metadata`` pickle: ``shards`` maps a shard file to ``(tensor fqn, offset, length)`` items,
     each a 1-D bf16 chunk; ``bytes_items`` maps an fqn to ``(file, offset, length)``."""
     state_dict_metadata: dict[str, Any] = {}
@@ -153,7 +155,9 @@ def dcp_metadata(shards: dict[str, list[tuple[str, int, int]]], bytes_items: dic
     for path, items in shards.items():
         for fqn, offset, length in items:
             chunk = ChunkStorageMetadata(Size((0,)), Size((length // 2,)))
-            state_dict_metadata[fqn] = TensorStorageMetadata(TensorProperties(bfloat16), Size((length // 2,)), [chunk])
+            state_dict_metadata[fqn] = TensorStorageMetadata(
+                TensorProperties(bfloat16), Size((length // 2,)), [chunk]
+            )
             storage_data[MetadataIndex(fqn, Size((0,)), 0)] = _StorageInfo(path, offset, length)
     for fqn, (path, offset, length) in (bytes_items or {}).items():
         state_dict_metadata[fqn] = BytesStorageMetadata()

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
+from trainops.devcluster import defaults, kinds
 from trainops.devcluster.controllers import Controllers, start_controllers
 from trainops.devcluster.logs import PodLogs
 from trainops.devcluster.store import Store
@@ -29,16 +30,65 @@ def node(name: str, gpus: int = 8, labels: dict | None = None, taints: list | No
     }
 
 
-def pod(name: str, *, gpus: int = 1, image: str = "registry.example/app:1", annotations: dict | None = None, **spec) -> dict:
+def pod(
+    name: str,
+    *,
+    gpus: int = 1,
+    image: str = "registry.example/app:1",
+    annotations: dict | None = None,
+    **spec,
+) -> dict:
     container = {"name": "main", "image": image, "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
     container.update(spec.pop("container", {}))
-    return {
+    obj = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": NS, "annotations": annotations or {}},
         "spec": {"restartPolicy": "Never", "containers": [container], **spec},
         "status": {"phase": "Pending"},
     }
+    defaults.apply(kinds.by_resource("pods"), obj, creating=True)  # as the API server would
+    return obj
+
+
+def job(
+    name: str,
+    *,
+    completions: int = 4,
+    parallelism: int = 4,
+    indexed: bool = True,
+    container: dict | None = None,
+    **spec,
+) -> dict:
+    main = {
+        "name": "train",
+        "image": "registry.example/train:1",
+        "resources": {"limits": {"nvidia.com/gpu": "1"}},
+    }
+    main.update(container or {})
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "completions": completions,
+            "parallelism": parallelism,
+            "completionMode": "Indexed" if indexed else "NonIndexed",
+            "template": {
+                "metadata": {"labels": {"app": name}, "annotations": spec.pop("pod_annotations", {})},
+                "spec": {"restartPolicy": "Never", "containers": [main]},
+            },
+            **spec,
+        },
+    }
+
+
+def pods_of(plane, name: str) -> list[dict]:
+    return [
+        p
+        for p in plane.store.list("pods", NS)[0]
+        if (p["metadata"].get("labels") or {}).get("batch.kubernetes.io/job-name") == name
+    ]
 
 
 class Plane:
@@ -65,7 +115,14 @@ class Plane:
 
     def job_condition(self, name: str, kind: str) -> dict | None:
         job = self.store.get("jobs.batch", NS, name)
-        return next((c for c in job.get("status", {}).get("conditions", []) if c["type"] == kind and c["status"] == "True"), None)
+        return next(
+            (
+                c
+                for c in job.get("status", {}).get("conditions", [])
+                if c["type"] == kind and c["status"] == "True"
+            ),
+            None,
+        )
 
     def events(self, reason: str) -> list[dict]:
         return [e for e in self.store.list("events")[0] if e["reason"] == reason]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
 from tests.devcluster.ctrl_support import NS, control_plane, node, pod
 from trainops.devcluster.podutil import delete_pod
@@ -14,9 +15,7 @@ from trainops.devcluster.runtime import LOCAL_IMAGE
 
 def process_pod(name: str, script: str, env: list | None = None, **spec) -> dict:
     container = {"command": [sys.executable, "-c"], "args": [script], "env": env or []}
-    return pod(name, image=LOCAL_IMAGE, container=container, labels=None, **spec) if False else pod(
-        name, image=LOCAL_IMAGE, container=container, **spec
-    )
+    return pod(name, image=LOCAL_IMAGE, container=container, **spec)
 
 
 def terminated(p: dict) -> dict:
@@ -63,7 +62,9 @@ def test_running_pod_has_ip_start_time_and_ready_condition():
 
 def test_killed_process_fails_the_pod_like_a_crash():
     with control_plane(node("a")) as plane:
-        plane.store.create("pods", process_pod("p", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"))
+        plane.store.create(
+            "pods", process_pod("p", "import os, time; print(os.getpid(), flush=True); time.sleep(600)")
+        )
         pid = int(plane.wait(lambda: plane.logs.read(NS, "p").strip()))
         os.kill(pid, signal.SIGKILL)
         failed = plane.wait_phase("p", "Failed")
@@ -125,7 +126,13 @@ def test_on_failure_restarts_the_container_in_place():
     annotations = {"devcluster.trainops.io/run-seconds": "0.02", "devcluster.trainops.io/exit-code": "1"}
     with control_plane(node("a")) as plane:
         plane.store.create("pods", pod("p", annotations=annotations, restartPolicy="OnFailure"))
-        restarted = plane.wait(lambda: (p := plane.pod("p")) and p["status"].get("containerStatuses", [{}])[0].get("restartCount", 0) >= 2 and p)
+        restarted = plane.wait(
+            lambda: (
+                (p := plane.pod("p"))
+                and p["status"].get("containerStatuses", [{}])[0].get("restartCount", 0) >= 2
+                and p
+            )
+        )
         assert restarted["status"]["phase"] == "Running"
         assert restarted["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] == 1
 
@@ -137,11 +144,7 @@ def test_hang_stops_progress_but_keeps_the_pod_running():
         plane.wait(lambda: plane.logs.read(NS, "p").count("step") >= 3)
         plane.controllers.runtime.hang(NS, "p")
         frozen = plane.logs.read(NS, "p")
-        plane.wait(lambda: plane.logs.read(NS, "p") == frozen and plane.logs.read(NS, "p") == frozen)
-        assert plane.pod("p")["status"]["phase"] == "Running"
-        import time
-
-        time.sleep(0.3)
+        time.sleep(0.3)  # ten steps' worth of time
         assert plane.logs.read(NS, "p") == frozen
         assert plane.pod("p")["status"]["phase"] == "Running"
 

@@ -45,7 +45,9 @@ def test_required_node_affinity_operators(expressions, expected):
     nodes = [node("a", labels={"zone": "z1", "fast": "yes"}), node("b", labels={"zone": "z2"}), node("c")]
     affinity = {
         "nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": expressions}]
+            }
         }
     }
     with control_plane(*nodes) as plane:
@@ -58,7 +60,9 @@ def test_node_selector_terms_are_ored():
         {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["nowhere"]}]},
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["c"]}]},
     ]
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    affinity = {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}
+    }
     with control_plane(node("a"), node("b"), node("c")) as plane:
         plane.store.create("pods", pod("p", affinity=affinity))
         assert scheduled_node(plane, "p") == "c"
@@ -82,7 +86,12 @@ def test_tolerated_taint_admits_the_pod(toleration):
 
 
 def test_untolerated_taints_and_wrong_value_keep_the_pod_pending():
-    wrong_value = {"key": "trainops.io/mode", "operator": "Equal", "value": "training", "effect": "NoSchedule"}
+    wrong_value = {
+        "key": "trainops.io/mode",
+        "operator": "Equal",
+        "value": "training",
+        "effect": "NoSchedule",
+    }
     no_execute = {"key": "gpu-broken", "value": "", "effect": "NoExecute"}
     with control_plane(node("a", taints=[TAINT]), node("b", taints=[no_execute])) as plane:
         plane.store.create("pods", pod("p", tolerations=[wrong_value]))
@@ -117,7 +126,9 @@ def test_gpu_capacity_is_honoured_and_freed_capacity_is_reused():
         for name in ("p1", "p2", "p3"):
             plane.store.create("pods", pod(name, gpus=4))
         plane.wait(lambda: sum(1 for p in plane.store.list("pods")[0] if p["spec"].get("nodeName")) == 2)
-        waiting = next(p["metadata"]["name"] for p in plane.store.list("pods")[0] if not p["spec"].get("nodeName"))
+        waiting = next(
+            p["metadata"]["name"] for p in plane.store.list("pods")[0] if not p["spec"].get("nodeName")
+        )
         assert "1 Insufficient nvidia.com/gpu" in unschedulable_message(plane, waiting)
         bound = next(p["metadata"]["name"] for p in plane.store.list("pods")[0] if p["spec"].get("nodeName"))
         plane.store.delete("pods", NS, bound)
@@ -129,7 +140,9 @@ def test_cpu_and_memory_requests_count():
         big = {"resources": {"requests": {"cpu": "40", "memory": "300Gi"}}}
         plane.store.create("pods", pod("p1", gpus=0, container=big))
         assert scheduled_node(plane, "p1") == "a"
-        plane.store.create("pods", pod("p2", gpus=0, container={"resources": {"requests": {"cpu": "30000m"}}}))
+        plane.store.create(
+            "pods", pod("p2", gpus=0, container={"resources": {"requests": {"cpu": "30000m"}}})
+        )
         assert "1 Insufficient cpu" in unschedulable_message(plane, "p2")
 
 
@@ -146,7 +159,9 @@ def test_many_pods_fill_nodes_without_overcommitting():
         for i in range(260):
             plane.store.create("pods", pod(f"p{i}"))
         plane.wait(lambda: sum(1 for p in plane.store.list("pods")[0] if p["spec"].get("nodeName")) == 256)
-        per_node = collections.Counter(p["spec"]["nodeName"] for p in plane.store.list("pods")[0] if p["spec"].get("nodeName"))
+        per_node = collections.Counter(
+            p["spec"]["nodeName"] for p in plane.store.list("pods")[0] if p["spec"].get("nodeName")
+        )
         assert set(per_node.values()) == {8} and len(per_node) == 32
         pending = [p for p in plane.store.list("pods")[0] if not p["spec"].get("nodeName")]
         assert len(pending) == 4

@@ -10,7 +10,12 @@ import json
 
 from tests.training.conftest import heartbeat_step, idle_nodes, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
-from trainops.conventions import CLAIMED_BY_ANNOTATION, HEALTH_LABEL, QUARANTINE_TAINT
+from trainops.conventions import (
+    CLAIMED_BY_ANNOTATION,
+    HEALTH_LABEL,
+    QUARANTINE_EVIDENCE_ANNOTATION,
+    QUARANTINE_TAINT,
+)
 from trainops.devcluster.airflow_home import xcom_value
 
 TRAIN = ["--steps", "300", "--checkpoint-every", "20", "--step-seconds", "0.02", "--heartbeat-every", "5"]
@@ -71,6 +76,7 @@ def test_xid_crash_quarantines_the_node_and_resumes_elsewhere_from_the_last_veri
     assert bad["metadata"]["labels"][HEALTH_LABEL] == "quarantined"
     taint = next(t for t in bad["spec"]["taints"] if t["key"] == QUARANTINE_TAINT)
     assert taint["effect"] == "NoSchedule"
+    assert "XID 79" in json.loads(bad["metadata"]["annotations"][QUARANTINE_EVIDENCE_ANNOTATION])["reason"]
     assert result["history"][0]["kind"] == "infrastructure" and "XID 79" in result["history"][0]["ended"]
     assert "XID 79" in result["excluded_nodes"][culprit]
     second = [j for j in jobs(api) if j["metadata"]["labels"]["trainops.io/attempt"] == "2"]

@@ -127,15 +127,24 @@ def heartbeat(
 
 
 def resume_from(*, level: str = METADATA, store: CheckpointStore | None = None) -> str | None:
-    """Where to resume: ``TRAINOPS_RESUME_FROM`` when set, else the newest verified checkpoint under
-    ``TRAINOPS_RUN_URI``; None for a fresh start (neither set, or nothing verifies yet)."""
-    if resume := os.environ.get(RESUME_FROM_ENV, "").strip():
-        return resume
+    """Where to resume: the newer of ``TRAINOPS_RESUME_FROM`` and the newest verified checkpoint under
+    ``TRAINOPS_RUN_URI``; None for a fresh start (neither set, or nothing verifies yet).
+
+    A pod restarted in place keeps its env (Kueue re-admission after a preemption, a JobSet restart),
+    so ``TRAINOPS_RESUME_FROM`` can be older than what the run has verified since: the newer one wins.
+    """
+    given = os.environ.get(RESUME_FROM_ENV, "").strip() or None
     run_uri = os.environ.get(RUN_URI_ENV, "").strip()
     if not run_uri:
-        return None
-    latest = latest_verified(S3Uri.parse(run_uri, field=RUN_URI_ENV), level=level, store=store)
-    return latest.checkpoint.uri if latest.checkpoint else None
+        return given
+    latest = latest_verified(S3Uri.parse(run_uri, field=RUN_URI_ENV), level=level, store=store).checkpoint
+    if latest is None:
+        return given
+    if given is None or (latest.step or 0) > (
+        step_from_name(S3Uri.parse(given, field=RESUME_FROM_ENV).name) or 0
+    ):
+        return latest.uri
+    return given
 
 
 def _require_env(name: str) -> str:

@@ -28,7 +28,9 @@ class LatestResult:
         }
 
 
-def latest_verified(run_uri: str | S3Uri, *, level: str = METADATA, store: CheckpointStore | None = None) -> LatestResult:
+def latest_verified(
+    run_uri: str | S3Uri, *, level: str = METADATA, store: CheckpointStore | None = None
+) -> LatestResult:
     """Verify the run's checkpoints newest first (by the step in their names) and stop at the first good one.
 
     Directories whose names carry no step (``step-N``, ``checkpoint-N``, ``iter_N``,

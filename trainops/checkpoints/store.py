@@ -94,7 +94,9 @@ class CheckpointStore:
 
     def read_range(self, bucket: str, key: str, start: int, length: int) -> bytes:
         """``length`` bytes from ``start`` (fewer when the object is shorter)."""
-        body = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")["Body"]
+        body = self.client.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{start + length - 1}")[
+            "Body"
+        ]
         try:
             return body.read()
         finally:

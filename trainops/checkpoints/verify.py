@@ -76,7 +76,9 @@ def verify_checkpoint(
     if isinstance(uri, str):
         uri = S3Uri.parse(uri)
     if not uri.prefix:
-        raise ValueError(f"uri must name a checkpoint directory inside the bucket, not the bucket root: {uri}")
+        raise ValueError(
+            f"uri must name a checkpoint directory inside the bucket, not the bucket root: {uri}"
+        )
     store = store or CheckpointStore()
     files = {info.key[len(uri.prefix) :]: info for info in store.list(uri)}
     checkpoint = Checkpoint(store, uri, files, sibling_names)

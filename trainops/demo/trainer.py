@@ -20,7 +20,6 @@ import time
 
 from trainops.checkpoints.formats.base import step_from_name
 from trainops.checkpoints.helper import RUN_URI_ENV, commit, heartbeat, resume_from
-from trainops.checkpoints.latest import latest_verified
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
 
@@ -57,12 +56,8 @@ class Trainer:
         print(f"[rank {self.rank}/{self.world}] {message}", flush=True)
 
     def start_step(self) -> int:
-        """``TRAINOPS_RESUME_FROM`` (else the latest verified); a pod restarted in place with the same
-        env (Kueue re-admission after a preemption) takes a newer verified checkpoint when one exists."""
+        """The step to start from: the checkpoint helper's ``resume_from()``, or 0."""
         source = resume_from(store=self.store)
-        latest = latest_verified(self.run, store=self.store).checkpoint
-        if latest is not None and (source is None or (latest.step or 0) > self.step_of(source)):
-            source = latest.uri
         if not source:
             self.log("fresh start at step 0")
             return 0

@@ -292,9 +292,9 @@ class PodRuntime(InformerController):
 
     def _finish(self, run: PodRun) -> None:
         """All containers ended: write the final status, free the node, and remove a deleted pod."""
+        del self._runs[run.key]  # first: writing the status may bring us back here
         self._report(run)
         self._release(run)
-        del self._runs[run.key]
         if run.deleting:
             pod = self.cache["pods"].get(run.key)
             if pod is not None:

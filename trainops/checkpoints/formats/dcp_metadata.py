@@ -145,7 +145,9 @@ def shard_requirements(metadata: Metadata) -> ShardRequirements:
     storage = getattr(metadata, "storage_data", None)
     items = getattr(metadata, "state_dict_metadata", None)
     if not isinstance(storage, dict) or not isinstance(items, dict):
-        raise ValueError("has no storage_data/state_dict_metadata dictionaries (not written by a file writer)")
+        raise ValueError(
+            "has no storage_data/state_dict_metadata dictionaries (not written by a file writer)"
+        )
     min_sizes: dict[str, int] = {}
     stored: set[tuple[str, tuple | None]] = set()
     for index, info in storage.items():

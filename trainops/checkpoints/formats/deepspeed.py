@@ -37,7 +37,9 @@ def _check_latest(checkpoint: Checkpoint) -> list[str]:
         return []
     latest_step = step_from_name(tag)
     if latest_step is None or checkpoint.step is None or checkpoint.step > latest_step:
-        return [f"'{LATEST}' names {tag!r}; {checkpoint.name} is not that tag or older: the save did not finish"]
+        return [
+            f"'{LATEST}' names {tag!r}; {checkpoint.name} is not that tag or older: the save did not finish"
+        ]
     return []
 
 
@@ -48,7 +50,9 @@ def _check_shards(checkpoint: Checkpoint) -> list[str]:
         return ["no mp_rank_XX_model_states.pt: the model states were not saved"]
     reasons = [f"{key} is empty" for key in sorted(files) if files[key].size == 0]
     if model_ranks != list(range(len(model_ranks))):
-        reasons.append(f"model-parallel ranks {model_ranks} are not contiguous from 0: a rank's save is missing")
+        reasons.append(
+            f"model-parallel ranks {model_ranks} are not contiguous from 0: a rank's save is missing"
+        )
     zero: dict[int, list[int]] = {}
     for key in files:
         if match := _ZERO_SHARD.match(key):
@@ -58,5 +62,7 @@ def _check_shards(checkpoint: Checkpoint) -> list[str]:
         for mp_rank in model_ranks:
             if sorted(zero.get(mp_rank, [])) != list(range(world)):
                 found = sorted(zero.get(mp_rank, []))
-                reasons.append(f"ZeRO shards for mp_rank {mp_rank:02d} cover data-parallel ranks {found}, expected 0..{world - 1}")
+                reasons.append(
+                    f"ZeRO shards for mp_rank {mp_rank:02d} cover data-parallel ranks {found}, expected 0..{world - 1}"
+                )
     return reasons

@@ -56,7 +56,10 @@ def _check_index(checkpoint: Checkpoint, index_name: str) -> list[str]:
         shards = set(json.loads(checkpoint.read(index_name))["weight_map"].values())
     except (TypeError, ValueError, KeyError, AttributeError):
         return [f"{index_name} is not valid JSON with a weight_map"]
-    return [checkpoint.missing(shard, f"named in {index_name}") for shard in sorted(shards - set(checkpoint.files))]
+    return [
+        checkpoint.missing(shard, f"named in {index_name}")
+        for shard in sorted(shards - set(checkpoint.files))
+    ]
 
 
 def _check_safetensors(checkpoint: Checkpoint, name: str) -> list[str]:

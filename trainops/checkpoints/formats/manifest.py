@@ -26,7 +26,11 @@ COMMITTED_READ_LIMIT = 64 << 10
 def build_manifest(files: Iterable[tuple[str, ObjectInfo]], step: int | None) -> bytes:
     """The manifest bytes for ``(relative key, object)`` pairs; commit files themselves are left out."""
     entries = sorted(
-        ({"key": rel, "size": info.size, "etag": info.etag} for rel, info in files if rel not in COMMIT_FILES),
+        (
+            {"key": rel, "size": info.size, "etag": info.etag}
+            for rel, info in files
+            if rel not in COMMIT_FILES
+        ),
         key=lambda entry: entry["key"],
     )
     document = {
@@ -61,7 +65,9 @@ def check(checkpoint: Checkpoint, level: str) -> list[str]:
     """Reasons the checkpoint's commit is incomplete or its files differ from the manifest."""
     files = checkpoint.files
     if COMMITTED_FILE not in files:
-        return [f"{COMMITTED_FILE} is missing: the commit did not finish ({MANIFEST_FILE} alone is not a commit)"]
+        return [
+            f"{COMMITTED_FILE} is missing: the commit did not finish ({MANIFEST_FILE} alone is not a commit)"
+        ]
     if MANIFEST_FILE not in files:
         return [f"{COMMITTED_FILE} exists but {MANIFEST_FILE} is missing"]
     if level == STRUCTURAL:
@@ -73,7 +79,9 @@ def check(checkpoint: Checkpoint, level: str) -> list[str]:
     except (TypeError, ValueError, KeyError):
         return [f"{COMMITTED_FILE} is not the JSON trainops writes (no manifest_sha256)"]
     if manifest is None or digest(manifest) != expected_digest:
-        return [f"{MANIFEST_FILE} does not match the SHA-256 recorded in {COMMITTED_FILE}: changed after commit"]
+        return [
+            f"{MANIFEST_FILE} does not match the SHA-256 recorded in {COMMITTED_FILE}: changed after commit"
+        ]
     try:
         entries = json.loads(manifest)["files"]
     except (ValueError, KeyError):
@@ -91,6 +99,8 @@ def _compare(checkpoint: Checkpoint, entries: list[dict]) -> list[str]:
         elif info.size != entry["size"]:
             reasons.append(f"{entry['key']} is {info.size} bytes, the manifest says {entry['size']}")
         elif info.etag != entry["etag"]:
-            reasons.append(f"{entry['key']} checksum mismatch: ETag {info.etag}, the manifest says {entry['etag']}")
+            reasons.append(
+                f"{entry['key']} checksum mismatch: ETag {info.etag}, the manifest says {entry['etag']}"
+            )
     reasons += [f"{rel} is not in {MANIFEST_FILE} (written after the commit?)" for rel in sorted(listed)]
     return reasons

@@ -32,7 +32,11 @@ def looks_like_megatron(checkpoint: Checkpoint) -> bool:
 def check(checkpoint: Checkpoint, level: str) -> list[str]:
     reasons = _check_tracker(checkpoint)
     if ".metadata" in checkpoint.files or "metadata.json" in checkpoint.files:
-        reasons += [f"{name} is missing (torch_dist format)" for name in TORCH_DIST_FILES if name not in checkpoint.files]
+        reasons += [
+            f"{name} is missing (torch_dist format)"
+            for name in TORCH_DIST_FILES
+            if name not in checkpoint.files
+        ]
         return reasons + dcp.check(checkpoint, level)
     return reasons + _check_legacy(checkpoint)
 
@@ -69,7 +73,9 @@ def _check_legacy(checkpoint: Checkpoint) -> list[str]:
     axes = [sorted({rank[axis] for rank in ranks}) for axis in range(3)]
     for values, name in zip(axes, ("tensor", "pipeline", "expert"), strict=True):
         if values != list(range(len(values))):
-            reasons.append(f"{name}-parallel ranks {values} are not contiguous from 0: a rank's save is missing")
+            reasons.append(
+                f"{name}-parallel ranks {values} are not contiguous from 0: a rank's save is missing"
+            )
     if len(ranks) != math.prod(len(values) for values in axes):
         reasons.append(f"only {len(ranks)} of the {math.prod(len(v) for v in axes)} rank directories exist")
     return reasons

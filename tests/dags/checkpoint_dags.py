@@ -3,7 +3,6 @@
 from datetime import datetime
 
 from airflow.sdk import DAG
-
 from trainops.operators.checkpoint import CheckpointVerifyOperator
 from trainops.sensors.checkpoint import CheckpointSensor
 
