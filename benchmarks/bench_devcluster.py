@@ -29,7 +29,9 @@ def bench_pod(index: int, node: str) -> dict:
         "metadata": {"name": f"bench-{index:05d}", "namespace": "default", "labels": {"app": "bench"}},
         "spec": {
             "nodeName": node,
-            "containers": [{"name": "main", "image": "bench", "resources": {"requests": {"nvidia.com/gpu": "1"}}}],
+            "containers": [
+                {"name": "main", "image": "bench", "resources": {"requests": {"nvidia.com/gpu": "1"}}}
+            ],
         },
         "status": {"phase": "Running"},
     }
@@ -99,7 +101,9 @@ def main() -> int:
         f"paginated(limit={PAGE})={paginated:.3f}s unpaginated={unpaginated:.3f}s "
         f"ratio={ratio:.2f} target<={TARGET_RATIO} {verdict}"
     )
-    print(f"bench devcluster_memory: server_peak_rss={peak.value:.0f}MiB startup_with_pods={boot:.1f}s (reported)")
+    print(
+        f"bench devcluster_memory: server_peak_rss={peak.value:.0f}MiB startup_with_pods={boot:.1f}s (reported)"
+    )
     return 0 if verdict == "PASS" else 1
 
 

@@ -145,7 +145,7 @@ def test_conflict_storms_and_throttling_bursts_still_finish_correctly(devcluster
                     "nodes", "", name, lambda n: n["metadata"].setdefault("labels", {}).update(churn="x")
                 )
                 devcluster.store.mutate("nodes", "", name, lambda n: n["metadata"]["labels"].pop("churn"))
-            stop.wait(0.002)
+            stop.wait(0.02)
 
     for path, status in (
         (r"/api/v1/nodes/", 503),

@@ -79,7 +79,11 @@ def test_indexed_job_submitted_over_http_runs_its_processes(api_client):
     job = batch.read_namespaced_job("train", "default")
     assert job.status.succeeded == 2 and job.status.completed_indexes == "0-1"
     pods = core.list_namespaced_pod("default", label_selector="batch.kubernetes.io/job-name=train").items
-    logs = sorted(core.read_namespaced_pod_log(p.metadata.name, "default") for p in pods)
+    # _preload_content=False: kubernetes 36 turns a text body into the repr of its bytes otherwise
+    logs = sorted(
+        core.read_namespaced_pod_log(p.metadata.name, "default", _preload_content=False).data.decode()
+        for p in pods
+    )
     assert logs == sorted(
         f"rank {p.metadata.annotations['batch.kubernetes.io/job-completion-index']} on {p.spec.node_name}\n"
         for p in pods

@@ -155,13 +155,13 @@ def triggerer_honours_mark_failed(monkeypatch):
     inline = dag_module._run_inline_trigger
 
     def run_inline(trigger, task_sdk_ti):
-        return inline(_Cancellable(trigger, str(task_sdk_ti.id)), task_sdk_ti)
+        return inline(_Cancellable(trigger, task_sdk_ti.id), task_sdk_ti)
 
     monkeypatch.setattr(dag_module, "_run_inline_trigger", run_inline)
 
 
 class _Cancellable:
-    def __init__(self, trigger, ti_id: str) -> None:
+    def __init__(self, trigger, ti_id) -> None:
         self.trigger, self.ti_id = trigger, ti_id
 
     async def run(self):
@@ -175,7 +175,7 @@ class _Cancellable:
         yield following.result()
 
 
-def _marked_failed(ti_id: str) -> bool:
+def _marked_failed(ti_id) -> bool:
     from airflow.models.taskinstance import TaskInstance
     from airflow.utils.session import create_session
 

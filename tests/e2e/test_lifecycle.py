@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from tests.e2e.conftest import (
     DAG_ID,
+    TRAINER,
     assert_capacity_back,
     lifecycle_conf,
+    mark_failed,
+    task_instances,
+    training_running,
 )
-from tests.training.conftest import pods
+from tests.training.conftest import heartbeat_step, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
+from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
 from trainops.devcluster.airflow_home import xcom_value
 
 
@@ -47,4 +52,139 @@ def test_clean_path_trains_verifies_publishes_the_checkpoint_and_gives_everythin
     assert {"uri": verified["uri"], "step": 60}.items() <= final_checkpoint_events()[-1].items()
     ran_on = {p["spec"]["nodeName"] for p in pods(api)}
     assert len(ran_on) == 2 and ran_on <= set(claimed)
+    assert_capacity_back(api, capacity_before)
+
+
+def running_training_pod(api, attempt: str) -> dict | None:
+    return next(
+        (
+            p
+            for p in pods(api)
+            if p["metadata"]["labels"].get("trainops.io/attempt") == attempt
+            and p["status"].get("phase") == "Running"
+        ),
+        None,
+    )
+
+
+def test_xid_on_a_training_node_quarantines_it_and_resumes_on_the_spare(
+    cluster, api, s3, bucket, run_dag, capacity_before
+):
+    run_uri, fault = f"s3://{bucket}/runs/xid/", {}
+
+    def inject():
+        fault["node"] = running_training_pod(api, "1")["spec"]["nodeName"]
+        cluster.inject("xid", fault["node"], code=79)
+
+    when(lambda: training_running(s3, run_uri, 25)() and running_training_pod(api, "1"), inject)
+    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "xid"))
+
+    assert dag_run.state == "success"
+    trained = xcom_value(dag_run, "train")
+    assert trained["attempts"] == 2 and trained["resumes_used"] == 1
+    assert trained["history"][1]["resume_step"] >= 20
+    culprit = node(api, fault["node"])
+    assert culprit["metadata"]["labels"][HEALTH_LABEL] == "quarantined"
+    assert QUARANTINE_EVIDENCE_ANNOTATION in culprit["metadata"]["annotations"]
+    assert any(t["key"] == QUARANTINE_TAINT for t in culprit["spec"]["taints"])
+    second = {
+        p["spec"]["nodeName"] for p in pods(api) if p["metadata"]["labels"]["trainops.io/attempt"] == "2"
+    }
+    assert len(second) == 2 and fault["node"] not in second
+    assert xcom_value(dag_run, "verify_checkpoint")["step"] == 60
+    assert_capacity_back(api, capacity_before)
+
+
+def test_user_code_exit_1_fails_the_run_at_once_and_gives_everything_back(
+    cluster, api, s3, bucket, run_dag, capacity_before
+):
+    dag_run = run_dag(
+        DAG_ID, lifecycle_conf(bucket, "bug", [*TRAINER, "--fail-at-step", "15", "--exit-code", "1"])
+    )
+
+    assert dag_run.state == "failed"
+    tis = task_instances(dag_run)
+    assert tis["train"].state == "failed" and tis["train"].try_number == 1
+    assert tis["verify_checkpoint"].state == "upstream_failed"
+    assert tis["return_capacity"].state == "success"
+    assert len(jobs(api)) == 1
+    assert_capacity_back(api, capacity_before)
+
+
+def test_resumes_exhausted_fails_clearly_and_the_teardown_still_runs(
+    cluster, api, s3, bucket, run_dag, capacity_before, capfd
+):
+    # killed from outside (SIGKILL) at step 15 on every attempt: infrastructure, each crash a resume
+    command = [*TRAINER, "--fail-at-step", "15", "--exit-code", "137"]
+    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "exhausted", command, max_resumes=1))
+
+    assert dag_run.state == "failed"
+    tis = task_instances(dag_run)
+    assert tis["train"].state == "failed" and tis["train"].try_number == 2
+    assert sorted(j["metadata"]["labels"]["trainops.io/attempt"] for j in jobs(api)) == ["1", "2"]
+    assert "resumes exhausted after 2 attempts" in capfd.readouterr().out
+    assert tis["return_capacity"].state == "success"
+    assert_capacity_back(api, capacity_before)
+
+
+def test_preemption_by_an_urgent_workload_requeues_without_using_a_resume(
+    cluster, api, s3, bucket, run_dag, capacity_before
+):
+    from kubernetes import client
+
+    from tests.training.test_gang_e2e import urgent_job
+
+    run_uri = f"s3://{bucket}/runs/preempted/"
+    when(
+        lambda: training_running(s3, run_uri, 20)() and running_training_pod(api, "1"),
+        lambda: client.BatchV1Api(api).create_namespaced_job("training", urgent_job(2)),
+    )
+    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "preempted"))
+
+    assert dag_run.state == "success"
+    trained = xcom_value(dag_run, "train")
+    assert trained["preemptions"] >= 1 and trained["resumes_used"] == 0
+    assert task_instances(dag_run)["train"].try_number == 1
+    assert xcom_value(dag_run, "verify_checkpoint")["step"] == 60
+    assert_capacity_back(api, capacity_before)
+
+
+def test_gate_fails_for_lack_of_healthy_nodes_and_claims_nothing(
+    cluster, api, s3, bucket, run_dag, capacity_before, capfd
+):
+    for index in range(6):  # 2 healthy nodes left; the run needs 2 + 1 spare
+        cluster.inject("xid", f"gpu-node-{index:03d}", code=79)
+    cluster.probe_daemon.wait_rounds(2)
+
+    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "starved"))
+
+    assert dag_run.state == "failed"
+    tis = task_instances(dag_run)
+    assert tis["health_gate"].state == "failed"
+    assert tis["claim_nodes"].state == "upstream_failed"
+    assert "need 3 healthy node(s), have 2 of 8" in capfd.readouterr().out
+    assert jobs(api) == []
+    assert_capacity_back(api, capacity_before)
+
+
+def test_user_marking_the_training_failed_stops_the_job_and_gives_everything_back(
+    cluster, api, s3, bucket, run_dag, capacity_before, triggerer_honours_mark_failed
+):
+    run_uri = f"s3://{bucket}/runs/stopped/"
+    slow = [*TRAINER[:4], "600", *TRAINER[5:]]  # would run long
+    when(training_running(s3, run_uri, 15), lambda: mark_failed(DAG_ID, "train"))
+    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "stopped", slow))
+
+    assert dag_run.state == "failed"
+    tis = task_instances(dag_run)
+    assert tis["train"].state == "failed" and tis["train"].try_number == 1
+    assert tis["return_capacity"].state == "success"
+    from kubernetes import client
+
+    workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "training", "workloads"
+    )
+    assert [w["spec"]["active"] for w in workloads["items"]] == [False]
+    assert [p["metadata"]["name"] for p in pods(api) if p["status"].get("phase") == "Running"] == []
+    assert heartbeat_step(s3, run_uri) < 600
     assert_capacity_back(api, capacity_before)

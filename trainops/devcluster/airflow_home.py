@@ -65,7 +65,6 @@ def kubernetes_connection(kubeconfig: Path) -> str:
 
 def xcom_value(dag_run, task_id: str, key: str = "return_value"):
     """The XCom ``key`` that ``task_id`` pushed in ``dag_run`` (``None`` when it pushed none)."""
-    from sqlalchemy import select
 
     from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session

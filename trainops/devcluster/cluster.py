@@ -24,7 +24,6 @@ import yaml
 
 from trainops.devcluster import defaults, kinds, topology
 from trainops.devcluster.controllers import start_controllers
-from trainops.devcluster.gc import GarbageCollector
 from trainops.devcluster.kueue import KueueConfig, KueueController, kueue_admission
 from trainops.devcluster.logs import PodLogs
 from trainops.devcluster.probe_daemon import ProbeDaemon
@@ -86,7 +85,6 @@ class DevCluster:
         self._kueue_config = kueue_config or KueueConfig()
         self._controllers = None
         self._kueue = None
-        self._gc = None
         self.probe_daemon = ProbeDaemon(self.store, self.telemetry, interval_s=probe_interval_s)
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -95,8 +93,7 @@ class DevCluster:
         self._controllers = start_controllers(self.store, self.logs, self.telemetry, self._process_env)
         self._kueue = KueueController(self.store, self._kueue_config)
         self._kueue.start()
-        self._gc = GarbageCollector(self.store)
-        self._gc.start()
+
         self.probe_daemon.start()
         self.url = self.server.start()
         self.write_kubeconfig(self.kubeconfig)

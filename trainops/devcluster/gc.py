@@ -103,12 +103,7 @@ def remove_if_finalized(store: Store, resource: str, obj: dict) -> dict:
 
 def dependents(store: Store, uid: str) -> list[tuple[str, dict]]:
     """Every (resource, object) with an ownerReference to ``uid``."""
-    found = []
-    for resource in _RESOURCES:
-        for obj in store.list(resource)[0]:
-            if any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or ()):
-                found.append((resource, obj))
-    return found
+    return store.dependents(uid)
 
 
 def _has_dependents(store: Store, uid: str) -> bool:
@@ -154,7 +149,7 @@ class GarbageCollector(Controller):
         if event.type == DELETED:
             delete_dependents(self.store, meta["uid"], BACKGROUND)
             for ref in meta.get("ownerReferences") or ():
-                self._finish_foreground(ref)
+                self._finish_foreground(ref, meta.get("namespace", ""))
             if meta.get("namespace"):
                 self._finish_namespace(meta["namespace"])
             return
@@ -169,14 +164,16 @@ class GarbageCollector(Controller):
             delete_dependents(self.store, meta["uid"], BACKGROUND)
             self._finish_foreground_of(event.resource, obj)
 
-    def _finish_foreground(self, ref: dict) -> None:
+    def _finish_foreground(self, ref: dict, namespace: str) -> None:
+        """The owner named by ``ref`` (in the dependent's namespace, unless cluster-scoped) may be waiting
+        in Foreground deletion for its last dependent to go."""
         for resource in _RESOURCES:
             kind = by_resource(resource)
             if kind.kind != ref.get("kind") or kind.api_version != ref.get("apiVersion"):
                 continue
-            for owner in self.store.list(resource)[0]:
-                if owner["metadata"]["uid"] == ref.get("uid"):
-                    self._finish_foreground_of(resource, owner)
+            owner = self.store.find(resource, namespace if kind.namespaced else "", ref.get("name", ""))
+            if owner and owner["metadata"]["uid"] == ref.get("uid"):
+                self._finish_foreground_of(resource, owner)
 
     def _finish_foreground_of(self, resource: str, owner: dict) -> None:
         if "foregroundDeletion" in (owner["metadata"].get("finalizers") or ()) and not dependents(

@@ -93,6 +93,7 @@ class Store:
         self._history: collections.deque[Event] = collections.deque(maxlen=history)
         self._watches: list[Watch] = []
         self._listeners: list[Listener] = []
+        self._owned: dict[str, set[tuple[str, str, str]]] = collections.defaultdict(set)
 
     # ---- reads -------------------------------------------------------------------------
     @property
@@ -126,6 +127,14 @@ class Store:
             items = self._objects.get(resource, {})
             keys = sorted(k for k in items if namespace is None or k[0] == namespace)
             return [items[k] for k in keys], self._rv
+
+    def dependents(self, owner_uid: str) -> list[tuple[str, dict]]:
+        """(resource, stored snapshot) of every object with an ownerReference to ``owner_uid``."""
+        with self._lock:
+            return [
+                (resource, self._objects[resource][(namespace, name)])
+                for resource, namespace, name in sorted(self._owned.get(owner_uid, ()))
+            ]
 
     def count(self, resource: str) -> int:
         with self._lock:
@@ -197,6 +206,7 @@ class Store:
             if resource_version and resource_version != current["metadata"]["resourceVersion"]:
                 raise Conflict(f'{resource} "{name}": resourceVersion precondition failed')
             del self._objects[resource][(namespace, name)]
+            self._index_owners(resource, (namespace, name), current, None)
             self._rv += 1
             gone = copy.deepcopy(current)
             gone["metadata"]["resourceVersion"] = str(self._rv)
@@ -204,11 +214,23 @@ class Store:
             return gone
 
     def _commit(self, kind: str, resource: str, key: tuple[str, str], obj: dict) -> dict:
+        self._index_owners(resource, key, self._objects[resource].get(key), obj)
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._objects[resource][key] = obj
         self._publish(Event(kind, resource, obj, self._rv))
         return copy.deepcopy(obj)
+
+    def _index_owners(self, resource: str, key: tuple[str, str], old: dict | None, new: dict | None) -> None:
+        entry = (resource, *key)
+        for ref in (old or {}).get("metadata", {}).get("ownerReferences") or ():
+            owned = self._owned.get(ref.get("uid"))
+            if owned is not None:
+                owned.discard(entry)
+                if not owned:
+                    del self._owned[ref.get("uid")]
+        for ref in (new or {}).get("metadata", {}).get("ownerReferences") or ():
+            self._owned[ref.get("uid")].add(entry)
 
     def _publish(self, event: Event) -> None:
         self._history.append(event)

@@ -9,14 +9,20 @@ and is raised by the capacity claim.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
 
 from trainops.conventions import GPU_POOL_LABEL, MODE_INFERENCE, MODE_TAINT
 
 INFERENCE_NAMESPACE = "inference"
 TRAINING_NAMESPACE = "training"
-TRAINING_QUEUE = "training"
-GPU_FLAVOR = "gpu"
-PRIORITY_CLASSES = {"training-standard": 100, "training-urgent": 1000}
+_PLURALS = {
+    "ResourceFlavor": "resourceflavors",
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
+    "WorkloadPriorityClass": "workloadpriorityclasses",
+}
 GPU_PRODUCT = "NVIDIA-H200"
 
 
@@ -151,66 +157,7 @@ def pod_disruption_budget(workload: InferenceWorkload) -> dict:
 
 
 def kueue_objects() -> list[tuple[str, dict]]:
-    """The training queues: a GPU flavor, a ClusterQueue with zero GPU quota, a LocalQueue, priorities."""
-    group = "kueue.x-k8s.io/v1beta2"
-    objects = [
-        (
-            "resourceflavors.kueue.x-k8s.io",
-            {
-                "apiVersion": group,
-                "kind": "ResourceFlavor",
-                "metadata": {"name": GPU_FLAVOR},
-                "spec": {"nodeLabels": {GPU_POOL_LABEL: "true"}},
-            },
-        ),
-        (
-            "clusterqueues.kueue.x-k8s.io",
-            {
-                "apiVersion": group,
-                "kind": "ClusterQueue",
-                "metadata": {"name": TRAINING_QUEUE},
-                "spec": {
-                    "namespaceSelector": {},
-                    "preemption": {"withinClusterQueue": "LowerPriority"},
-                    "resourceGroups": [
-                        {
-                            "coveredResources": ["cpu", "memory", "nvidia.com/gpu"],
-                            "flavors": [
-                                {
-                                    "name": GPU_FLAVOR,
-                                    "resources": [
-                                        {"name": "cpu", "nominalQuota": "100000"},
-                                        {"name": "memory", "nominalQuota": "1000Ti"},
-                                        {"name": "nvidia.com/gpu", "nominalQuota": "0"},
-                                    ],
-                                }
-                            ],
-                        }
-                    ],
-                },
-            },
-        ),
-        (
-            "localqueues.kueue.x-k8s.io",
-            {
-                "apiVersion": group,
-                "kind": "LocalQueue",
-                "metadata": {"name": TRAINING_QUEUE, "namespace": TRAINING_NAMESPACE},
-                "spec": {"clusterQueue": TRAINING_QUEUE},
-            },
-        ),
-    ]
-    for name, value in PRIORITY_CLASSES.items():
-        objects.append(
-            (
-                "workloadpriorityclasses.kueue.x-k8s.io",
-                {
-                    "apiVersion": group,
-                    "kind": "WorkloadPriorityClass",
-                    "metadata": {"name": name},
-                    "value": value,
-                    "description": f"training runs, {name.removeprefix('training-')} priority",
-                },
-            )
-        )
-    return objects
+    """The training queues of ``kueue-queues.yaml`` (also shipped as ``deploy/kueue-queues.yaml``):
+    a GPU flavor, a ClusterQueue with zero GPU quota, a LocalQueue and two priority classes."""
+    manifests = yaml.safe_load_all((Path(__file__).parent / "kueue-queues.yaml").read_text())
+    return [(f"{_PLURALS[obj['kind']]}.kueue.x-k8s.io", obj) for obj in manifests]
