@@ -34,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
     up.add_argument("--nodes", type=int, default=16, help="GPU nodes (default 16)")
     up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
-    up.add_argument("--kubeconfig", type=Path, default=Path("devcluster.kubeconfig"), help="kubeconfig to write")
+    up.add_argument(
+        "--kubeconfig", type=Path, default=Path("devcluster.kubeconfig"), help="kubeconfig to write"
+    )
     up.add_argument("--seed", type=int, default=0, help="seed for the simulated telemetry")
     up.set_defaults(func=run_up)
 
@@ -89,7 +91,9 @@ def run_inject(args: argparse.Namespace) -> int:
         config = yaml.safe_load(args.kubeconfig.read_text())
         server = config["clusters"][0]["cluster"]["server"]
     except (OSError, KeyError, IndexError, TypeError, yaml.YAMLError) as error:
-        print(f"trainops devcluster inject: cannot read the server from --kubeconfig {args.kubeconfig}: {error}")
+        print(
+            f"trainops devcluster inject: cannot read the server from --kubeconfig {args.kubeconfig}: {error}"
+        )
         return 2
     options = {
         flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))

@@ -184,7 +184,10 @@ class Scheduler:
         def change(w: dict) -> None:
             if has_quota(w) or not is_active(w) or is_finished(w):
                 return
-            w.setdefault("status", {})["admission"] = {"clusterQueue": queue, "podSetAssignments": fit.assignments}
+            w.setdefault("status", {})["admission"] = {
+                "clusterQueue": queue,
+                "podSetAssignments": fit.assignments,
+            }
             self.writer.set(
                 w, QUOTA_RESERVED, True, "QuotaReserved", f"Quota reserved in ClusterQueue {queue}"
             )

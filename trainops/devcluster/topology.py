@@ -112,7 +112,12 @@ def gpu_node(index: int, gpus: int) -> dict:
 
 
 def namespace(name: str) -> dict:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}, "status": {"phase": "Active"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": name},
+        "status": {"phase": "Active"},
+    }
 
 
 def inference_deployment(workload: InferenceWorkload, gpus: int) -> dict:
@@ -129,7 +134,12 @@ def inference_deployment(workload: InferenceWorkload, gpus: int) -> dict:
                 "spec": {
                     "nodeSelector": {GPU_POOL_LABEL: "true"},
                     "tolerations": [
-                        {"key": MODE_TAINT, "operator": "Equal", "value": MODE_INFERENCE, "effect": "NoSchedule"}
+                        {
+                            "key": MODE_TAINT,
+                            "operator": "Equal",
+                            "value": MODE_INFERENCE,
+                            "effect": "NoSchedule",
+                        }
                     ],
                     "containers": [
                         {
