@@ -6,6 +6,7 @@ test module imports Airflow.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import uuid
@@ -67,21 +68,34 @@ def run_dag(airflow_db: Path):
 
 
 @pytest.fixture
-def devcluster(monkeypatch: pytest.MonkeyPatch):
-    """A running 16-node devcluster with inference settled; Airflow's ``kubernetes_default`` points at it.
+def make_devcluster(monkeypatch: pytest.MonkeyPatch):
+    """``make_devcluster(**DevCluster options)`` starts a devcluster for this test (16 nodes of 8 GPUs
+    unless told otherwise), waits until inference is settled, and points ``KUBECONFIG`` and Airflow's
+    ``kubernetes_default`` at it.  Stopped when the test ends."""
+    from trainops.devcluster.cluster import DevCluster
+
+    with contextlib.ExitStack() as running:
+
+        def make(**options):
+            cluster = running.enter_context(DevCluster(**{"nodes": 16, "gpus_per_node": 8, **options}))
+            cluster.wait_until_settled()
+            monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
+            monkeypatch.setenv(
+                "AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(cluster.kubeconfig)
+            )
+            return cluster
+
+        yield make
+
+
+@pytest.fixture
+def devcluster(make_devcluster):
+    """A running 16-node devcluster (see ``make_devcluster``).
 
     Attributes: ``url``, ``kubeconfig`` (Path), ``store``, ``server`` (``.audit``, ``.faults``),
     ``telemetry``, ``inject(fault, target, **options)``.
     """
-    from trainops.devcluster.cluster import DevCluster
-
-    with DevCluster(nodes=16, gpus_per_node=8) as cluster:
-        cluster.wait_until_settled()
-        monkeypatch.setenv("KUBECONFIG", str(cluster.kubeconfig))
-        monkeypatch.setenv(
-            "AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(cluster.kubeconfig)
-        )
-        yield cluster
+    return make_devcluster()
 
 
 @pytest.fixture

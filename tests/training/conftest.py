@@ -8,30 +8,21 @@ import time
 
 import pytest
 
-from trainops.devcluster import airflow_home
+
+@pytest.fixture
+def devcluster(make_devcluster, s3):
+    """The default devcluster, whose process runtime (the trainer) talks to the local S3 server."""
+    return make_devcluster(process_env=s3.env())
 
 
 @pytest.fixture
-def cluster(s3, monkeypatch):
-    """A 16-node devcluster (inference settled) with the trainer's S3 env; Airflow points at it."""
-    from trainops.devcluster.cluster import DevCluster
-
-    with DevCluster(nodes=16, gpus_per_node=8, process_env=s3.env()) as dev:
-        dev.wait_until_settled()
-        monkeypatch.setenv("KUBECONFIG", str(dev.kubeconfig))
-        monkeypatch.setenv(
-            "AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(dev.kubeconfig)
-        )
-        yield dev
+def cluster(devcluster):
+    return devcluster
 
 
 @pytest.fixture
-def api(cluster):
-    from kubernetes import config
-
-    client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
-    yield client
-    client.close()
+def api(k8s):
+    return k8s
 
 
 def raw(response) -> dict:
