@@ -1,8 +1,13 @@
-"""Crash-to-resume on the devcluster: trainops' watch-based follower and resume against the cncf
-provider's ``KubernetesJobTrigger`` (what ``KubernetesJobOperator(deferrable=True,
-wait_until_job_complete=True)`` defers to, default ``job_poll_interval``) plus an Airflow retry
-with the same ``retry_delay`` and a resubmit from scratch.  Same cluster, same trainer, same fault
-(XID 79 on rank 0's node at step >= 50), in one run.
+"""Crash-to-resume on the devcluster, as two real Airflow DAG runs (``dag.test()``) in one process:
+
+- trainops: ``GangTrainingOperator`` (``benchmarks/dags/bench_training_trainops.py``);
+- baseline: the cncf provider's ``KubernetesJobOperator(deferrable=True, wait_until_job_complete=True)``
+  with an equivalent Indexed Job and Airflow retries (``benchmarks/dags/bench_training_provider.py``).
+
+Same devcluster, same claimed nodes and queue quota, same trainer and arguments, same retries and
+``retry_delay``, same fault: XID 79 on a node of the first attempt's gang once the run's heartbeat
+reaches step 50.  Times come from the devcluster itself: a store listener stamps pod failures, Job
+failures and Job creations, and the API audit log shows when the provider's trigger polled.
 
 Lines: failure seen after the pod failed; crash -> next attempt's Job created (ratio vs baseline);
 training steps lost per crash (vs a restart from scratch).
@@ -10,169 +15,249 @@ training steps lost per crash (vs a restart from scratch).
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
+import os
+import re
+import shutil
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
-RETRY_DELAY_S = 1.0
+BENCH_DAGS = Path(__file__).resolve().parent / "dags"
+CRASH_AT_STEP = 50
 CHECKPOINT_EVERY = 20
-ARGS = ["--steps", "100000", "--checkpoint-every", str(CHECKPOINT_EVERY), "--step-seconds", "0.02"]
+RETRY_DELAY_S = 1.0  # both DAGs' retry_delay
+ARGS = ["--steps", "140", "--checkpoint-every", str(CHECKPOINT_EVERY), "--step-seconds", "0.02"]
+NAMESPACE = "training"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+START_STEP = re.compile(r"resumed from \S+ \(step (\d+)\)|fresh start at step (0)")
 
 
 def line(name: str, figures: str, ratio: float, target: str, ok: bool) -> None:
     print(f"bench {name}: {figures} ratio={ratio:.2f} target={target} {'PASS' if ok else 'FAIL'}", flush=True)
 
 
-def main() -> int:
-    import os
+class Timeline:
+    """Store listener: when each Job was created and failed, and when each pod failed (wall clock)."""
 
+    def __init__(self) -> None:
+        self.jobs_created: list[tuple[float, str]] = []
+        self.job_failed: dict[str, float] = {}
+        self.pod_failed: dict[str, float] = {}
+
+    def __call__(self, event) -> None:  # runs under the store lock: record only
+        now, obj = time.time(), event.object
+        name = obj["metadata"]["name"]
+        if event.resource == "jobs.batch" and obj["metadata"].get("namespace") == NAMESPACE:
+            if event.type == "ADDED":
+                self.jobs_created.append((now, name))
+            elif name not in self.job_failed and any(
+                c.get("type") == "Failed" and c.get("status") == "True"
+                for c in (obj.get("status") or {}).get("conditions") or []
+            ):
+                self.job_failed[name] = now
+        elif event.resource == "pods" and (obj.get("status") or {}).get("phase") == "Failed":
+            self.pod_failed.setdefault(name, now)
+
+    def jobs_after(self, since: float) -> list[tuple[float, str]]:
+        return [(t, name) for t, name in list(self.jobs_created) if t >= since]
+
+
+@dataclass
+class Crash:
+    time: float = 0.0
+    step: int = 0
+    job: str = ""
+    pod: str = ""
+    node: str = ""
+    resumed_step: int | None = None  # where the next attempt's rank 0 started (its log)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def crash_first_attempt(dev, timeline: Timeline, run_uri: str, since: float) -> Crash:
+    """On a thread: once the run's heartbeat reaches CRASH_AT_STEP, XID 79 on the node of rank 0 of
+    the first Job created after ``since``; then read the step the next attempt's rank 0 starts from."""
+    from trainops.training.follow import read_heartbeat
+
+    crash = Crash()
+
+    def rank0(since: float, phase: str | None = "Running"):
+        jobs = timeline.jobs_after(since)
+        if not jobs:
+            return None
+        pods, _ = dev.store.list("pods", NAMESPACE)
+        return next(
+            (
+                p
+                for p in pods
+                if p["metadata"].get("labels", {}).get(JOB_NAME_LABEL) == jobs[0][1]
+                and p["metadata"].get("labels", {}).get(INDEX_LABEL) == "0"
+                and phase in (None, (p.get("status") or {}).get("phase"))
+            ),
+            None,
+        )
+
+    def started_at(pod) -> int | None:
+        match = START_STEP.search(dev.logs.read(NAMESPACE, pod["metadata"]["name"]) if pod else "")
+        return None if match is None else int(match.group(1) or match.group(2))
+
+    def loop():
+        while True:
+            beat = read_heartbeat(run_uri) or {}
+            pod = rank0(since) if beat.get("step", 0) >= CRASH_AT_STEP else None
+            if pod is not None:
+                break
+            time.sleep(0.02)
+        crash.step, crash.job, crash.pod = (
+            beat["step"],
+            pod["metadata"]["labels"][JOB_NAME_LABEL],
+            pod["metadata"]["name"],
+        )
+        crash.node = pod["spec"]["nodeName"]
+        crash.time = time.time()
+        dev.inject("xid", crash.node, code=79)
+        crash.done.set()
+        while crash.resumed_step is None:
+            time.sleep(0.02)
+            crash.resumed_step = started_at(rank0(crash.time, phase=None))
+
+    threading.Thread(target=loop, name="crash", daemon=True).start()
+    return crash
+
+
+@contextlib.contextmanager
+def output_to(path: Path):
+    """Send this process's stdout/stderr (Airflow's task logs included) to ``path`` meanwhile."""
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as out:
+        os.dup2(out.fileno(), 1), os.dup2(out.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])
+
+
+@dataclass
+class Side:
+    crash: Crash
+    resumed_at: float
+    resumed_job: str
+    state: str
+
+
+def run_side(dev, timeline: Timeline, dag, run_uri: str, conf: dict) -> Side:
+    since = time.time()
+    crash = crash_first_attempt(dev, timeline, run_uri, since)
+    dag_run = dag.test(run_conf={"run_uri": run_uri, "args": ARGS, **conf})
+    if not crash.done.is_set():
+        raise RuntimeError(f"{dag.dag_id}: the run ended ({dag_run.state}) before the fault was injected")
+    resumed = timeline.jobs_after(crash.time)
+    if not resumed:
+        raise RuntimeError(f"{dag.dag_id}: no Job was created after the crash (run {dag_run.state})")
+    return Side(crash, resumed[0][0], resumed[0][1], str(dag_run.state))
+
+
+def main() -> int:
+    from trainops.devcluster import airflow_home
+
+    home = Path(tempfile.mkdtemp(prefix="bench-training-"))
+    log = Path(os.environ.get("BENCH_TRAINING_LOG") or home / "dag-runs.log")  # set it to keep the logs
+    airflow_home.configure(home / "airflow", {"bench-dags": BENCH_DAGS})  # before Airflow is imported
+    try:
+        with output_to(log):
+            results = measure(home)
+    except BaseException:
+        print(f"bench training: error; logs kept in {log}", file=sys.stderr)
+        raise
+    shutil.rmtree(home, ignore_errors=True)
+    for result in results:
+        line(*result)
+    return 0 if all(ok for *_, ok in results) else 1
+
+
+def measure(home: Path) -> list[tuple[str, str, float, str, bool]]:
+    """Both DAG runs; the benchmark lines' fields."""
     from kubernetes import client, config
 
     from trainops.cluster.capacity import Apis, claim
+    from trainops.devcluster import airflow_home
     from trainops.devcluster.cluster import DevCluster
     from trainops.devcluster.local_s3 import local_s3
-    from trainops.training.attempts import RunLedger
-    from trainops.training.blame import quarantine_node
-    from trainops.training.cluster import GangCluster
-    from trainops.training.follow import FollowConfig, RunFollower, read_heartbeat, stop
-    from trainops.training.kube import kubeconfig_client
-    from trainops.training.progress import HangPolicy
-    from trainops.training.runner import GangRun
-    from trainops.training.spec import TrainingSpec
 
     with local_s3() as s3, DevCluster(nodes=16, gpus_per_node=8, process_env=s3.env()) as dev:
-        from trainops.devcluster.airflow_home import kubernetes_connection
-
         os.environ.update(s3.env())
+        os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = s3.airflow_connection_uri()
         os.environ["KUBECONFIG"] = str(dev.kubeconfig)
-        os.environ["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = kubernetes_connection(dev.kubeconfig)
+        os.environ["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = airflow_home.kubernetes_connection(dev.kubeconfig)
         s3.create_bucket("bench-training")
+        airflow_home.migrate()
+        ours_dag = airflow_home.load_dag("bench_training_trainops", BENCH_DAGS)
+        base_dag = airflow_home.load_dag("bench_training_provider", BENCH_DAGS)
         dev.wait_until_settled()
         api = config.new_client_from_config(config_file=str(dev.kubeconfig))
-        core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
-        pods = json.loads(core.list_pod_for_all_namespaces(_preload_content=False).data)["items"]
-        busy = {p["spec"].get("nodeName") for p in pods}
-        nodes = json.loads(core.list_node(_preload_content=False).data)["items"]
-        idle = sorted(n["metadata"]["name"] for n in nodes if n["metadata"]["name"] not in busy)
+        core = client.CoreV1Api(api)
+        busy = {p.spec.node_name for p in core.list_pod_for_all_namespaces().items}
+        idle = sorted(n.metadata.name for n in core.list_node().items if n.metadata.name not in busy)
+        # both sides get the same quota and nodes (the provider's operator cannot claim capacity)
         claim(Apis.from_api_client(api), "bench/training", idle, cluster_queue="training")
-        factory = lambda: kubeconfig_client(str(dev.kubeconfig))  # noqa: E731
+        timeline = Timeline()
+        dev.store.add_listener(timeline)
 
-        def crash_when_running(run_uri: str, attempt: str, at: dict) -> threading.Thread:
-            def loop():
-                while (read_heartbeat(run_uri) or {}).get("step", 0) < 50:
-                    time.sleep(0.02)
-                listed = json.loads(core.list_namespaced_pod("training", _preload_content=False).data)[
-                    "items"
-                ]
-                pod = next(p for p in listed if p["metadata"]["labels"].get("trainops.io/attempt") == attempt)
-                at["step"] = read_heartbeat(run_uri)["step"]
-                at["time"] = time.time()
-                dev.inject("xid", pod["spec"]["nodeName"], code=79)
-
-            thread = threading.Thread(target=loop, daemon=True)
-            thread.start()
-            return thread
-
-        def spec(run: str) -> TrainingSpec:
-            return TrainingSpec(
-                image="devcluster.trainops.io/local",
-                command=[sys.executable, "-m", "trainops.demo.trainer"],
-                args=ARGS,
-                run_uri=f"s3://bench-training/runs/{run}/",
-                nodes=2,
-            )
-
-        # ---- trainops ------------------------------------------------------------------
-        ours = spec("trainops")
-        run = GangRun(
-            ours,
-            "bench",
-            "trainops",
-            GangCluster(core, batch),
-            RunLedger(),
-            lambda ledger: None,
-            lambda job: asyncio.run(stop(factory, "training", job)),
-            lambda n, r, e: quarantine_node(core, n, r, e),
+        timings = home / "trainops-timings.jsonl"
+        ours = run_side(
+            dev, timeline, ours_dag, "s3://bench-training/runs/trainops/", {"timings": str(timings)}
         )
-        record, _ = run.start(lambda n: 2)
-        crash: dict = {}
-        crash_when_running(ours.run_path, "1", crash)
-        follow = FollowConfig(
-            "training", record.job, ours.run_path, 2, HangPolicy(floor=30), heartbeat_poll=0.5
+        base = run_side(dev, timeline, base_dag, "s3://bench-training/runs/provider/", {})
+
+        seen_at = json.loads(timings.read_text().splitlines()[0])["seen_at"]
+        ours_seen = seen_at - timeline.pod_failed[ours.crash.pod]
+        base_failed = timeline.job_failed[base.crash.job]
+        polled = min(
+            e["time"]
+            for e in dev.server.audit.entries()
+            if e["method"] == "GET" and f"/jobs/{base.crash.job}" in e["path"] and e["time"] >= base_failed
         )
-        outcome = asyncio.run(RunFollower(follow, factory).follow())
-        seen = outcome.seen_at - crash["time"]
-        run.finish(outcome.to_dict())
-        time.sleep(RETRY_DELAY_S)  # the same Airflow retry delay as the baseline
-        resumed, _ = run.start(lambda n: 2)
-        ours_latency = time.time() - crash["time"]
-        lost = crash["step"] - (resumed.resume_step or 0)
-        asyncio.run(stop(factory, "training", resumed.job))
+        base_seen = polled - timeline.pod_failed[base.crash.pod]
+        ours_lost = ours.crash.step - ours.crash.resumed_step
+        base_lost = base.crash.step - base.crash.resumed_step
+        api.close()
 
-        # ---- baseline: KubernetesJobTrigger, Airflow retry, resubmit from scratch -----------
-        from airflow.providers.cncf.kubernetes.triggers.job import KubernetesJobTrigger
-
-        base = spec("baseline")
-        baseline = GangRun(
-            base,
-            "bench",
-            "baseline",
-            GangCluster(core, batch),
-            RunLedger(),
-            lambda ledger: None,
-            lambda job: "",
-            lambda *a: False,
-        )
-        record, _ = baseline.start(lambda n: 2)
-        crash_b: dict = {}
-        crash_when_running(base.run_path, "1", crash_b)
-        trigger = KubernetesJobTrigger(
-            job_name=record.job,
-            job_namespace="training",
-            pod_names=[],
-            pod_namespace="training",
-            base_container_name="trainer",
-            config_file=str(dev.kubeconfig),
-            get_logs=False,
-        )
-
-        async def first_event():
-            async for event in trigger.run():
-                return event
-
-        asyncio.run(first_event())
-        seen_b = time.time() - crash_b["time"]
-        time.sleep(RETRY_DELAY_S)
-        baseline.ledger.end("infrastructure", "the provider's trigger reported the Job failed")
-        baseline.start(lambda n: 2)  # the retry resubmits the Job
-        base_latency = time.time() - crash_b["time"]
-
-    line(
-        "training-failure-seen",
-        f"trainops={seen:.2f}s provider_trigger={seen_b:.2f}s",
-        seen_b / max(seen, 1e-3),
-        "seen<=1s",
-        seen <= 1.0,
-    )
+    ours_latency, base_latency = ours.resumed_at - ours.crash.time, base.resumed_at - base.crash.time
     speedup = base_latency / ours_latency
-    line(
-        "training-crash-to-resumed-job",
-        f"trainops={ours_latency:.2f}s baseline={base_latency:.2f}s retry_delay={RETRY_DELAY_S:g}s",
-        speedup,
-        ">=5",
-        speedup >= 5,
-    )
-    ratio = lost / max(crash["step"], 1)
-    line(
-        "training-steps-lost-per-crash",
-        f"trainops={lost} from_scratch={crash['step']} checkpoint_interval={CHECKPOINT_EVERY}",
-        ratio,
-        f"lost<={CHECKPOINT_EVERY}",
-        lost <= CHECKPOINT_EVERY,
-    )
-    return 0 if seen <= 1.0 and speedup >= 5 and lost <= CHECKPOINT_EVERY else 1
+    runs_ok = ours.state == base.state == "success"
+    return [
+        (
+            "training-failure-seen",
+            f"trainops={ours_seen:.3f}s provider_trigger={base_seen:.2f}s",
+            base_seen / max(ours_seen, 1e-3),
+            "seen<=1s",
+            ours_seen <= 1.0,
+        ),
+        (
+            "training-crash-to-resumed-job",
+            f"trainops={ours_latency:.2f}s provider={base_latency:.2f}s retry_delay={RETRY_DELAY_S:g}s "
+            f"runs={ours.state}/{base.state}",
+            speedup,
+            ">=5",
+            speedup >= 5 and runs_ok,
+        ),
+        (
+            "training-steps-lost-per-crash",
+            f"trainops={ours_lost} from_scratch={ours.crash.step} provider_retry={base_lost} "
+            f"checkpoint_interval={CHECKPOINT_EVERY}",
+            ours_lost / max(ours.crash.step, 1),
+            f"lost<={CHECKPOINT_EVERY}",
+            ours_lost <= CHECKPOINT_EVERY,
+        ),
+    ]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,54 @@
+"""The DAG files users run: no import errors, nothing heavy at parse time, one lifecycle built by shared code."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from trainops.devcluster.airflow_home import REPO_DAGS
+
+LIFECYCLE = ["health_gate", "claim_nodes", "train", "verify_checkpoint", "return_capacity"]
+
+
+def dag_bag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(str(REPO_DAGS))
+
+
+def test_dags_folder_has_no_import_errors_and_both_dags_run_the_same_lifecycle(airflow_db):
+    bag = dag_bag()
+
+    assert bag.import_errors == {}
+    for dag_id in ("training_lifecycle", "scheduled_retraining"):
+        dag = bag.get_dag(dag_id)
+        assert [t.task_id for t in dag.topological_sort()] == LIFECYCLE
+        assert dag.doc_md and all(task.doc_md for task in dag.tasks)
+        assert dag.get_task("return_capacity").is_teardown
+        assert dag.get_task("claim_nodes").is_setup
+        assert all(param.description for param in dag.params.values())
+        assert [a.name for a in dag.get_task("verify_checkpoint").outlets] == [
+            f"trainops/{dag_id}/final-checkpoint"
+        ]
+
+
+def test_scheduled_retraining_runs_on_a_cron_and_when_training_data_is_updated(airflow_db):
+    from airflow.sdk import AssetOrTimeSchedule
+
+    timetable = dag_bag().get_dag("scheduled_retraining").timetable
+    assert isinstance(timetable, AssetOrTimeSchedule)
+    assert timetable.timetable.expression == "0 3 * * 0"
+    assert [asset.name for asset in timetable.asset_condition.objects] == ["training-data"]
+
+
+def test_parsing_the_dag_files_loads_no_kubernetes_boto3_or_pynvml():
+    heavy = ["kubernetes", "kubernetes_asyncio", "boto3", "botocore", "pynvml"]
+    script = (
+        "import json, runpy, sys\n"
+        f"for path in {sorted(str(p) for p in REPO_DAGS.glob('*.py'))!r}:\n"
+        "    runpy.run_path(path)\n"
+        f"print(json.dumps([m for m in {heavy!r} if m in sys.modules]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []

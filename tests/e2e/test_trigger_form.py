@@ -1,0 +1,58 @@
+"""Bad trigger-form params are rejected with a message naming the field, and nothing in the cluster changes.
+
+The form checks what JSON-schema can (the run is never created); the health gate checks what needs
+the cluster before it writes anything (the run fails at its first task).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import DAG_ID, lifecycle_conf, task_instances, writes
+
+
+@pytest.mark.parametrize(
+    "field, value, named",
+    [
+        ("nodes", -1, "-1"),
+        ("run_name", "My_Run", "My_Run"),
+        ("checkpoint_uri", "s3:///runs/", "s3:///runs/"),
+        ("health_policy_overrides", {"no_such_row": {"threshold": 1}}, "no_such_row"),
+    ],
+)
+def test_the_form_rejects_a_bad_param_naming_it_and_the_cluster_sees_no_write(
+    cluster, bucket, run_dag, field, value, named
+):
+    from airflow.sdk.definitions.param import ParamValidationError
+
+    conf = {**lifecycle_conf(bucket, "bad"), field: value}
+    with pytest.raises(ParamValidationError) as rejected:
+        run_dag(DAG_ID, conf)
+
+    assert field in str(rejected.value) and named in str(rejected.value)
+    assert writes(cluster) == []
+
+
+def test_more_nodes_than_the_cluster_has_fails_at_the_gate_naming_nodes_before_any_write(
+    cluster, bucket, run_dag, capfd
+):
+    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "too-big", nodes=9))
+
+    assert dag_run.state == "failed"
+    assert task_instances(dag_run)["health_gate"].state == "failed"
+    out = capfd.readouterr().out
+    assert "nodes: the run asks for 9 node(s) + 1 spare = 10, but the cluster has 8 GPU node(s)" in out
+    assert writes(cluster) == []
+
+
+def test_an_unknown_policy_row_that_reaches_the_gate_fails_naming_the_row_before_any_write(cluster, capfd):
+    """A caller that skips the form (the operator used from code) still gets the check, in the gate."""
+    from airflow.sdk.exceptions import AirflowFailException
+    from trainops.operators.lifecycle import LifecycleGateOperator
+
+    gate = LifecycleGateOperator(task_id="gate", policy_overrides={"no_such_row": {"threshold": 1}})
+    with pytest.raises(
+        AirflowFailException, match="health_policy_overrides: unknown health policy row 'no_such_row'"
+    ):
+        gate.execute({"params": {"nodes": 1, "spare_nodes": 0, "gpus_per_node": 8}})
+    assert writes(cluster) == []
