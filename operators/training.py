@@ -173,7 +173,9 @@ class GangTrainingOperator(BaseOperator):
             RunLedger.from_dict(store.get(LEDGER_KEY)),
             save=lambda ledger: store.set(LEDGER_KEY, ledger),
             stop=lambda job: asyncio.run(stop(self.trigger(job).client, self.namespace, job)),
-            quarantine=lambda node, reason, evidence: quarantine_node(core, node, reason, evidence),
+            quarantine=lambda node, reason, evidence, current: quarantine_node(
+                core, node, reason, evidence, current
+            ),
             fail_fast_on_user_error=self.fail_fast_on_user_error,
             quarantine_culprits=self.quarantine_culprits,
             logger=self.log,

@@ -19,7 +19,10 @@ AREAS = [
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="trainops", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="trainops",
+        description="Operate GPU training runs on Kubernetes: node health, capacity, checkpoints, devcluster.",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in AREAS:
         importlib.import_module(module_name).register(subparsers)

@@ -10,8 +10,9 @@ from trainops.health.quarantine import quarantine_node as quarantine
 EDIT_DEADLINE_S = 60.0
 
 
-def quarantine_node(core_v1, node: str, reason: str, evidence: dict) -> bool:
+def quarantine_node(core_v1, node: str, reason: str, evidence: dict, current: dict | None = None) -> bool:
     """Quarantine ``node`` for ``reason`` with ``evidence``; returns whether it wrote anything.
-    A node already quarantined keeps its first evidence (nothing un-quarantines silently)."""
+    A node already quarantined keeps its first evidence (nothing un-quarantines silently).
+    ``current``: the node as just read, to save the first GET (a stale copy costs one retry)."""
     record = {"source": "trainops.training", "quarantined_at": time.time(), "reason": reason, **evidence}
-    return quarantine(core_v1, node, reason.lower(), record, Deadline(EDIT_DEADLINE_S))
+    return quarantine(core_v1, node, reason.lower(), record, Deadline(EDIT_DEADLINE_S), current=current)

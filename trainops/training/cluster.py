@@ -6,13 +6,16 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 
 from trainops.cluster.retry import Deadline, call
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
+from trainops.training.kube import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, WORKLOADS
 
 log = logging.getLogger(__name__)
 API_DEADLINE_S = 120.0
 LOG_TAIL_LINES = 100
+MAX_CONCURRENT_READS = 8
 
 
 def _json(response) -> dict:
@@ -59,6 +62,34 @@ class GangCluster:
             raise RuntimeError(f"Job {namespace}/{name} reported as existing but cannot be read")
         return existing, False
 
+    def deactivate_workload(self, namespace: str, name: str) -> bool:
+        """Stop a run through its Kueue Workload (``spec.active=false``: Kueue evicts it and does not
+        requeue it); False when that Workload no longer exists."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+
+        custom = client.CustomObjectsApi(self.core.api_client)
+        try:
+            call(
+                lambda: custom.patch_namespaced_custom_object(
+                    KUEUE_GROUP,
+                    KUEUE_VERSION,
+                    namespace,
+                    WORKLOADS,
+                    name,
+                    {"spec": {"active": False}},
+                    _content_type=MERGE_PATCH,
+                    _preload_content=False,
+                ),
+                Deadline(API_DEADLINE_S),
+                f"deactivate Workload {namespace}/{name}",
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return False
+        return True
+
     def run_jobs(self, namespace: str, run_key: str) -> list[dict]:
         """Every Job of one DAG run (all attempts)."""
         response = call(
@@ -80,35 +111,43 @@ class GangCluster:
         )
         return _json(response)["items"]
 
-    def nodes(self, names: set[str]) -> dict[str, dict | None]:
-        """The named nodes (None for a node that no longer exists)."""
+    def failure_evidence(
+        self, namespace: str, pods: list[Mapping]
+    ) -> tuple[dict[str, dict | None], dict[str, str]]:
+        """What a failure is judged on, read concurrently: the nodes the pods ran on (None for a node
+        that no longer exists) and the last lines of each failed pod's log (pods already gone are
+        skipped)."""
+        names = sorted({n for p in pods if (n := (p.get("spec") or {}).get("nodeName"))})
+        failed = [p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
+        reads = [lambda n=n: self._node(n) for n in names] + [
+            lambda p=p: self._log_tail(namespace, p) for p in failed
+        ]
+        with ThreadPoolExecutor(max_workers=max(1, min(MAX_CONCURRENT_READS, len(reads)))) as pool:
+            results = list(pool.map(lambda read: read(), reads))
+        tails = {
+            pod: tail for pod, tail in zip(failed, results[len(names) :], strict=True) if tail is not None
+        }
+        return dict(zip(names, results[: len(names)], strict=True)), tails
+
+    def _node(self, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 
-        found: dict[str, dict | None] = {}
-        for name in sorted(names):
-            try:
-                found[name] = call(
-                    lambda name=name: _json(self.core.read_node(name, _preload_content=False)),
-                    Deadline(API_DEADLINE_S),
-                    f"read node {name}",
-                )
-            except ApiException as error:
-                if error.status != 404:
-                    raise
-                found[name] = None
-        return found
+        try:
+            return call(
+                lambda: _json(self.core.read_node(name, _preload_content=False)),
+                Deadline(API_DEADLINE_S),
+                f"read node {name}",
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return None
 
-    def log_tails(self, namespace: str, pods: list[Mapping]) -> dict[str, str]:
-        """The last lines of each failed pod's log (pods already gone are skipped)."""
+    def _log_tail(self, namespace: str, pod: str) -> str | None:
         from kubernetes.client.exceptions import ApiException
 
-        tails = {}
-        for pod in pods:
-            if (pod.get("status") or {}).get("phase") != "Failed":
-                continue
-            name = pod["metadata"]["name"]
-            try:
-                tails[name] = self.core.read_namespaced_pod_log(name, namespace, tail_lines=LOG_TAIL_LINES)
-            except ApiException as error:
-                log.info("no log for pod %s (%s)", name, error.status)
-        return tails
+        try:
+            return self.core.read_namespaced_pod_log(pod, namespace, tail_lines=LOG_TAIL_LINES)
+        except ApiException as error:
+            log.info("no log for pod %s (%s)", pod, error.status)
+            return None

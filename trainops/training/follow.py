@@ -72,6 +72,7 @@ class Outcome:
     heartbeat: dict | None = None
     seen_at: float = 0.0
     stopped: str | None = None
+    workload: str | None = None  # the attempt's Kueue Workload, as the follower last saw it
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -300,6 +301,7 @@ class RunFollower:
                     preemptions=state.preemptions,
                     heartbeat=dict(state.tracker.last) if state.tracker.last else None,
                     seen_at=state.first_failure_at or now,
+                    workload=(state.workload or {}).get("metadata", {}).get("name"),
                 )
                 if status in (HANG, START_TIMEOUT, ADMISSION_TIMEOUT):
                     outcome.stopped = await kube.stop_run(api, self.config.namespace, self.config.job_name)

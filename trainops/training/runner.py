@@ -69,7 +69,8 @@ _STATUS_KIND = {
 
 class GangRun:
     """``save(ledger_dict)`` persists the ledger (Airflow: the task state store); ``stop()`` stops the
-    current attempt's run; ``quarantine(node, reason, evidence)`` quarantines a blamed node."""
+    current attempt's run; ``quarantine(node, reason, evidence, current)`` quarantines a blamed node
+    (``current``: the node as just read, or None)."""
 
     def __init__(
         self,
@@ -192,19 +193,17 @@ class GangRun:
         return verdict
 
     def _judge_failure(self, outcome: follow.Outcome) -> Verdict:
+        nodes: dict[str, dict | None] = {}
         if outcome.status == follow.FAILED:
-            nodes = self.cluster.nodes(
-                {n for p in outcome.pods if (n := (p.get("spec") or {}).get("nodeName"))}
-            )
-            logs = self.cluster.log_tails(self.spec.namespace, outcome.pods)
+            nodes, logs = self.cluster.failure_evidence(self.spec.namespace, outcome.pods)
             failure = classify(outcome.pods, nodes, logs, container=CONTAINER_NAME)
         else:
             failure = Failure(_STATUS_KIND[outcome.status], outcome.message)
         for line in failure.evidence:
             self.log.info("evidence: %s", line)
         if failure.kind is FailureKind.INFRASTRUCTURE:
-            self._blame(failure)
-            self.log.info("stopping the attempt: %s", self._stop(outcome.job))
+            self._blame(failure, nodes)
+            self.log.info("stopping the attempt: %s", self._stop_attempt(outcome))
         self.ledger.end(str(failure.kind), failure.reason)
         if failure.kind is FailureKind.USER_CODE and self.fail_fast_on_user_error:
             return Verdict(Decision.FAIL, f"user code failed (no resume used): {failure.reason}", failure)
@@ -212,7 +211,15 @@ class GangRun:
             return Verdict(Decision.RETRY, f"{failure.kind}: {failure.reason}", failure)
         return Verdict(Decision.FAIL, f"{failure.kind}: {failure.reason}", failure)
 
-    def _blame(self, failure: Failure) -> None:
+    def _stop_attempt(self, outcome: follow.Outcome) -> str:
+        """Deactivate the Workload the follower saw, on this try's open client (one call); without
+        one (no Kueue Workload, or it is gone), the full ``stop``."""
+        if outcome.workload and self.cluster.deactivate_workload(self.spec.namespace, outcome.workload):
+            return f"deactivated Workload {outcome.workload} (spec.active=false)"
+        return self._stop(outcome.job)
+
+    def _blame(self, failure: Failure, nodes: dict[str, dict | None]) -> None:
+        """Quarantine the culprits; ``nodes``: those just read for the classification (saves a read)."""
         for node, evidence in sorted(failure.culprits.items()):
             reason = "; ".join(evidence["problems"])
             if self.quarantine_culprits:
@@ -220,6 +227,7 @@ class GangRun:
                     node,
                     evidence["problems"][0],
                     {"problems": evidence["problems"], "run": f"{self.dag_id}/{self.run_id}"},
+                    nodes.get(node),
                 )
                 self.log.info(
                     "quarantined node %s%s: %s", node, "" if wrote else " (already quarantined)", reason
