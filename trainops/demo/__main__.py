@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -23,14 +22,13 @@ BUCKET = "trainops-demo"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainops.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--nodes", type=int, default=4, help="training nodes (one spare is claimed too)")
+    parser.add_argument("--nodes", type=int, default=3, help="training nodes (one spare is claimed too)")
     parser.add_argument("--steps", type=int, default=400, help="training steps")
     parser.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
     parser.add_argument("--step-seconds", type=float, default=0.1, help="simulated time per step")
     parser.add_argument(
         "--crash-after-step", type=int, default=150, help="inject the XID after this checkpoint"
     )
-    parser.add_argument("--keep", action="store_true", help="keep the Airflow home and log afterwards")
     return parser.parse_args(argv)
 
 
@@ -52,8 +50,6 @@ def main(argv: list[str] | None = None) -> int:
         timeline.say(
             f"demo {'PASSED' if ok else 'FAILED'} in {time.monotonic() - started:.0f}s (Airflow log: {log_path})"
         )
-    if not args.keep and ok:
-        shutil.rmtree(home, ignore_errors=True)
     return 0 if ok else 1
 
 

@@ -125,9 +125,9 @@ class Watcher:
 
     def poll(self) -> None:
         self._tasks()
+        self._jobs()
         self._workloads()
         self._pods()
-        self._jobs()
         self._checkpoints()
         self._nodes()
         self._inference()
@@ -154,10 +154,6 @@ class Watcher:
                 )
                 if state == "success":
                     self._task_result(task_id, SimpleNamespace(dag_id=self.dag_id, run_id=run_id))
-            elif state == "running":
-                self.timeline.say(
-                    f"task {task_id}: started" + (f" (try {try_number})" if try_number > 1 else "")
-                )
 
     def _task_result(self, task_id: str, run: Any) -> None:
         from trainops.devcluster.airflow_home import xcom_value
@@ -166,7 +162,9 @@ class Watcher:
         if task_id == "health_gate":
             counts = Counter(v["verdict"] for v in value["verdicts"])
             lines = [
-                f"  {v['name']}: {v['verdict']}: {v['reasons'][0]}" for v in value["verdicts"] if v["reasons"]
+                f"  {v['name']}: {v['verdict']}: {v['reasons'][0]}"
+                for v in value["verdicts"]
+                if v["verdict"] not in ("ok", "warn")
             ]
             self.timeline.say(
                 f"health gate: {len(value['verdicts'])} nodes checked ({dict(counts)}); "
