@@ -15,7 +15,8 @@ from tests.cluster.helpers import (
     snapshot,
     writes,
 )
-from trainops.cluster.capacity import NodesHeld, claim, give_back
+from trainops.cluster.capacity import Deadlines, NodesHeld, claim, give_back
+from trainops.cluster.drain import DrainStalled
 from trainops.conventions import MODE_TAINT
 
 RUN, OTHER = "train_llm/manual__1", "train_llm/manual__2"
@@ -203,3 +204,17 @@ def test_two_overlapping_claims_exactly_one_holds_each_node(devcluster):
     assert {n for n, h in holders.items() if h} == set(outcomes[winner].nodes)
     assert all(h == winner for h in holders.values() if h)
     assert gpu_quota(devcluster) == str(8 * len(outcomes[winner].nodes))
+
+
+def test_a_drain_that_cannot_finish_fails_early_naming_the_stuck_workload(devcluster):
+    """Every idle node is claimed too, so evicted llm-chat pods have nowhere to go and its budget
+    (minAvailable 6 of 8) holds the rest: the claim says so instead of waiting out the drain deadline."""
+    apis, where = apis_for(devcluster), nodes_by_app(devcluster)
+    before = snapshot(devcluster)
+    nodes = where["idle"] + where["llm-chat"][:3]
+
+    with pytest.raises(DrainStalled, match=r"cannot be rescheduled .*llm-chat.*budget"):
+        do_claim(apis, RUN, nodes, deadlines=Deadlines(drain_s=120, drain_stall_s=1))
+    give_back(apis, RUN, cluster_queue="training")
+
+    assert snapshot(devcluster) == before

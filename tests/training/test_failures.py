@@ -1,5 +1,8 @@
 """Failure classification from the pods, nodes and logs of a failed attempt."""
 
+import pytest
+
+from trainops.training.blame import reason_code
 from trainops.training.failures import FailureKind, classify, gpu_errors
 
 
@@ -100,3 +103,17 @@ def test_gpu_error_patterns():
     assert gpu_errors("Xid 79 on gpu 2") == ["XID 79"]
     assert gpu_errors("RuntimeError: CUDA error: uncorrectable ECC error encountered") != []
     assert gpu_errors("loss=1.23 step=100") == []
+
+
+@pytest.mark.parametrize(
+    ("problem", "code"),
+    [
+        ("XID 79 in pod train-a1-0 on gpu-node-003", "xid-79"),
+        ("node not Ready (Unknown: NodeStatusUnknown)", "node-not-ready"),
+        ("GPUHealthy=False: ecc_uncorrectable", "gpu-unhealthy"),
+        ("the node object is gone (node deleted or lost)", "node-lost"),
+        ("something else entirely", "training-failure"),
+    ],
+)
+def test_quarantine_taint_value_is_a_short_code(problem, code):
+    assert reason_code(problem) == code

@@ -75,7 +75,7 @@ def test_xid_crash_quarantines_the_node_and_resumes_elsewhere_from_the_last_veri
     bad = node(api, culprit)
     assert bad["metadata"]["labels"][HEALTH_LABEL] == "quarantined"
     taint = next(t for t in bad["spec"]["taints"] if t["key"] == QUARANTINE_TAINT)
-    assert taint["effect"] == "NoSchedule"
+    assert taint["effect"] == "NoSchedule" and taint["value"] == "xid-79"
     assert "XID 79" in json.loads(bad["metadata"]["annotations"][QUARANTINE_EVIDENCE_ANNOTATION])["reason"]
     assert result["history"][0]["kind"] == "infrastructure" and "XID 79" in result["history"][0]["ended"]
     assert "XID 79" in result["excluded_nodes"][culprit]

@@ -44,11 +44,13 @@ class Apis:
 
 @dataclass(frozen=True)
 class Deadlines:
-    """Seconds allowed for: each API step (retries of 409/429/5xx), the drain, inference Ready again."""
+    """Seconds allowed for: each API step (retries of 409/429/5xx), the drain, inference Ready again,
+    and a drain that cannot progress (evicted pods unschedulable, the rest held by their budgets)."""
 
     api_s: float = 120.0
     drain_s: float = 600.0
     ready_s: float = 600.0
+    drain_stall_s: float = 30.0
 
     def __post_init__(self) -> None:
         for name, value in asdict(self).items():
@@ -164,7 +166,7 @@ def claim(
             log.info("node %s: already claimed by this run", name)
 
     summary.workloads_shrunk = _shrink_inference(apis, run, set(nodes), refs, deadlines, log)
-    summary.evictions = drain(apis.core, set(nodes), Deadline(deadlines.drain_s))
+    summary.evictions = drain(apis.core, set(nodes), Deadline(deadlines.drain_s), deadlines.drain_stall_s)
     log.info("drained %d node(s): %d pod(s) evicted", len(nodes), summary.evictions)
     if set_grant(apis.custom, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
         log.info("ClusterQueue %s: %s quota of this run set to %d", cluster_queue, GPU_RESOURCE, summary.gpus)

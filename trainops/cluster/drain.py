@@ -4,18 +4,41 @@ Eviction (not delete) is what honours PodDisruptionBudgets: the API server answe
 eviction would take a workload below its budget, and the drain retries that pod later (other
 pods go on meanwhile) until the deadline.  DaemonSet pods, mirror pods and finished pods stay,
 as with ``kubectl drain``.  The drain is done when no other pod is left on the nodes.
+
+A drain that cannot finish says so early: when evicted pods' replacements cannot be scheduled
+anywhere and every pod left is held by its budget, waiting longer changes nothing, so after
+``stall_s`` it raises ``DrainStalled`` naming the pods and the scheduler's reason.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable
 
 from trainops.cluster.retry import TRANSIENT, Backoff, Deadline, DeadlineExceeded, call
 
 log = logging.getLogger(__name__)
 EVICTED, GONE = "evicted", "gone"
+
+
+class DrainStalled(RuntimeError):
+    """Evicted pods cannot be rescheduled and the rest are held by their PodDisruptionBudgets."""
+
+
+def unschedulable(pods: Iterable[dict]) -> dict[str, str]:
+    """Pending pods the scheduler found no node for: ``namespace/name`` -> the scheduler's message."""
+    stuck = {}
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Pending":
+            continue
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                meta = pod["metadata"]
+                stuck[f"{meta['namespace']}/{meta['name']}"] = condition.get("message") or "Unschedulable"
+    return stuck
 
 
 def list_pods(core_v1, deadline: Deadline) -> list[dict]:
@@ -73,13 +96,16 @@ def _message(error) -> str:
         return f"HTTP {error.status}"
 
 
-def drain(core_v1, nodes: set[str], deadline: Deadline) -> int:
+def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -> int:
     """Evict every pod that must move off ``nodes`` and wait until they are gone; returns how many
-    evictions were accepted.  Raises ``DeadlineExceeded`` naming the pods still there."""
+    evictions were accepted.  Raises ``DeadlineExceeded`` naming the pods still there, or
+    ``DrainStalled`` once it has been stuck (see the module docstring) for ``stall_s``."""
     backoff = Backoff(base=0.05, cap=1.0)
     evicted: set[tuple[str, str]] = set()
+    stalled_since: float | None = None
     while True:
-        remaining = pods_to_move(list_pods(core_v1, deadline), nodes)
+        pods = list_pods(core_v1, deadline)
+        remaining = pods_to_move(pods, nodes)
         if not remaining:
             return len(evicted)
         waiting: dict[str, str] = {}
@@ -95,6 +121,17 @@ def drain(core_v1, nodes: set[str], deadline: Deadline) -> int:
                 log.info("evicted %s", where)
                 evicted.add(key)
             waiting[where] = "terminating" if outcome in (EVICTED, GONE) else outcome
+        stuck = unschedulable(pods)
+        held = stuck and all(why != "terminating" for why in waiting.values())
+        stalled_since = (stalled_since or time.monotonic()) if held else None
+        if held and time.monotonic() - stalled_since >= stall_s:
+            pod, why = next(iter(sorted(stuck.items())))
+            raise DrainStalled(
+                f"drain of {len(nodes)} claimed node(s) is stuck: {len(stuck)} evicted pod(s) cannot be "
+                f"rescheduled (e.g. {pod}: {why}) and the {len(waiting)} pod(s) left on the claimed nodes "
+                f"are held by their PodDisruptionBudget ({next(iter(waiting.values()))}). Claim other "
+                "nodes (idle ones first), free capacity for inference, or relax the budget."
+            )
         try:
             deadline.sleep(backoff.next(), "drain")
         except DeadlineExceeded:

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 from trainops.cluster.retry import Deadline
 from trainops.health.quarantine import quarantine_node as quarantine
 
 EDIT_DEADLINE_S = 60.0
+_CODES = (
+    ("node not Ready", "node-not-ready"),
+    ("node object is gone", "node-lost"),
+    ("GPUHealthy=False", "gpu-unhealthy"),
+)
+
+
+def reason_code(problem: str) -> str:
+    """A short taint value for a problem sentence: ``xid-79``, ``node-not-ready``, ``gpu-unhealthy``."""
+    if xid := re.search(r"XID (\d+)", problem):
+        return f"xid-{xid.group(1)}"
+    return next((code for marker, code in _CODES if marker in problem), "training-failure")
 
 
 def quarantine_node(core_v1, node: str, reason: str, evidence: dict, current: dict | None = None) -> bool:
@@ -15,4 +28,4 @@ def quarantine_node(core_v1, node: str, reason: str, evidence: dict, current: di
     A node already quarantined keeps its first evidence (nothing un-quarantines silently).
     ``current``: the node as just read, to save the first GET (a stale copy costs one retry)."""
     record = {"source": "trainops.training", "quarantined_at": time.time(), "reason": reason, **evidence}
-    return quarantine(core_v1, node, reason.lower(), record, Deadline(EDIT_DEADLINE_S), current=current)
+    return quarantine(core_v1, node, reason_code(reason), record, Deadline(EDIT_DEADLINE_S), current=current)
