@@ -188,3 +188,16 @@ def test_user_marking_the_training_failed_stops_the_job_and_gives_everything_bac
     assert [p["metadata"]["name"] for p in pods(api) if p["status"].get("phase") == "Running"] == []
     assert heartbeat_step(s3, run_uri) < 600
     assert_capacity_back(api, capacity_before)
+
+
+def test_scheduled_retraining_runs_the_same_lifecycle_under_a_dated_run_path(
+    cluster, api, s3, bucket, run_dag, capacity_before
+):
+    dag_run = run_dag("scheduled_retraining", lifecycle_conf(bucket, "retrain"))
+
+    assert dag_run.state == "success"
+    verified = xcom_value(dag_run, "verify_checkpoint")
+    dated = f"s3://{bucket}/runs/retrain-{dag_run.run_after.strftime('%Y%m%d-%H%M%S')}/"
+    assert verified["uri"] == f"{dated}step-60/"
+    assert latest_verified(dated).checkpoint.step == 60
+    assert_capacity_back(api, capacity_before)
