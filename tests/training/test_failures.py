@@ -117,3 +117,8 @@ def test_gpu_error_patterns():
 )
 def test_quarantine_taint_value_is_a_short_code(problem, code):
     assert reason_code(problem) == code
+
+
+def test_quarantine_taint_value_prefers_the_xid_whatever_was_seen_first():
+    seen = "GPUHealthy=False: xid_fatal [gpu 0]; XID 79 in pod train-a1-0 on gpu-node-003"
+    assert reason_code(seen) == "xid-79"

@@ -7,6 +7,7 @@ and gives the capacity back (teardown); faults are injected from a thread while 
 from __future__ import annotations
 
 import json
+import time
 
 from tests.training.conftest import heartbeat_step, idle_nodes, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
@@ -306,3 +307,30 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
     step = heartbeat_step(s3, run_uri)
     time.sleep(0.5)
     assert heartbeat_step(s3, run_uri) == step  # nothing trains any more
+
+
+def test_dropped_watches_and_api_error_bursts_neither_lose_the_run_nor_burn_a_resume(
+    cluster, api, s3, bucket, run_dag
+):
+    """The follower re-lists and resumes its watches when they drop and rides out 429/503 answers."""
+    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/flaky-api/"
+
+    def turbulence():
+        for path in (r"/apis/kueue\.x-k8s\.io/", r"/apis/batch/v1/", r"/api/v1/namespaces/training/pods"):
+            cluster.inject("api-fault", path=path, status=429, fraction=0.3)
+            cluster.inject("api-fault", path=path, status=503, fraction=0.2)
+        for _ in range(8):  # every drop makes the follower re-list and re-watch through the faults
+            cluster.inject("drop-watches")
+            time.sleep(0.5)
+        cluster.server.faults.clear()
+
+    when(lambda: heartbeat_step(s3, run_uri) >= 20, turbulence)
+    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri))
+
+    assert dag_run.state == "success"
+    result = xcom_value(dag_run, "train")
+    assert result["attempts"] == 1 and result["resumes_used"] == 0
+    assert latest_verified(run_uri).checkpoint.step == 300
+    faulted = [e for e in cluster.server.audit.entries() if e["status"] in (429, 503)]
+    assert any("watch" in e["path"] or e["verb"] == "list" for e in faulted)
+    assert_capacity_returned(api, nodes)

@@ -16,11 +16,12 @@ _CODES = (
 )
 
 
-def reason_code(problem: str) -> str:
-    """A short taint value for a problem sentence: ``xid-79``, ``node-not-ready``, ``gpu-unhealthy``."""
-    if xid := re.search(r"XID (\d+)", problem):
+def reason_code(problems: str) -> str:
+    """A short taint value for the problems found (an XID first, wherever it is named):
+    ``xid-79``, ``node-not-ready``, ``node-lost``, ``gpu-unhealthy``."""
+    if xid := re.search(r"XID (\d+)", problems):
         return f"xid-{xid.group(1)}"
-    return next((code for marker, code in _CODES if marker in problem), "training-failure")
+    return next((code for marker, code in _CODES if marker in problems), "training-failure")
 
 
 def quarantine_node(core_v1, node: str, reason: str, evidence: dict, current: dict | None = None) -> bool:

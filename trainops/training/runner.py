@@ -225,7 +225,7 @@ class GangRun:
             if self.quarantine_culprits:
                 wrote = self._quarantine(
                     node,
-                    evidence["problems"][0],
+                    reason,
                     {"problems": evidence["problems"], "run": f"{self.dag_id}/{self.run_id}"},
                     nodes.get(node),
                 )

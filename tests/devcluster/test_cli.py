@@ -1,0 +1,82 @@
+"""``trainops devcluster up`` and ``inject`` as a user runs them: separate processes, stock kubectl."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+
+import pytest
+import requests
+
+TRAINOPS = [sys.executable, "-m", "trainops.cli"]
+
+
+@pytest.fixture
+def running(tmp_path):
+    kubeconfig = tmp_path / "kubeconfig"
+    server = subprocess.Popen(
+        [*TRAINOPS, "devcluster", "up", "--nodes", "4", "--port", "0", "--kubeconfig", str(kubeconfig)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    first = server.stdout.readline()
+    assert first.startswith("devcluster API listening on http://127.0.0.1:"), first
+    yield first.rsplit(" ", 1)[1].strip(), kubeconfig
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=30) == 0
+
+
+def test_up_serves_kubectl_and_inject_reaches_the_node_telemetry(running):
+    url, kubeconfig = running
+    nodes = subprocess.run(
+        ["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "name"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert nodes == [f"node/gpu-node-00{i}" for i in range(4)]
+
+    injected = subprocess.run(
+        [
+            *TRAINOPS,
+            "devcluster",
+            "inject",
+            "--kubeconfig",
+            str(kubeconfig),
+            "xid",
+            "gpu-node-001",
+            "--code",
+            "79",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert injected.returncode == 0, injected.stderr
+    assert json.loads(injected.stdout)["fault"] == "xid"
+    metrics = requests.get(f"{url}/devcluster/nodes/gpu-node-001/metrics", timeout=10).text
+    assert any(
+        line.startswith("DCGM_FI_DEV_XID_ERRORS") and line.endswith(" 79") for line in metrics.splitlines()
+    )
+
+
+def test_inject_names_the_known_faults_when_given_an_unknown_one(running):
+    _, kubeconfig = running
+    result = subprocess.run(
+        [*TRAINOPS, "devcluster", "inject", "--kubeconfig", str(kubeconfig), "meteor", "gpu-node-001"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    assert "unknown fault 'meteor'" in result.stderr and "xid" in result.stderr
+
+
+def test_up_refuses_to_bind_beyond_loopback(tmp_path):
+    result = subprocess.run(
+        [*TRAINOPS, "devcluster", "up", "--host", "0.0.0.0", "--kubeconfig", str(tmp_path / "k")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "loopback" in result.stderr
