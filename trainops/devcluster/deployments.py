@@ -30,7 +30,6 @@ from trainops.devcluster.podutil import (
 from trainops.devcluster.store import NotFound, Store, StoreError
 
 HASH_LABEL = "pod-template-hash"
-SYNC_BATCH_S = 0.02
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of Kubernetes' generated name suffixes
 
 
@@ -54,8 +53,6 @@ class DeploymentController(InformerController):
         self.events = EventRecorder(store, "deployment-controller")
         self._pods_of: dict[str, set[Key]] = {}
         self._keys: dict[str, Key] = {}
-        self._dirty: set[Key] = set()
-        self._flush_pending = False
 
     def changed(self, resource: str, old: dict | None, new: dict | None) -> None:
         if resource == "deployments.apps":
@@ -64,7 +61,7 @@ class DeploymentController(InformerController):
                 self._keys.pop(old["metadata"]["uid"], None)
             else:
                 self._keys[new["metadata"]["uid"]] = key_of(new)
-                self._mark(key_of(new))
+                self.mark(key_of(new))
             return
         pod = new or old
         owner = controller_uid(pod)
@@ -75,18 +72,10 @@ class DeploymentController(InformerController):
         else:
             self._pods_of.setdefault(owner, set()).add(key_of(pod))
         if owner in self._keys:
-            self._mark(self._keys[owner])
+            self.mark(self._keys[owner])
 
-    def _mark(self, key: Key) -> None:
-        self._dirty.add(key)
-        if not self._flush_pending:
-            self._flush_pending = True
-            self.after(SYNC_BATCH_S, self._flush)
-
-    def _flush(self) -> None:
-        self._flush_pending = False
-        dirty, self._dirty = self._dirty, set()
-        for key in sorted(dirty):
+    def reconcile(self, keys: set[Key]) -> None:
+        for key in sorted(keys):
             deployment = self.cache["deployments.apps"].get(key)
             if deployment is not None and not deployment["metadata"].get("deletionTimestamp"):
                 self._sync(deployment)

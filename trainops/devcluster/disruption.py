@@ -7,7 +7,6 @@ from trainops.devcluster import pdb as budget
 from trainops.devcluster.informer import InformerController, Key, key_of
 from trainops.devcluster.store import NotFound, Store
 
-SYNC_BATCH_S = 0.02
 PDBS = "poddisruptionbudgets.policy"
 
 
@@ -17,8 +16,6 @@ class DisruptionController(InformerController):
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         self._pods_in: dict[str, set[Key]] = {}
-        self._dirty: set[str] = set()  # namespaces whose budgets need a look
-        self._flush_pending = False
 
     def changed(self, resource: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
@@ -26,19 +23,12 @@ class DisruptionController(InformerController):
         if resource == "pods":
             pods = self._pods_in.setdefault(namespace, set())
             (pods.add if new is not None else pods.discard)(key_of(obj))
-        self._mark(namespace)
+        self.mark(namespace)
 
-    def _mark(self, namespace: str) -> None:
-        self._dirty.add(namespace)
-        if not self._flush_pending:
-            self._flush_pending = True
-            self.after(SYNC_BATCH_S, self._flush)
-
-    def _flush(self) -> None:
-        self._flush_pending = False
-        dirty, self._dirty = self._dirty, set()
+    def reconcile(self, namespaces: set[str]) -> None:
+        """Marked keys are namespaces: every budget in them gets a look."""
         budgets = self.cache[PDBS]
-        for namespace in sorted(dirty):
+        for namespace in sorted(namespaces):
             keys = [k for k in budgets if k[0] == namespace]
             if not keys:
                 continue
@@ -60,7 +50,7 @@ class DisruptionController(InformerController):
         status = budget.compute_status(pdb, pods, self._scale_of)
         if status.get("disruptedPods"):  # look again when those entries expire
             namespace = pdb["metadata"]["namespace"]
-            self.after(budget.DISRUPTED_POD_TIMEOUT.total_seconds() + 1, lambda: self._mark(namespace))
+            self.after(budget.DISRUPTED_POD_TIMEOUT.total_seconds() + 1, lambda: self.mark(namespace))
         if status == pdb.get("status"):
             return
         uid = pdb["metadata"]["uid"]

@@ -2,7 +2,9 @@
 
 Like client-go's shared informer it lists the watched resources when it starts, then applies
 each change, ignoring any event older than what it already holds, and hands subclasses the
-old and new object of every change (``new`` is ``None`` for a deletion).
+old and new object of every change (``new`` is ``None`` for a deletion).  Like a controller's
+work queue, ``mark(key)`` collects keys and reconciles each once per batch, however many
+changes arrived for it meanwhile.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ def key_of(obj: dict) -> Key:
 
 
 class InformerController(Controller):
-    """Subclass, set ``watches`` and implement ``changed(resource, old, new)``."""
+    """Subclass, set ``watches``, implement ``changed(resource, old, new)`` and, to use ``mark``,
+    ``reconcile(keys)``."""
+
+    batch_seconds = 0.02  # changes arriving within this window are reconciled together
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)
         self.cache: dict[str, dict[Key, dict]] = {resource: {} for resource in self.watches}
+        self._dirty: set = set()
+        self._flush_pending = False
 
     def start(self) -> None:
         self.after(0, self._relist)
@@ -50,6 +57,24 @@ class InformerController(Controller):
         else:
             cache[key] = obj
             self.changed(resource, old, obj)
+
+    def mark(self, key) -> None:
+        """Reconcile ``key`` with the next batch."""
+        self._dirty.add(key)
+        if not self._flush_pending:
+            self._flush_pending = True
+            self.after(self.batch_delay(), self._flush)
+
+    def batch_delay(self) -> float:
+        return self.batch_seconds
+
+    def reconcile(self, keys: set) -> None:
+        """Bring the objects behind the marked ``keys`` to their wanted state."""
+
+    def _flush(self) -> None:
+        self._flush_pending = False
+        dirty, self._dirty = self._dirty, set()
+        self.reconcile(dirty)
 
     def _relist(self) -> None:
         for resource in self.watches:

@@ -75,8 +75,6 @@ class JobController(InformerController):
         self._tracking: dict[str, Tracking] = {}
         self._pods_of: dict[str, set[Key]] = {}
         self._job_keys: dict[str, Key] = {}
-        self._dirty: set[Key] = set()
-        self._flush_pending = False
         self._flush_seconds = 0.0
 
     # ---- watching ----------------------------------------------------------------------
@@ -89,7 +87,7 @@ class JobController(InformerController):
                 self._job_keys.pop(uid, None)
             else:
                 self._job_keys[new["metadata"]["uid"]] = key_of(new)
-                self._mark(key_of(new))
+                self.mark(key_of(new))
             return
         pod = new or old
         owner = controller_uid(pod)
@@ -102,7 +100,7 @@ class JobController(InformerController):
             self._pods_of.setdefault(owner, set()).add(key)
         self._count(owner, pod, gone=new is None)
         if owner in self._job_keys:
-            self._mark(self._job_keys[owner])
+            self.mark(self._job_keys[owner])
 
     def _count(self, owner: str, pod: dict, gone: bool) -> None:
         tracking = self._tracking.setdefault(owner, Tracking())
@@ -115,17 +113,12 @@ class JobController(InformerController):
         elif (phase(pod) == "Failed" or is_deleting(pod) or gone) and uid not in tracking.not_failures:
             tracking.failed.add(uid)
 
-    def _mark(self, key: Key) -> None:
-        self._dirty.add(key)
-        if not self._flush_pending:
-            self._flush_pending = True
-            self.after(max(SYNC_BATCH_S, self._flush_seconds / SYNC_SHARE), self._flush)
+    def batch_delay(self) -> float:
+        return max(SYNC_BATCH_S, self._flush_seconds / SYNC_SHARE)
 
-    def _flush(self) -> None:
-        self._flush_pending = False
+    def reconcile(self, keys: set[Key]) -> None:
         started = time.monotonic()
-        dirty, self._dirty = self._dirty, set()
-        for key in sorted(dirty):
+        for key in sorted(keys):
             job = self.cache["jobs.batch"].get(key)
             if job is not None and not is_finished(job):
                 self._sync(job)
@@ -226,7 +219,7 @@ class JobController(InformerController):
         deadline = job["spec"].get("activeDeadlineSeconds")
         if deadline is not None:
             key = key_of(job)
-            self.after(max(0.0, deadline - _age_seconds(status["startTime"])) + 0.01, lambda: self._mark(key))
+            self.after(max(0.0, deadline - _age_seconds(status["startTime"])) + 0.01, lambda: self.mark(key))
 
     def _manage(self, job: dict, active: list[dict], tracking: Tracking, indexed: bool) -> list[dict]:
         """Create missing pods and delete surplus ones; returns the active pods afterwards."""
