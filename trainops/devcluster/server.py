@@ -276,14 +276,7 @@ class ApiServer:
 
     def _list(self, call: _Call) -> int:
         k, q = call.kind, call.query
-        selects = [
-            s
-            for s in (
-                label_selector(q.get("labelSelector")),
-                field_selector(q.get("fieldSelector"), k.resource),
-            )
-            if s
-        ]
+        selects = _selectors(q, k.resource)
         limit = _int_param(q, "limit", 0)
         items, list_rv = self.store.list(k.resource, call.namespace)
         start = 0
@@ -342,14 +335,7 @@ class ApiServer:
     # ---- watch -------------------------------------------------------------------------
     def _watch(self, call: _Call) -> int:
         k, q, h = call.kind, call.query, call.handler
-        selects = [
-            s
-            for s in (
-                label_selector(q.get("labelSelector")),
-                field_selector(q.get("fieldSelector"), k.resource),
-            )
-            if s
-        ]
+        selects = _selectors(q, k.resource)
         rv_param = q.get("resourceVersion", "")
         since = _int_param(q, "resourceVersion", 0) if rv_param not in ("", "0") else None
         timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
@@ -650,14 +636,7 @@ class ApiServer:
     def _delete_collection(self, call: _Call) -> int:
         options = self._delete_options(call)
         k, q = call.kind, call.query
-        selects = [
-            s
-            for s in (
-                label_selector(q.get("labelSelector")),
-                field_selector(q.get("fieldSelector"), k.resource),
-            )
-            if s
-        ]
+        selects = _selectors(q, k.resource)
         deleted = []
         for obj in self.store.list(k.resource, call.namespace)[0]:
             if all(s(obj) for s in selects):
@@ -923,6 +902,15 @@ def _key(obj: dict) -> tuple[str, str]:
 
 def _encode_continue(rv: int, key: tuple[str, str]) -> str:
     return base64.urlsafe_b64encode(_dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": list(key)})).decode()
+
+
+def _selectors(query: dict, resource: str) -> list:
+    """The label and field selectors a list, watch or deletecollection asked for."""
+    wanted = (
+        label_selector(query.get("labelSelector")),
+        field_selector(query.get("fieldSelector"), resource),
+    )
+    return [s for s in wanted if s]
 
 
 def _flag(query: dict, name: str) -> bool:
