@@ -163,7 +163,10 @@ class Store:
     def update(self, resource: str, obj: dict, *, check_version: bool = True) -> dict:
         """Replace an object.  With ``check_version``, a resourceVersion in ``obj`` that is not
         the stored one raises ``Conflict`` (an empty one means "unconditional")."""
-        obj = copy.deepcopy(obj)
+        return self._replace(resource, copy.deepcopy(obj), check_version)
+
+    def _replace(self, resource: str, obj: dict, check_version: bool) -> dict:
+        """``update`` of an ``obj`` the store may keep as it is (nobody else holds it)."""
         meta = obj.setdefault("metadata", {})
         key = (meta.get("namespace", ""), meta["name"])
         _drop_empty(meta)
@@ -194,7 +197,7 @@ class Store:
             obj = self.get(resource, namespace, name)
             change(obj)
             obj["metadata"].pop("resourceVersion", None)
-            return self.update(resource, obj, check_version=False)
+            return self._replace(resource, obj, check_version=False)
 
     def delete(
         self, resource: str, namespace: str, name: str, *, resource_version: str | None = None
