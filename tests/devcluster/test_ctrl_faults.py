@@ -82,6 +82,12 @@ def test_node_not_ready_fails_its_pods_and_taints_it():
         assert plane.faults.node_not_ready("a") == {"failed_pods": [f"{NS}/p"]}
         assert terminated(plane.wait_phase("p", "Failed"))["exitCode"] == 137
         assert plane.pod("q")["status"]["phase"] == "Running"
+        plane.wait(
+            lambda: any(
+                t["key"] == "node.kubernetes.io/unreachable"
+                for t in plane.store.get("nodes", "", "a")["spec"].get("taints", [])
+            )
+        )
         plane.store.create("pods", pod("later"))
         plane.wait(lambda: (p := plane.pod("later")) and p["spec"].get("nodeName") == "b")
 
