@@ -23,6 +23,9 @@ TIME_TARGET = 3.0
 RUN = "bench/capacity_1"
 
 
+PROBE_INTERVAL_S = 60.0  # the node probe DaemonSet's interval (deploy/node-probe.yaml), not the tests' 1 s
+
+
 def writes(cluster) -> int:
     return sum(e["verb"] in ("create", "update", "patch", "delete") for e in cluster.server.audit.entries())
 
@@ -37,7 +40,9 @@ def line(name: str, figures: str, ratio: float, target: float) -> bool:
 
 def main() -> int:
     inference = [InferenceWorkload("bench-chat", 64, min_available=0)]
-    with DevCluster(nodes=NODES, gpus_per_node=8, inference=inference) as cluster:
+    with DevCluster(
+        nodes=NODES, gpus_per_node=8, inference=inference, probe_interval_s=PROBE_INTERVAL_S
+    ) as cluster:
         cluster.wait_until_settled(timeout=300)
         apis = Apis.from_api_client(config.new_client_from_config(str(cluster.kubeconfig)))
         names = [n["metadata"]["name"] for n in cluster.store.list("nodes")[0]]

@@ -22,6 +22,9 @@ REPEATS = 3
 TARGET_RATIO = 1.5
 
 
+PROBE_INTERVAL_S = 60.0  # the node probe DaemonSet's interval (deploy/node-probe.yaml), not the tests' 1 s
+
+
 def bench_pod(index: int, node: str) -> dict:
     return {
         "apiVersion": "v1",
@@ -42,7 +45,9 @@ def serve(kubeconfig: str, ready, done, peak) -> None:
     from trainops.devcluster import topology
     from trainops.devcluster.cluster import DevCluster
 
-    with DevCluster(NODES, GPUS, inference=[], kubeconfig=Path(kubeconfig)) as cluster:
+    with DevCluster(
+        NODES, GPUS, inference=[], kubeconfig=Path(kubeconfig), probe_interval_s=PROBE_INTERVAL_S
+    ) as cluster:
         for index in range(PODS):
             cluster.store.create("pods", bench_pod(index, topology.node_name(index // GPUS)))
         ready.set()
