@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import bisect
 import copy
 import json
 import logging
@@ -278,14 +277,12 @@ class ApiServer:
         k, q = call.kind, call.query
         selects = _selectors(q, k.resource)
         limit = _int_param(q, "limit", 0)
-        items, list_rv = self.store.list(k.resource, call.namespace)
-        start = 0
-        if q.get("continue"):
-            list_rv, start_key = self._decode_continue(q["continue"])
-            start = bisect.bisect_right(items, start_key, key=_key)
+        list_rv, start_key = self._decode_continue(q["continue"]) if q.get("continue") else (None, None)
+        items, current_rv = self.store.list(k.resource, call.namespace, after=start_key)
+        list_rv = list_rv or current_rv
         page: list[dict] = []
         more_after: int | None = None
-        for index in range(start, len(items)):
+        for index in range(len(items)):
             obj = items[index]
             if selects and not all(s(obj) for s in selects):
                 continue
@@ -787,6 +784,9 @@ class _HttpServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY: headers and body go out as separate writes; with Nagle's algorithm and the
+    # client's delayed ACK every response would stall ~40-100 ms on a kept-alive connection.
+    disable_nagle_algorithm = True
     server_version = "devcluster"
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the audit log records requests
@@ -969,11 +969,14 @@ def _scale_of(deployment: dict) -> dict:
 
 
 def _reset_status(kind: Kind, obj: dict) -> None:
-    """Creation drops a client-written status (nodes keep theirs, as kubelets register them)."""
+    """Creation drops a client-written status (nodes keep theirs, as kubelets register them); built-in
+    kinds then read back ``"status": {}`` until a controller fills it, as from a real API server."""
     if kind.kind == "Pod":
         obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj.get("spec") or {})}
     elif kind.has_status and kind.kind not in ("Node", "Namespace"):
         obj.pop("status", None)
+        if not kind.custom:
+            obj["status"] = {}
 
 
 def _qos_class(spec: dict) -> str:

@@ -14,6 +14,7 @@ change; ``list`` and events return the stored snapshots themselves, which nobody
 
 from __future__ import annotations
 
+import bisect
 import collections
 import copy
 import queue
@@ -94,6 +95,7 @@ class Store:
         self._watches: list[Watch] = []
         self._listeners: list[Listener] = []
         self._owned: dict[str, set[tuple[str, str, str]]] = collections.defaultdict(set)
+        self._sorted: dict[str, list[tuple[str, str]]] = {}  # sorted keys per resource, rebuilt lazily
 
     # ---- reads -------------------------------------------------------------------------
     @property
@@ -121,12 +123,29 @@ class Store:
         except NotFound:
             return None
 
-    def list(self, resource: str, namespace: str | None = None) -> tuple[list[dict], int]:
-        """Stored snapshots (do not mutate), sorted by namespace and name, and the list's resourceVersion."""
+    def list(
+        self, resource: str, namespace: str | None = None, *, after: tuple[str, str] | None = None
+    ) -> tuple[list[dict], int]:
+        """Stored snapshots (do not mutate), sorted by namespace and name, and the list's resourceVersion.
+        ``after``: only the objects sorted after that (namespace, name) key, as a list page continues."""
         with self._lock:
             items = self._objects.get(resource, {})
-            keys = sorted(k for k in items if namespace is None or k[0] == namespace)
-            return [items[k] for k in keys], self._rv
+            keys = self._sorted_keys(resource)
+            low, high = 0, len(keys)
+            if namespace is not None:  # one namespace's keys are contiguous
+                low, high = (
+                    bisect.bisect_left(keys, (namespace, "")),
+                    bisect.bisect_left(keys, (namespace + "\0", "")),
+                )
+            if after is not None:
+                low = max(low, bisect.bisect_right(keys, after))
+            return [items[k] for k in keys[low:high]], self._rv
+
+    def _sorted_keys(self, resource: str) -> list[tuple[str, str]]:
+        keys = self._sorted.get(resource)
+        if keys is None:
+            keys = self._sorted[resource] = sorted(self._objects.get(resource, {}))
+        return keys
 
     def dependents(self, owner_uid: str) -> list[tuple[str, dict]]:
         """(resource, stored snapshot) of every object with an ownerReference to ``owner_uid``."""
@@ -209,6 +228,7 @@ class Store:
             if resource_version and resource_version != current["metadata"]["resourceVersion"]:
                 raise Conflict(f'{resource} "{name}": resourceVersion precondition failed')
             del self._objects[resource][(namespace, name)]
+            self._sorted.pop(resource, None)
             self._index_owners(resource, (namespace, name), current, None)
             self._rv += 1
             gone = copy.deepcopy(current)
@@ -217,6 +237,8 @@ class Store:
             return gone
 
     def _commit(self, kind: str, resource: str, key: tuple[str, str], obj: dict) -> dict:
+        if kind == ADDED:
+            self._sorted.pop(resource, None)
         self._index_owners(resource, key, self._objects[resource].get(key), obj)
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
