@@ -19,7 +19,7 @@ from trainops.cluster import claims, inference
 from trainops.cluster.claims import NodeHeld, NodeQuarantined, holder_of, is_quarantined, parse_run
 from trainops.cluster.drain import drain, list_pods
 from trainops.cluster.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
-from trainops.cluster.loans import loans_of
+from trainops.cluster.loans import get_path
 from trainops.cluster.nodes import NodeState, edit_node, list_nodes
 from trainops.cluster.quota import set_grant
 from trainops.cluster.retry import Deadline, DeadlineExceeded, call
@@ -176,7 +176,8 @@ def claim(
 def _shrink_inference(
     apis: Apis, run: str, nodes: set[str], refs: list[WorkloadRef], deadlines: Deadlines, log: logging.Logger
 ) -> list[str]:
-    """Lend the capacity of every workload that has pods on ``nodes``; returns what was shrunk."""
+    """Lend the capacity of every workload that has pods on ``nodes`` (a loan is recorded even when
+    nothing is scaled down, so the return waits for the workload to be Ready); returns what was shrunk."""
     if not refs:
         return []
     step = Deadline(deadlines.api_s)
@@ -211,22 +212,16 @@ def _shrink_inference(
         expected = obj["spec"].get("replicas", len(mine)) if ref.kind is DEPLOYMENT else len(mine)
         floor = inference.pdb_floor(pdbs, pod_labels, expected)
         fields = inference.shrink_fields(target.kind, target_obj, len(mine), displaced, floor)
-        edited = inference.lend(apis.custom, target, run, fields, Deadline(deadlines.api_s), target_obj)
-        changes = ", ".join(f"{'.'.join(path)}={value}" for path, value in fields.items())
-        if edited.wrote:
-            log.info("%s: %d pod(s) on claimed nodes, PDB floor %d: %s", target, displaced, floor, changes)
+        inference.lend(apis.custom, target, run, fields, Deadline(deadlines.api_s), target_obj)
+        changes = ", ".join(
+            f"{'.'.join(path)}={value}"
+            for path, value in fields.items()
+            if value != get_path(target_obj, path)
+        )
+        how = f"scaled down: {changes}" if changes else "kept as is; its pods move by eviction"
+        log.info("%s: %d pod(s) on claimed nodes, PDB floor %d; %s", target, displaced, floor, how)
+        if changes:
             shrunk.append(str(target))
-        elif run in loans_of(edited.object):
-            log.info("%s: already scaled down by this run", target)
-            shrunk.append(str(target))
-        else:
-            log.info(
-                "%s: %d pod(s) on claimed nodes, kept at %s (PDB floor %d); they move by eviction",
-                target,
-                displaced,
-                changes,
-                floor,
-            )
     return shrunk
 
 

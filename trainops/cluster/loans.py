@@ -52,7 +52,9 @@ def _with_record(patch: dict, loans: dict[str, list[dict]]) -> dict:
 def lend_patch(obj: dict, run: str, fields: dict[Path, Any]) -> dict | None:
     """The merge patch that sets ``fields`` for ``run`` and records their prior values.
 
-    ``None`` when ``run`` already has a loan on the object (a repeated claim) or nothing changes.
+    ``None`` when ``run`` already has a loan on the object (a repeated claim).  When no field changes
+    (the pods move by eviction), the loan is recorded empty: the return still finds the workload
+    the run displaced and waits until it is Ready again.
     """
     loans = loans_of(obj)
     entries = [
@@ -60,7 +62,7 @@ def lend_patch(obj: dict, run: str, fields: dict[Path, Any]) -> dict | None:
         for path, value in fields.items()
         if get_path(obj, path) != value
     ]
-    if run in loans or not entries:
+    if run in loans:
         return None
     patch: dict = {}
     for entry in entries:
