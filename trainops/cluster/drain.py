@@ -81,7 +81,7 @@ def _evict(core_v1, pod: dict) -> str:
     except ApiException as error:
         if error.status == 404:
             return GONE
-        if error.status in TRANSIENT:
+        if error.status in TRANSIENT or error.status == 409:  # 409: the budget's update conflicted; ask again
             return _message(error)
         raise
     except HTTPError as error:  # the connection dropped: ask again on the next pass
