@@ -1,24 +1,25 @@
 # trainops: `make demo` runs the whole lifecycle on the simulated cluster; `make test` runs the suite.
-# Every target sets itself up from a clean clone (Python venv, editable install, system packages).
+# Every target sets itself up from a clean clone (Python venv, the three distributions, system packages).
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench lint
+.PHONY: setup demo test bench lint wheels
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/install-system-packages
+# trainops-core (core/), airflow-provider-trainops (.), trainops-devcluster (devcluster/), editable.
+$(STAMP): pyproject.toml setup.py core/pyproject.toml devcluster/pyproject.toml scripts/install-system-packages
 	scripts/install-system-packages
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test]"
+	$(BIN)/python -m pip install --quiet -e ./core -e ".[test]" -e ./devcluster
 	touch $(STAMP)
 
 demo: setup
-	$(BIN)/python -m trainops.demo
+	$(BIN)/python -m trainops_devcluster.demo
 
 test: setup
 	$(BIN)/python -m pytest

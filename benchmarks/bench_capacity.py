@@ -12,10 +12,10 @@ import time
 
 from kubernetes import config
 
-from trainops.cluster.capacity import Apis, claim, give_back
-from trainops.cluster.nodes import json_of
-from trainops.devcluster.cluster import DevCluster
-from trainops.devcluster.topology import InferenceWorkload
+from trainops.capacity.procedure import Apis, claim, give_back
+from trainops.kube.nodes import json_of
+from trainops_devcluster.cluster import DevCluster
+from trainops_devcluster.topology import InferenceWorkload
 
 NODES = 512
 WRITES_TARGET = 3.0

@@ -42,8 +42,8 @@ def bench_pod(index: int, node: str) -> dict:
 
 def serve(kubeconfig: str, ready, done, peak) -> None:
     """Child process: a 4,096-node devcluster with 32,768 running pods, served until ``done``."""
-    from trainops.devcluster import topology
-    from trainops.devcluster.cluster import DevCluster
+    from trainops_devcluster import topology
+    from trainops_devcluster.cluster import DevCluster
 
     with DevCluster(
         NODES, GPUS, inference=[], kubeconfig=Path(kubeconfig), probe_interval_s=PROBE_INTERVAL_S

@@ -171,7 +171,7 @@ def run_side(dev, timeline: Timeline, dag, run_uri: str, conf: dict) -> Side:
 
 
 def main() -> int:
-    from trainops.devcluster import airflow_home
+    from trainops_devcluster import airflow_home
 
     home = Path(tempfile.mkdtemp(prefix="bench-training-"))
     log = Path(os.environ.get("BENCH_TRAINING_LOG") or home / "dag-runs.log")  # set it to keep the logs
@@ -192,10 +192,10 @@ def measure(home: Path) -> list[tuple[str, str, float, str, bool]]:
     """Both DAG runs; the benchmark lines' fields."""
     from kubernetes import client, config
 
-    from trainops.cluster.capacity import Apis, claim
-    from trainops.devcluster import airflow_home
-    from trainops.devcluster.cluster import DevCluster
-    from trainops.devcluster.local_s3 import local_s3
+    from trainops.capacity.procedure import Apis, claim
+    from trainops_devcluster import airflow_home
+    from trainops_devcluster.cluster import DevCluster
+    from trainops_devcluster.local_s3 import local_s3
 
     with local_s3() as s3, DevCluster(nodes=16, gpus_per_node=8, process_env=s3.env()) as dev:
         os.environ.update(s3.env())

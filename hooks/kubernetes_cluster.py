@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-from trainops.cluster.capacity import Apis
+from trainops.capacity.procedure import Apis
 
 
 class KubernetesClusterHook(KubernetesHook):

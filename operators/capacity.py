@@ -1,5 +1,5 @@
 """Airflow operators for the taint flip: ``ClaimNodesOperator`` (setup) and ``ReturnCapacityOperator``
-(teardown).  Thin: the procedure lives in ``trainops.cluster.capacity``.
+(teardown).  Thin: the procedure lives in ``trainops.capacity.procedure``.
 
     claim = ClaimNodesOperator(task_id="claim_nodes", nodes=gate.output["nodes"],
                                inference_deployments=["inference/llm-chat"])
@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from trainops.cluster.capacity import Deadlines, NodesHeld, claim, give_back
+from trainops.capacity.procedure import Deadlines, NodesHeld, claim, give_back
 
 DEFAULT_CONN_ID = "kubernetes_default"
 

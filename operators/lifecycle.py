@@ -32,7 +32,7 @@ LOCAL_IMAGE = "devcluster.trainops.io/local"  # the devcluster runs this image's
 DEMO_COMMAND = [
     "python",
     "-m",
-    "trainops.demo.trainer",
+    "trainops_devcluster.demo.trainer",
     "--steps",
     "200",
     "--checkpoint-every",
@@ -270,8 +270,8 @@ class LifecycleGateOperator(NodeHealthGateOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-        from trainops.cluster.nodes import list_nodes
-        from trainops.cluster.retry import Deadline, call
+        from trainops.kube.nodes import list_nodes
+        from trainops.kube.retry import Deadline, call
         from trainops.conventions import GPU_RESOURCE
 
         try:
@@ -302,7 +302,7 @@ class LifecycleGateOperator(NodeHealthGateOperator):
 
 def least_disruptive(nodes: Sequence[str], pods: Sequence[dict], count: int) -> list[str]:
     """``count`` of ``nodes``, those running the fewest pods first (an idle node costs inference nothing)."""
-    from trainops.cluster.drain import must_move
+    from trainops.capacity.drain import must_move
 
     if len(nodes) < count:
         raise ValueError(f"need {count} node(s), the health gate chose {len(nodes)}: {list(nodes)}")
@@ -322,8 +322,8 @@ class LifecycleClaimOperator(ClaimNodesOperator):
     def _claim_or_wait(self, context: Any, deadline: float) -> dict:
         from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
 
-        from trainops.cluster.drain import list_pods
-        from trainops.cluster.retry import Deadline
+        from trainops.capacity.drain import list_pods
+        from trainops.kube.retry import Deadline
 
         core_v1 = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).core_v1_client
         candidates = node_names(self.nodes)

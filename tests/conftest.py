@@ -14,13 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from trainops.devcluster import airflow_home
-from trainops.devcluster.local_s3 import LocalS3, local_s3
+from trainops_devcluster import airflow_home
+from trainops_devcluster.local_s3 import LocalS3, local_s3
 
 REPO = Path(__file__).resolve().parent.parent
+REPO_DAGS = REPO / "dags"
 TEST_DAGS = REPO / "tests" / "dags"
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="trainops-airflow-"))
-airflow_home.configure(AIRFLOW_HOME, {"test-dags": TEST_DAGS})
+airflow_home.configure(AIRFLOW_HOME, {"dags-folder": REPO_DAGS, "test-dags": TEST_DAGS})
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -61,7 +62,7 @@ def run_dag(airflow_db: Path):
     and returns the DagRun."""
 
     def run(dag_id: str, conf: dict | None = None):
-        folder = airflow_home.REPO_DAGS if (airflow_home.REPO_DAGS / f"{dag_id}.py").exists() else TEST_DAGS
+        folder = REPO_DAGS if (REPO_DAGS / f"{dag_id}.py").exists() else TEST_DAGS
         return airflow_home.load_dag(dag_id, folder).test(run_conf=conf)
 
     return run
@@ -72,7 +73,7 @@ def make_devcluster(monkeypatch: pytest.MonkeyPatch):
     """``make_devcluster(**DevCluster options)`` starts a devcluster for this test (16 nodes of 8 GPUs
     unless told otherwise), waits until inference is settled, and points ``KUBECONFIG`` and Airflow's
     ``kubernetes_default`` at it.  Stopped when the test ends."""
-    from trainops.devcluster.cluster import DevCluster
+    from trainops_devcluster.cluster import DevCluster
 
     with contextlib.ExitStack() as running:
 

@@ -1,7 +1,9 @@
 """The ``trainops`` command line: one entry point, one subcommand per area.
 
 Each area module exposes ``register(subparsers)``, which adds its subcommand and sets
-``func`` on its parser; ``func(args)`` returns the process exit code.
+``func`` on its parser; ``func(args)`` returns the process exit code.  Other distributions add
+areas through the ``trainops.cli`` entry point group (``trainops-devcluster`` adds ``devcluster``),
+so the product never imports them.
 """
 
 from __future__ import annotations
@@ -9,23 +11,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import entry_points
 
 AREAS = [
-    "trainops.devcluster.cli",
     "trainops.health.cli",
     "trainops.checkpoints.cli",
-    "trainops.cluster.cli",
+    "trainops.capacity.cli",
 ]
+PLUGIN_GROUP = "trainops.cli"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainops",
-        description="Operate GPU training runs on Kubernetes: node health, capacity, checkpoints, devcluster.",
+        description="Operate GPU training runs on Kubernetes: node health, capacity, checkpoints.",
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module_name in AREAS:
         importlib.import_module(module_name).register(subparsers)
+    for plugin in sorted(entry_points(group=PLUGIN_GROUP), key=lambda ep: ep.name):
+        plugin.load()(subparsers)
     return parser
 
 

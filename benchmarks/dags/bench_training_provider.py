@@ -39,7 +39,7 @@ with DAG("bench_training_provider", schedule=None, render_template_as_native_obj
         name="bench-provider",
         namespace="training",
         image="devcluster.trainops.io/local",
-        cmds=[sys.executable, "-m", "trainops.demo.trainer"],
+        cmds=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
         arguments="{{ dag_run.conf['args'] }}",
         # native rendering (for the args list) would turn "2" into an int: tojson keeps it a string
         env_vars={

@@ -26,7 +26,7 @@ with DAG("bench_training_trainops", schedule=None, render_template_as_native_obj
     TimedGangTraining(
         task_id="train",
         image="devcluster.trainops.io/local",
-        command=[sys.executable, "-m", "trainops.demo.trainer"],
+        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
         args="{{ dag_run.conf['args'] }}",
         run_uri="{{ dag_run.conf['run_uri'] }}",
         nodes=2,

@@ -6,7 +6,7 @@ import threading
 import time
 
 from tests.checkpoints.builders import prefix_of, write_dcp
-from trainops.devcluster.airflow_home import xcom_value
+from trainops_devcluster.airflow_home import xcom_value
 
 
 def test_operator_returns_the_latest_verified_and_the_skipped(run_dag, s3, client, bucket, run):

@@ -26,7 +26,7 @@ with DAG("gang_training_e2e", schedule=None, render_template_as_native_obj=True,
     train = WorkerDiesOnFirstTry(
         task_id="train",
         image="devcluster.trainops.io/local",
-        command=[sys.executable, "-m", "trainops.demo.trainer"],
+        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
         args="{{ dag_run.conf.get('args', []) }}",
         run_uri="{{ dag_run.conf['run_uri'] }}",
         nodes="{{ dag_run.conf.get('size', 2) }}",

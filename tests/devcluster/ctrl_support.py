@@ -7,11 +7,11 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from trainops.devcluster import defaults, kinds
-from trainops.devcluster.controllers import Controllers, start_controllers
-from trainops.devcluster.logs import PodLogs
-from trainops.devcluster.store import Store
-from trainops.devcluster.telemetry import NodeTelemetry
+from trainops_devcluster import defaults, kinds
+from trainops_devcluster.controllers import Controllers, start_controllers
+from trainops_devcluster.logs import PodLogs
+from trainops_devcluster.store import Store
+from trainops_devcluster.telemetry import NodeTelemetry
 
 NS = "default"
 

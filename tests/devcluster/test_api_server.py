@@ -16,11 +16,11 @@ import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from trainops.devcluster.disruption import DisruptionController
-from trainops.devcluster.gc import GarbageCollector
-from trainops.devcluster.logs import PodLogs
-from trainops.devcluster.server import ApiServer
-from trainops.devcluster.store import Store
+from trainops_devcluster.disruption import DisruptionController
+from trainops_devcluster.gc import GarbageCollector
+from trainops_devcluster.logs import PodLogs
+from trainops_devcluster.server import ApiServer
+from trainops_devcluster.store import Store
 
 
 class LocalApi:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from tests.devcluster.ctrl_support import NS, control_plane, job, node, pod, pods_of
-from trainops.devcluster.runtime import LOCAL_IMAGE
+from trainops_devcluster.runtime import LOCAL_IMAGE
 
 
 def running(plane, *names: str) -> None:

@@ -9,11 +9,11 @@ import yaml
 from kubernetes import client, config, watch
 
 from tests.devcluster.ctrl_support import node
-from trainops.devcluster.controllers import start_controllers
-from trainops.devcluster.logs import PodLogs
-from trainops.devcluster.runtime import LOCAL_IMAGE
-from trainops.devcluster.server import ApiServer
-from trainops.devcluster.store import Store
+from trainops_devcluster.controllers import start_controllers
+from trainops_devcluster.logs import PodLogs
+from trainops_devcluster.runtime import LOCAL_IMAGE
+from trainops_devcluster.server import ApiServer
+from trainops_devcluster.store import Store
 
 
 @pytest.fixture

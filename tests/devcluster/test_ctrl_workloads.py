@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.devcluster.ctrl_support import NS, control_plane, node
-from trainops.devcluster.podutil import delete_pod
+from trainops_devcluster.podutil import delete_pod
 
 
 def deployment(name: str, replicas: int) -> dict:

@@ -13,10 +13,10 @@ from collections.abc import Callable
 
 import pytest
 
-from trainops.devcluster.errors import Forbidden, Invalid
-from trainops.devcluster.kueue import KueueConfig, KueueController, kueue_admission
-from trainops.devcluster.patch import merge_patch
-from trainops.devcluster.store import Store
+from trainops_devcluster.errors import Forbidden, Invalid
+from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admission
+from trainops_devcluster.patch import merge_patch
+from trainops_devcluster.store import Store
 
 NS = "train"
 CQ, LQ, FLAVOR = "cluster-queue", "team-queue", "gpu-shared"

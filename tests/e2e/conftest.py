@@ -14,14 +14,14 @@ import pytest
 
 from tests.training.conftest import heartbeat_step, raw
 from trainops.conventions import CLAIMED_BY_ANNOTATION, GPU_RESOURCE, MODE_TAINT, MODE_TRAINING
-from trainops.devcluster import airflow_home
+from trainops_devcluster import airflow_home
 
 DAG_ID = "training_lifecycle"
 WRITES = {"create", "update", "patch", "delete"}
 TRAINER = [
     "python",
     "-m",
-    "trainops.demo.trainer",
+    "trainops_devcluster.demo.trainer",
     "--steps",
     "60",
     "--checkpoint-every",
@@ -41,7 +41,7 @@ def process_env(s3) -> dict[str, str]:
 @pytest.fixture
 def cluster(s3, monkeypatch):
     """An 8-node devcluster (inference settled, every node probed once); Airflow points at it."""
-    from trainops.devcluster.cluster import DevCluster
+    from trainops_devcluster.cluster import DevCluster
 
     with DevCluster(nodes=8, gpus_per_node=8, process_env=process_env(s3)) as dev:
         dev.wait_until_settled()

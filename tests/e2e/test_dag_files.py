@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from trainops.devcluster.airflow_home import REPO_DAGS
+from tests.conftest import REPO_DAGS
 
 LIFECYCLE = ["health_gate", "claim_nodes", "train", "verify_checkpoint", "return_capacity"]
 

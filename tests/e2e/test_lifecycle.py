@@ -18,7 +18,7 @@ from tests.e2e.conftest import (
 from tests.training.conftest import heartbeat_step, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
 from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
-from trainops.devcluster.airflow_home import xcom_value
+from trainops_devcluster.airflow_home import xcom_value
 
 
 def final_checkpoint_events(dag_id: str = DAG_ID) -> list[dict]:

@@ -1,6 +1,6 @@
 """The harness gives real Airflow (migrated SQLite, DAG bundles) and a real S3 connection."""
 
-from trainops.devcluster.airflow_home import xcom_value
+from trainops_devcluster.airflow_home import xcom_value
 
 
 def test_dag_runs_against_local_s3_through_aws_connection(run_dag, s3, bucket):

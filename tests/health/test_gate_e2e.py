@@ -9,12 +9,12 @@ import pytest
 from kubernetes import client, config
 
 from trainops.cli import main
-from trainops.cluster.nodes import NodeState, read_node
-from trainops.cluster.retry import Deadline
+from trainops.kube.nodes import NodeState, read_node
+from trainops.kube.retry import Deadline
 from trainops.conventions import HEALTH_LABEL, QUARANTINE_TAINT
-from trainops.devcluster import airflow_home
-from trainops.devcluster.airflow_home import xcom_value
-from trainops.devcluster.cluster import DevCluster
+from trainops_devcluster import airflow_home
+from trainops_devcluster.airflow_home import xcom_value
+from trainops_devcluster.cluster import DevCluster
 from trainops.health.gate import GateConfig, run_gate
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.quarantine import EVIDENCE_ANNOTATION, apply_quarantine

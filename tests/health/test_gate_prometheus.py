@@ -10,7 +10,7 @@ import requests
 from kubernetes import client
 
 from trainops.cli import main
-from trainops.devcluster.airflow_home import xcom_value
+from trainops_devcluster.airflow_home import xcom_value
 from trainops.health.gate import GateConfig, GateError, run_gate
 from trainops.health.prometheus import PrometheusClient
 

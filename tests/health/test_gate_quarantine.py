@@ -8,8 +8,8 @@ import pytest
 from kubernetes import client
 
 from trainops.cli import main
-from trainops.cluster.nodes import NodeState, read_node
-from trainops.cluster.retry import Deadline
+from trainops.kube.nodes import NodeState, read_node
+from trainops.kube.retry import Deadline
 from trainops.conventions import HEALTH_LABEL, HEALTH_REPORT_ANNOTATION, QUARANTINE_TAINT
 from trainops.health.gate import GateConfig, run_gate
 from trainops.health.policy import load_policy

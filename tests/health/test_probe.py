@@ -11,7 +11,7 @@ import pytest
 
 from tests.health.conftest import two_sample_report
 from trainops.cli import main
-from trainops.devcluster.telemetry import FakeNvml, TelemetryIbReader
+from trainops_devcluster.telemetry import FakeNvml, TelemetryIbReader
 from trainops.health.probe import ANNOTATION, collect_report, publish
 from trainops.health.report import SCHEMA_VERSION, HealthReport
 

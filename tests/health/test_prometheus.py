@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from tests.health.conftest import NOW, two_sample_report
-from trainops.devcluster.telemetry import NodeTelemetry, prometheus_query
+from trainops_devcluster.telemetry import NodeTelemetry, prometheus_query
 from trainops.health.policy import evaluate
 from trainops.health.prometheus import COUNTERS, PrometheusClient, PrometheusError, fleet_reports
 from trainops.health.report import merge_reports

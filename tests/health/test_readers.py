@@ -6,7 +6,7 @@ import pynvml
 import pytest
 
 from tests.health.conftest import two_sample_report
-from trainops.devcluster.telemetry import FakeNvml, TelemetryIbReader
+from trainops_devcluster.telemetry import FakeNvml, TelemetryIbReader
 from trainops.health.ib_reader import IbUnavailable, SysfsIbReader
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import evaluate

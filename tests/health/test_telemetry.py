@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from tests.health.conftest import NOW
-from trainops.devcluster.telemetry import FakeNvml, NodeTelemetry, prometheus_query, render_dcgm
+from trainops_devcluster.telemetry import FakeNvml, NodeTelemetry, prometheus_query, render_dcgm
 from trainops.health.nvml_reader import NvmlReader
 
 

@@ -1,5 +1,5 @@
 """Kept for test modules: the local S3 server lives in the package (the demo uses it too)."""
 
-from trainops.devcluster.local_s3 import LocalS3, free_port, local_s3
+from trainops_devcluster.local_s3 import LocalS3, free_port, local_s3
 
 __all__ = ["LocalS3", "free_port", "local_s3"]

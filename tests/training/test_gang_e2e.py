@@ -17,7 +17,7 @@ from trainops.conventions import (
     QUARANTINE_EVIDENCE_ANNOTATION,
     QUARANTINE_TAINT,
 )
-from trainops.devcluster.airflow_home import xcom_value
+from trainops_devcluster.airflow_home import xcom_value
 
 TRAIN = ["--steps", "300", "--checkpoint-every", "20", "--step-seconds", "0.02", "--heartbeat-every", "5"]
 
@@ -257,7 +257,7 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
     from kubernetes import client
     from trainops.operators.training import GangTrainingOperator
 
-    from trainops.cluster.capacity import Apis, claim
+    from trainops.capacity.procedure import Apis, claim
     from trainops.training.attempts import RunLedger
     from trainops.training.cluster import GangCluster
     from trainops.training.runner import GangRun
@@ -267,7 +267,7 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
     operator = GangTrainingOperator(
         task_id="train",
         image="devcluster.trainops.io/local",
-        command=[sys.executable, "-m", "trainops.demo.trainer"],
+        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
         args=TRAIN,
         run_uri=run_uri,
         nodes=2,

@@ -18,7 +18,7 @@ def run_ranks(s3, run_uri, args, world=2, resume=""):
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "trainops.demo.trainer", *args],
+            [sys.executable, "-m", "trainops_devcluster.demo.trainer", *args],
             env={**env, "JOB_COMPLETION_INDEX": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -95,6 +95,9 @@ def test_rank_0_gives_up_when_a_peer_never_saves(s3, bucket):
     }
     args = ["--steps", "10", "--checkpoint-every", "5", "--step-seconds", "0", "--shard-wait-seconds", "0.5"]
     done = subprocess.run(
-        [sys.executable, "-m", "trainops.demo.trainer", *args], env=env, capture_output=True, text=True
+        [sys.executable, "-m", "trainops_devcluster.demo.trainer", *args],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode != 0 and "NCCL timeout" in done.stderr

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from trainops.cluster.retry import Deadline
+from trainops.kube.retry import Deadline
 from trainops.health.gate import DEFAULT_SELECTOR, GateConfig, GateError, run_gate
 from trainops.health.gemm import measure_gemm_tflops
 from trainops.health.ib_reader import SysfsIbReader

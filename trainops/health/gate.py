@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainops.cluster.nodes import NodeState, json_of
-from trainops.cluster.retry import Deadline, call
+from trainops.kube.nodes import NodeState, json_of
+from trainops.kube.retry import Deadline, call
 from trainops.conventions import GPU_POOL_LABEL, HEALTH_REPORT_ANNOTATION, QUARANTINE_TAINT
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports

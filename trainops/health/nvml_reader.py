@@ -1,7 +1,7 @@
 """Read every GPU of this node through NVML, via a pynvml-like module passed in.
 
 Production passes ``pynvml`` (see :func:`load_pynvml`); tests and the devcluster pass
-``trainops.devcluster.telemetry.FakeNvml``. Any ``NVMLError`` (or a function this pynvml lacks)
+``trainops_devcluster.telemetry.FakeNvml``. Any ``NVMLError`` (or a function this pynvml lacks)
 makes that one signal unknown with the error as its reason; nothing defaults to healthy.
 
 XID events reach NVML clients only after they register for them, so a reader watches from

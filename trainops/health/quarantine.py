@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trainops.cluster.nodes import NodeState, edit_node, with_taint, without_taint
-from trainops.cluster.retry import Deadline
+from trainops.kube.nodes import NodeState, edit_node, with_taint, without_taint
+from trainops.kube.retry import Deadline
 from trainops.conventions import (
     HEALTH_LABEL,
     HEALTH_QUARANTINED,

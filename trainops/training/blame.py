@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 
-from trainops.cluster.retry import Deadline
+from trainops.kube.retry import Deadline
 from trainops.health.quarantine import quarantine_node as quarantine
 
 EDIT_DEADLINE_S = 60.0

@@ -1,5 +1,5 @@
 """Synchronous cluster calls of the operator (``kubernetes`` client): submit, find and inspect Jobs,
-and blame nodes.  Transient API errors are retried until a deadline (``trainops.cluster.retry``)."""
+and blame nodes.  Transient API errors are retried until a deadline (``trainops.kube.retry``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from trainops.cluster.retry import Deadline, call
+from trainops.kube.retry import Deadline, call
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
 from trainops.training.kube import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, WORKLOADS
 

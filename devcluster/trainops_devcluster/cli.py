@@ -1,0 +1,117 @@
+"""``trainops devcluster``: run the simulated GPU cluster, and inject faults into a running one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from pathlib import Path
+
+FAULT_OPTIONS = {
+    "--exit-code": int,
+    "--reason": str,
+    "--code": int,
+    "--gpu": int,
+    "--uncorrectable": int,
+    "--port": int,
+    "--replay": int,
+    "--factor": float,
+    "--path": str,
+    "--status": int,
+    "--count": int,
+    "--fraction": float,
+}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("devcluster", help="the simulated GPU Kubernetes cluster (devcluster)")
+    commands = parser.add_subparsers(dest="devcluster_command", required=True, metavar="COMMAND")
+
+    up = commands.add_parser("up", help="run a devcluster in the foreground until interrupted")
+    up.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
+    up.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
+    up.add_argument("--nodes", type=int, default=16, help="GPU nodes (default 16)")
+    up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    up.add_argument(
+        "--kubeconfig", type=Path, default=Path("devcluster.kubeconfig"), help="kubeconfig to write"
+    )
+    up.add_argument("--seed", type=int, default=0, help="seed for the simulated telemetry")
+    up.set_defaults(func=run_up)
+
+    inject = commands.add_parser(
+        "inject",
+        help="inject a fault into a running devcluster",
+        description="Faults: crash-pod NS/POD, crash-job NS/JOB, hang NS/JOB, xid NODE --code N, "
+        "ecc NODE --uncorrectable N, ib-down NODE, nvlink-errors NODE --replay N, slow-gpu NODE --factor F, "
+        "telemetry-missing NODE, node-notready NODE, api-fault --path REGEX --status S (--count N | --fraction F), "
+        "drop-watches.",
+    )
+    inject.add_argument("--kubeconfig", type=Path, required=True, help="the devcluster's kubeconfig")
+    inject.add_argument("fault", help="fault name, e.g. xid")
+    inject.add_argument("target", nargs="?", default="", help="NODE or NAMESPACE/NAME, as the fault needs")
+    for flag, kind in FAULT_OPTIONS.items():
+        inject.add_argument(flag, type=kind)
+    inject.set_defaults(func=run_inject)
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from trainops_devcluster.cluster import DevCluster
+
+    try:
+        cluster = DevCluster(
+            args.nodes,
+            args.gpus_per_node,
+            host=args.host,
+            port=args.port,
+            kubeconfig=args.kubeconfig.resolve(),
+            seed=args.seed,
+        )
+    except ValueError as error:
+        print(f"trainops devcluster up: {error}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    with cluster:
+        print(f"devcluster API listening on {cluster.url}", flush=True)
+        print(f"kubeconfig written to {cluster.kubeconfig}", flush=True)
+        try:
+            stop.wait()
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def run_inject(args: argparse.Namespace) -> int:
+    import requests
+    import yaml
+
+    try:
+        config = yaml.safe_load(args.kubeconfig.read_text())
+        server = config["clusters"][0]["cluster"]["server"]
+    except (OSError, KeyError, IndexError, TypeError, yaml.YAMLError) as error:
+        print(
+            f"trainops devcluster inject: cannot read the server from --kubeconfig {args.kubeconfig}: {error}"
+        )
+        return 2
+    options = {
+        flag.lstrip("-").replace("-", "_"): getattr(args, flag.lstrip("-").replace("-", "_"))
+        for flag in FAULT_OPTIONS
+    }
+    body = {"target": args.target, **{k: v for k, v in options.items() if v is not None}}
+    response = requests.post(f"{server}/devcluster/faults/{args.fault}", json=body, timeout=30)
+    payload = response.json()
+    if response.status_code != 200:
+        print(f"trainops devcluster inject: {payload.get('error', payload)}", file=sys.stderr)
+        return 1
+    print(json.dumps(payload))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``trainops-devcluster up|inject ...``: the same as ``trainops devcluster ...``."""
+    parser = argparse.ArgumentParser(prog="trainops-devcluster")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["devcluster", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args) or 0

@@ -1,0 +1,249 @@
+"""``DevCluster``: the simulated GPU Kubernetes cluster, assembled and running.
+
+It wires the object store, the API server, the simulated controllers (scheduler, kubelet,
+Job, Deployment, disruption, node lifecycle, Kueue) and per-node GPU telemetry, seeds the
+objects of ``topology``, writes a kubeconfig, and serves the devcluster-only endpoints under
+``/devcluster/``: fault injection, the audit log, dcgm-exporter metrics per node and a
+Prometheus-style query API for the fleet.
+
+    with DevCluster(nodes=16) as cluster:
+        kubernetes.config.load_kube_config(str(cluster.kubeconfig))
+        cluster.inject("xid", "gpu-node-003", code=79)
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import unquote
+
+import yaml
+
+from trainops_devcluster import defaults, kinds, topology
+from trainops_devcluster.controllers import start_controllers
+from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admission
+from trainops_devcluster.logs import PodLogs
+from trainops_devcluster.probe_daemon import ProbeDaemon
+from trainops_devcluster.server import ApiServer
+from trainops_devcluster.store import Store
+from trainops_devcluster.telemetry import NodeTelemetry, prometheus_query, render_dcgm
+
+TOKEN = "devcluster-admin-token"
+
+
+class FaultError(ValueError):
+    """A fault request that names an unknown fault, target or option."""
+
+
+class DevCluster:
+    """A running simulated cluster.  Use as a context manager, or ``start()``/``stop()``."""
+
+    def __init__(
+        self,
+        nodes: int = 16,
+        gpus_per_node: int = 8,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        kubeconfig: Path | None = None,
+        seed: int = 0,
+        inference: list[topology.InferenceWorkload] | None = None,
+        process_env: dict[str, str] | None = None,
+        kueue_config: KueueConfig | None = None,
+        probe_interval_s: float = 1.0,
+    ) -> None:
+        if nodes < 1 or gpus_per_node < 1:
+            raise ValueError("nodes and gpus_per_node must be at least 1")
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            raise ValueError(
+                f"host {host!r}: the devcluster binds loopback only (127.0.0.1, localhost or ::1)"
+            )
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.seed = seed
+        self.inference = topology.default_inference(nodes) if inference is None else inference
+        self.store = Store()
+        self.logs = PodLogs()
+        self.telemetry = {
+            topology.node_name(i): NodeTelemetry.healthy(topology.node_name(i), gpus_per_node, seed + i)
+            for i in range(nodes)
+        }
+        self._tmp = None if kubeconfig else tempfile.TemporaryDirectory(prefix="devcluster-")
+        self.kubeconfig = kubeconfig or Path(self._tmp.name) / "kubeconfig"
+        self.server = ApiServer(
+            self.store,
+            logs=self.logs,
+            host=host,
+            port=port,
+            admission=[kueue_admission],
+            extension=self._extension,
+        )
+        self._process_env = dict(process_env or {})
+        self._kueue_config = kueue_config or KueueConfig()
+        self._controllers = None
+        self._kueue = None
+        self.probe_daemon = ProbeDaemon(self.store, self.telemetry, interval_s=probe_interval_s)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self) -> DevCluster:
+        self._seed_objects()
+        self._controllers = start_controllers(self.store, self.logs, self.telemetry, self._process_env)
+        self._kueue = KueueController(self.store, self._kueue_config)
+        self._kueue.start()
+
+        self.probe_daemon.start()
+        self.url = self.server.start()
+        self.write_kubeconfig(self.kubeconfig)
+        return self
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.probe_daemon.stop()
+        if self._kueue:
+            self._kueue.stop()
+        if self._controllers:
+            self._controllers.stop()
+        if self._tmp:
+            self._tmp.cleanup()
+
+    def __enter__(self) -> DevCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def faults(self):
+        return self._controllers.faults
+
+    def _seed_objects(self) -> None:
+        def create(resource: str, obj: dict) -> None:
+            defaults.apply(kinds.by_resource(resource), obj, creating=True)
+            self.store.create(resource, obj)
+
+        for name in ("default", "kube-system", topology.INFERENCE_NAMESPACE, topology.TRAINING_NAMESPACE):
+            create("namespaces", topology.namespace(name))
+        for index in range(self.nodes):
+            create("nodes", topology.gpu_node(index, self.gpus_per_node))
+        for workload in self.inference:
+            create("deployments.apps", topology.inference_deployment(workload, self.gpus_per_node))
+            create("poddisruptionbudgets.policy", topology.pod_disruption_budget(workload))
+        for resource, obj in topology.kueue_objects():
+            create(resource, obj)
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig that stock kubectl and both Python clients use unchanged."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "devcluster", "cluster": {"server": self.url}}],
+            "users": [{"name": "devcluster-admin", "user": {"token": TOKEN}}],
+            "contexts": [
+                {
+                    "name": "devcluster",
+                    "context": {"cluster": "devcluster", "user": "devcluster-admin", "namespace": "default"},
+                }
+            ],
+            "current-context": "devcluster",
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
+
+    def wait_until_settled(self, timeout: float = 30.0) -> None:
+        """Block until every inference Deployment has all its replicas ready (or raise TimeoutError)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            deployments, _ = self.store.list("deployments.apps")
+            if all(
+                d.get("status", {}).get("readyReplicas", 0) == d["spec"].get("replicas", 0)
+                for d in deployments
+            ):
+                return
+            time.sleep(0.05)
+        raise TimeoutError("inference Deployments did not become ready")
+
+    # ---- fault injection ---------------------------------------------------------------
+    def fault_table(self) -> dict[str, Callable[..., object]]:
+        """Fault name (as on the command line) -> function(target, **options)."""
+        faults = self.faults
+        server = self.server
+
+        def split(target: str) -> tuple[str, str]:
+            namespace, sep, name = target.partition("/")
+            if not sep or not name:
+                raise FaultError(f"target {target!r} must be NAMESPACE/NAME")
+            return namespace, name
+
+        return {
+            "crash-pod": lambda target, exit_code=1, reason="Error": faults.crash_pod(
+                *split(target), exit_code=int(exit_code), reason=reason
+            ),
+            "crash-job": lambda target: faults.crash_job(*split(target)),
+            "hang": lambda target: faults.hang_job(*split(target)),
+            "xid": lambda target, code, gpu=0: faults.xid(target, int(code), gpu=int(gpu)),
+            "ecc": lambda target, uncorrectable, gpu=0: faults.ecc(target, int(uncorrectable), gpu=int(gpu)),
+            "ib-down": lambda target, port=1: faults.ib_down(target, port=int(port)),
+            "nvlink-errors": lambda target, replay, gpu=0: faults.nvlink_errors(
+                target, int(replay), gpu=int(gpu)
+            ),
+            "slow-gpu": lambda target, factor, gpu=None: faults.slow_gpu(
+                target, float(factor), gpu=None if gpu is None else int(gpu)
+            ),
+            "telemetry-missing": lambda target: faults.telemetry_missing(target),
+            "node-notready": lambda target: faults.node_not_ready(target),
+            "api-fault": lambda target="", *, path, status, count=None, fraction=None: server.faults.add(
+                path,
+                int(status),
+                count=None if count is None else int(count),
+                fraction=None if fraction is None else float(fraction),
+            ),
+            "drop-watches": lambda target="": server.drop_watches(),
+        }
+
+    def inject(self, fault: str, target: str = "", **options) -> dict:
+        """Inject one fault, e.g. ``inject("xid", "gpu-node-003", code=79)``; returns what was done."""
+        table = self.fault_table()
+        if fault not in table:
+            raise FaultError(f"unknown fault {fault!r}; known faults: {', '.join(sorted(table))}")
+        options = {key.replace("-", "_"): value for key, value in options.items() if value is not None}
+        try:
+            result = table[fault](target, **options)
+        except TypeError as error:
+            raise FaultError(f"fault {fault!r}: bad options {sorted(options)}: {error}") from None
+        return {"fault": fault, "target": target, "options": options, "result": result}
+
+    # ---- /devcluster/ endpoints --------------------------------------------------------
+    def _extension(self, method: str, path: str, query: dict, body: bytes) -> tuple[int, str, bytes]:
+        parts = [unquote(p) for p in path.strip("/").split("/")][1:]
+        try:
+            if method == "POST" and parts[:1] == ["faults"] and len(parts) == 2:
+                options = json.loads(body or b"{}")
+                target = options.pop("target", "")
+                return _json(200, self.inject(parts[1], target, **options))
+            if method == "GET" and parts == ["audit"]:
+                return _json(200, {"entries": self.server.audit.entries()})
+            if method == "GET" and len(parts) == 3 and parts[0] == "nodes" and parts[2] == "metrics":
+                if parts[1] not in self.telemetry:
+                    return _json(404, {"error": f"no node {parts[1]!r}"})
+                return 200, "text/plain; version=0.0.4", render_dcgm(self.telemetry[parts[1]]).encode()
+            if method == "GET" and parts == ["prometheus", "api", "v1", "query"]:
+                promql, at = _first(query.get("query")), _first(query.get("time"))
+                answer = prometheus_query(
+                    self.telemetry, promql or "", time.time() if at is None else float(at)
+                )
+                return _json(200 if answer["status"] == "success" else 400, answer)
+        except (FaultError, ValueError, KeyError) as error:
+            return _json(400, {"error": str(error)})
+        return _json(404, {"error": f"no devcluster endpoint {method} {path}"})
+
+
+def _first(value):
+    return value[0] if isinstance(value, list) else value
+
+
+def _json(status: int, payload: dict) -> tuple[int, str, bytes]:
+    return status, "application/json", json.dumps(payload, default=str).encode()

@@ -1,0 +1,71 @@
+"""The simulated control plane, started in one call: ``start_controllers(...)``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from trainops_devcluster.controller import Controller
+from trainops_devcluster.deployments import DeploymentController
+from trainops_devcluster.disruption import DisruptionController
+from trainops_devcluster.faults import Faults
+from trainops_devcluster.gc import GarbageCollector
+from trainops_devcluster.jobs import JobController
+from trainops_devcluster.logs import PodLogs
+from trainops_devcluster.nodes import NodeLifecycle
+from trainops_devcluster.runtime import PodRuntime
+from trainops_devcluster.scheduler import Scheduler
+from trainops_devcluster.store import Store
+
+
+@dataclass
+class Controllers:
+    scheduler: Scheduler
+    runtime: PodRuntime
+    jobs: JobController
+    deployments: DeploymentController
+    disruption: DisruptionController
+    nodes: NodeLifecycle
+    garbage_collector: GarbageCollector
+    faults: Faults
+
+    def all(self) -> list[Controller]:
+        return [
+            self.nodes,
+            self.scheduler,
+            self.runtime,
+            self.jobs,
+            self.deployments,
+            self.disruption,
+            self.garbage_collector,
+        ]
+
+    def stop(self) -> None:
+        for controller in reversed(self.all()):
+            controller.stop()
+
+
+def start_controllers(
+    store: Store,
+    logs: PodLogs,
+    telemetry: Mapping | None = None,
+    process_env: Mapping[str, str] | None = None,
+) -> Controllers:
+    """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, disruption, node
+    lifecycle and garbage-collector controllers on ``store``; ``telemetry`` maps node names to ``NodeTelemetry``;
+    ``process_env`` is laid over this process's environment for process-runtime pods."""
+    telemetry = telemetry if telemetry is not None else {}
+    runtime = PodRuntime(store, logs, telemetry, process_env)
+    controllers = Controllers(
+        scheduler=Scheduler(store),
+        runtime=runtime,
+        jobs=JobController(store),
+        deployments=DeploymentController(store),
+        disruption=DisruptionController(store),
+        nodes=NodeLifecycle(store),
+        garbage_collector=GarbageCollector(store),
+        faults=Faults(store, telemetry, runtime),
+    )
+    for controller in controllers.all():
+        controller.start()
+    return controllers

@@ -1,0 +1,129 @@
+"""``python -m trainops_devcluster.demo`` (``make demo``): the whole training lifecycle on the simulated cluster.
+
+Starts a local S3 server and a 16-node devcluster (inference Deployments with PodDisruptionBudgets,
+Kueue queues), a throw-away Airflow home, and runs ``dags/training_lifecycle.py`` with dag.test().
+Mid-run, once a checkpoint is verified, a GPU on one training node falls off the bus (XID 79): the
+node is quarantined and the run resumes on the spare from the last verified step. The timeline
+goes to the terminal, Airflow's own logs to a file. Exits 0 only when the end state is right.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+DAG_ID = "training_lifecycle"
+BUCKET = "trainops-demo"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainops_devcluster.demo", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--dags",
+        type=Path,
+        default=Path("dags"),
+        help="the folder with training_lifecycle.py (default ./dags)",
+    )
+    parser.add_argument("--nodes", type=int, default=3, help="training nodes (one spare is claimed too)")
+    parser.add_argument("--steps", type=int, default=400, help="training steps")
+    parser.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
+    parser.add_argument("--step-seconds", type=float, default=0.1, help="simulated time per step")
+    parser.add_argument(
+        "--crash-after-step", type=int, default=150, help="inject the XID after this checkpoint"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    home = Path(tempfile.mkdtemp(prefix="trainops-demo-"))
+    log_path = home / "airflow.log"
+
+    from trainops_devcluster import airflow_home
+
+    airflow_home.configure(
+        home, {"dags-folder": args.dags.resolve()}
+    )  # before Airflow is imported: it reads its configuration at import
+    from trainops_devcluster.demo.timeline import Timeline, terminal_only_for_timeline
+
+    print(f"trainops demo: Airflow home {home}; Airflow's own log: {log_path}", flush=True)
+    started = time.monotonic()
+    with terminal_only_for_timeline(log_path) as terminal:
+        timeline = Timeline(terminal)
+        ok = run(args, timeline)
+        timeline.say(
+            f"demo {'PASSED' if ok else 'FAILED'} in {time.monotonic() - started:.0f}s (Airflow log: {log_path})"
+        )
+    return 0 if ok else 1
+
+
+def run(args: argparse.Namespace, timeline) -> bool:
+    from kubernetes import config
+
+    from trainops_devcluster.demo.scenario import Cluster, Watcher, end_state_checks
+    from trainops_devcluster import airflow_home
+    from trainops_devcluster.cluster import DevCluster
+    from trainops_devcluster.local_s3 import local_s3
+
+    run_name = "demo-run"
+    run_uri = f"s3://{BUCKET}/runs/{run_name}/"
+    with local_s3() as s3:
+        s3.create_bucket(BUCKET)
+        os.environ.update(s3.env())
+        os.environ["AIRFLOW_CONN_AWS_DEFAULT"] = s3.airflow_connection_uri()
+        trainer_env = {
+            **s3.env(),
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+        }
+        timeline.say(f"local S3 at {s3.endpoint_url}, bucket {BUCKET}")
+        with DevCluster(nodes=16, gpus_per_node=8, process_env=trainer_env) as dev:
+            dev.wait_until_settled()
+            os.environ["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = airflow_home.kubernetes_connection(dev.kubeconfig)
+            os.environ["KUBECONFIG"] = str(dev.kubeconfig)
+            dev.inject("ecc", "gpu-node-015", uncorrectable=2)  # a node already broken before the run
+            dev.probe_daemon.wait_rounds(1)
+            cluster = Cluster(config.new_client_from_config(config_file=str(dev.kubeconfig)))
+            seeded = {d["metadata"]["name"]: d["spec"]["replicas"] for d in cluster.list("deployments")}
+            timeline.say(
+                f"devcluster up at {dev.url}: 16 GPU nodes x 8 GPUs; inference "
+                + ", ".join(f"{name} {n} replicas" for name, n in seeded.items())
+                + "; Kueue ClusterQueue 'training' with 0 GPUs"
+            )
+            airflow_home.migrate()
+            dag = airflow_home.load_dag(DAG_ID, args.dags.resolve())
+            conf = {
+                "run_name": run_name,
+                "nodes": args.nodes,
+                "spare_nodes": 1,
+                "command": [
+                    "python",
+                    "-m",
+                    "trainops_devcluster.demo.trainer",
+                    "--steps",
+                    str(args.steps),
+                    "--checkpoint-every",
+                    str(args.checkpoint_every),
+                    "--step-seconds",
+                    str(args.step_seconds),
+                ],
+            }
+            timeline.say(
+                f"triggering {DAG_ID}: {args.nodes} nodes + 1 spare, {args.steps} steps, run {run_uri}"
+            )
+            watcher = Watcher(timeline, cluster, dev, DAG_ID, run_uri, args.crash_after_step).start()
+            try:
+                dag_run = dag.test(run_conf=conf)
+            finally:
+                watcher.stop()
+            timeline.say(f"DAG run finished: {dag_run.state}. Checking the cluster and the bucket:")
+            return end_state_checks(timeline, cluster, dag_run, seeded, run_uri, watcher.crashed_node)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

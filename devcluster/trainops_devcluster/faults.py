@@ -1,0 +1,165 @@
+"""Faults injected into the devcluster: pods and Jobs that crash or hang, GPUs and nodes that fail.
+
+Telemetry faults change the node's ``NodeTelemetry`` (what dcgm-exporter, NVML and sysfs report).
+Faults that a real node would not survive the job of also fail the pods they hit, like NVIDIA's
+stack does to a CUDA process: an XID that kills the GPU's contexts, uncorrectable ECC, a downed
+InfiniBand port (NCCL aborts), a node that stops responding.  Each such fault also records a
+Warning Event on the node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from trainops_devcluster.conditions import set_condition
+from trainops_devcluster.events import WARNING, EventRecorder
+from trainops_devcluster.informer import Key
+from trainops_devcluster.podutil import controller_uid
+from trainops_devcluster.runtime import Exit, PodNotRunning, PodRuntime
+from trainops_devcluster.store import NotFound, Store
+
+# XIDs after which the CUDA contexts on the GPU are gone (the application is killed or must restart).
+# Informational or recoverable ones (e.g. 63 row remap, 92 high SBE rate, 154 recovery action) are not here.
+FATAL_XIDS = frozenset(
+    {13, 31, 43, 46, 48, 62, 64, 69, 74, 79, 94, 95, 109, 119, 120, 136, 140, 143, 155, 156, 158}
+    | set(range(144, 151))
+)
+XID_MEANING = {
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    46: "GPU stopped processing (timeout)",
+    48: "Double Bit ECC Error",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    74: "NVLink Error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+}
+
+
+class Faults:
+    """The devcluster's fault injection (``DevCluster.inject`` and ``trainops devcluster inject`` call these)."""
+
+    def __init__(self, store: Store, telemetry: Mapping, runtime: PodRuntime) -> None:
+        self.store = store
+        self.telemetry = telemetry
+        self.runtime = runtime
+        self.events = EventRecorder(store, "nvidia-device-health")
+
+    # ---- pods and jobs -----------------------------------------------------------------
+    def crash_pod(self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error") -> dict:
+        """The pod's containers die now with ``exit_code`` (reason e.g. ``Error``, ``OOMKilled``)."""
+        self.runtime.crash(namespace, name, Exit(exit_code, reason))
+        return {"pods": [name]}
+
+    def crash_job(self, namespace: str, job: str) -> dict:
+        """Every running pod of the Job dies with exit code 1."""
+        names = self._running_job_pods(namespace, job)
+        for name in names:
+            self.runtime.crash(namespace, name, Exit(1, "Error"))
+        return {"pods": names}
+
+    def hang_job(self, namespace: str, job: str) -> dict:
+        """The Job's running pods stay Running but make no progress (processes are stopped)."""
+        names = self._running_job_pods(namespace, job)
+        for name in names:
+            self.runtime.hang(namespace, name)
+        return {"pods": names}
+
+    def _running_job_pods(self, namespace: str, job: str) -> list[str]:
+        found = self.store.find("jobs.batch", namespace, job)
+        if found is None:
+            raise NotFound(f'jobs.batch "{job}" not found in namespace "{namespace}"')
+        uid = found["metadata"]["uid"]
+        pods, _ = self.store.list("pods", namespace)
+        return [
+            p["metadata"]["name"]
+            for p in pods
+            if controller_uid(p) == uid
+            and (p.get("status") or {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    # ---- GPUs and nodes ----------------------------------------------------------------
+    def xid(self, node: str, code: int, gpu: int = 0) -> dict:
+        """An XID on one GPU; a fatal one also fails the pods using that GPU."""
+        self._telemetry(node).inject_xid(code, gpu=gpu)
+        meaning = XID_MEANING.get(code, "GPU error")
+        message = f"Xid {code} on GPU {gpu}: {meaning}"
+        self._node_event(node, "XidError", message)
+        failed = self._fail(self.runtime.pods_on_gpus(node, gpu), message) if code in FATAL_XIDS else []
+        return {"failed_pods": failed}
+
+    def ecc(self, node: str, uncorrectable: int, gpu: int = 0) -> dict:
+        """Uncorrectable ECC errors on one GPU: the process using it is killed (as with Xid 48)."""
+        self._telemetry(node).inject_ecc(uncorrectable, gpu=gpu)
+        message = f"{uncorrectable} uncorrectable ECC error(s) on GPU {gpu}"
+        self._node_event(node, "EccError", message)
+        failed = self._fail(self.runtime.pods_on_gpus(node, gpu), message) if uncorrectable > 0 else []
+        return {"failed_pods": failed}
+
+    def ib_down(self, node: str, port: int = 1) -> dict:
+        """An InfiniBand port goes down: NCCL on the node's GPU pods aborts."""
+        self._telemetry(node).ib_down(port=port)
+        message = f"InfiniBand port mlx5_0/{port} is down"
+        self._node_event(node, "InfiniBandPortDown", message)
+        return {"failed_pods": self._fail(self.runtime.pods_on_gpus(node), f"NCCL error: {message}")}
+
+    def nvlink_errors(self, node: str, replay: int, gpu: int = 0) -> dict:
+        """NVLink replay errors (recovered by the link; jobs keep running)."""
+        self._telemetry(node).nvlink_errors(replay, gpu=gpu)
+        return {"failed_pods": []}
+
+    def slow_gpu(self, node: str, factor: float, gpu: int | None = None) -> dict:
+        """One GPU (or all) runs at ``factor`` of its speed."""
+        self._telemetry(node).slow_gpu(factor, gpu=gpu)
+        return {"failed_pods": []}
+
+    def telemetry_missing(self, node: str) -> dict:
+        """The node's telemetry stops being available."""
+        self._telemetry(node).set_missing(True)
+        return {"failed_pods": []}
+
+    def node_not_ready(self, node: str) -> dict:
+        """The node stops responding: ``Ready=Unknown`` (the lifecycle controller then taints it) and
+        its pods die with it."""
+        self._set_ready(node, "Unknown", "NodeStatusUnknown", "Kubelet stopped posting node status.")
+        message = f"node {node} stopped responding"
+        self._node_event(node, "NodeNotReady", f"Node {node} status is now: NodeNotReady")
+        return {"failed_pods": self._fail(self.runtime.running_pods(node), message, exit_code=137)}
+
+    def node_ready(self, node: str) -> dict:
+        """The node is back: ``Ready=True`` (the lifecycle controller removes its taints)."""
+        self._set_ready(node, "True", "KubeletReady", "kubelet is posting ready status")
+        return {"failed_pods": []}
+
+    # ---- helpers -----------------------------------------------------------------------
+    def _telemetry(self, node: str):
+        if node not in self.telemetry:
+            raise NotFound(f'node "{node}" has no telemetry (known nodes: {len(self.telemetry)})')
+        return self.telemetry[node]
+
+    def _set_ready(self, node: str, status: str, reason: str, message: str) -> None:
+        self.store.mutate("nodes", "", node, lambda obj: set_condition(obj, "Ready", status, reason, message))
+
+    def _node_event(self, node: str, reason: str, message: str) -> None:
+        obj = self.store.find("nodes", "", node)
+        if obj is None:
+            raise NotFound(f'node "{node}" not found')
+        self.events.record(obj, reason, message, WARNING, host=node)
+
+    def _fail(self, pods: list[Key], message: str, exit_code: int = 1) -> list[str]:
+        failed = []
+        for namespace, name in pods:
+            try:
+                self.runtime.crash(namespace, name, Exit(exit_code, "Error", message))
+            except PodNotRunning:
+                continue
+            failed.append(f"{namespace}/{name}")
+        return failed

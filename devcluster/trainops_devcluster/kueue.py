@@ -1,0 +1,462 @@
+"""The simulated Kueue (v1beta2, as ``reference/kueue.md`` §1 documents it).
+
+``kueue_admission`` is the webhook (a queue-labelled Job is suspended at creation).  ``KueueController``
+does what Kueue's Job reconciler, Workload controller and scheduler do, level-triggered over the store:
+
+- a Workload per queue-labelled Job (``job-<name>-<hash>``, controller ownerReference, job-uid label,
+  PodSet ``main``, priority from the ``kueue.x-k8s.io/priority-class`` WorkloadPriorityClass);
+- all-or-nothing quota reservation and preemption (``kueue_scheduler``), then the Job unsuspended with
+  the flavor's nodeLabels and tolerations injected (restored whenever the Job is stopped);
+- PodsReady, the waitForPodsReady timeout with requeue backoff and deactivation after the limit,
+  ``spec.active=false``, Finished, and the Workload removed when its Job is gone.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+from trainops_devcluster.controller import Controller
+from trainops_devcluster.kueue_admission import kueue_admission
+from trainops_devcluster.kueue_api import (
+    ADMITTED,
+    API_VERSION,
+    CLUSTER_QUEUES,
+    DEACTIVATED,
+    DEACTIVATION_TARGET,
+    EVICTED,
+    FINISHED,
+    FLAVORS,
+    GROUP,
+    JOB_UID_LABEL,
+    JOBS,
+    LOCAL_QUEUES,
+    MAIN_PODSET,
+    NOT_READY_MESSAGE,
+    PODS_READY,
+    PODS_READY_TIMEOUT,
+    PODSET_LABEL,
+    PRIORITY_CLASSES,
+    PRIORITY_LABEL,
+    QUEUE_LABEL,
+    QUOTA_RESERVED,
+    REQUEUED,
+    WAIT_FOR_START,
+    WORKLOAD_ANNOTATION,
+    WORKLOADS,
+    Writer,
+    condition,
+    has_quota,
+    is_active,
+    is_finished,
+    is_true,
+    iso,
+    parse_iso,
+    remove_condition,
+    workload_name,
+)
+from trainops_devcluster.kueue_scheduler import Scheduler
+from trainops_devcluster.store import AlreadyExists, Event, NotFound, Store
+
+__all__ = ["KueueConfig", "KueueController", "kueue_admission"]
+
+JOB_COMPONENT = "batch/job-kueue-controller"
+WORKLOAD_COMPONENT = "kueue-admission"
+READY_MESSAGE = "All pods reached readiness and the workload is running"
+
+
+@dataclass(frozen=True)
+class KueueConfig:
+    """The parts of Kueue's manager Configuration the devcluster honours; defaults are fast for tests.
+
+    ``wait_for_pods_ready_timeout_s``: admitted -> PodsReady deadline (also the recovery timeout once
+    running); ``None`` disables waitForPodsReady.  Requeue backoff after a timeout is
+    ``base * 2**(n-1)`` seconds, capped at ``max``; ``backoff_limit_count`` requeues at most, then the
+    Workload is deactivated (``None``: requeue forever, Kueue's default)."""
+
+    wait_for_pods_ready_timeout_s: float | None = 10.0
+    requeue_backoff_base_s: float = 1.0
+    requeue_backoff_max_s: float = 60.0
+    backoff_limit_count: int | None = None
+
+    def backoff_s(self, requeue_count: int) -> float:
+        return min(self.requeue_backoff_base_s * 2 ** (requeue_count - 1), self.requeue_backoff_max_s)
+
+
+class KueueController(Controller):
+    """Kueue's controllers; ``sync()`` is one full level-triggered pass, run shortly after any change."""
+
+    watches = (JOBS, WORKLOADS, CLUSTER_QUEUES, LOCAL_QUEUES, FLAVORS, PRIORITY_CLASSES)
+    debounce_s = 0.01
+
+    def __init__(self, store: Store, config: KueueConfig | None = None) -> None:
+        super().__init__(store)
+        self.config = config or KueueConfig()
+        self.writer = Writer(store)
+        self.scheduler = Scheduler(self.writer)
+        self._sync_requested = False
+        self._requeue_at: dict[str, float] = {}
+        self._wakeups: set[float] = set()
+        self._warned: set[tuple[str, str]] = set()
+
+    def start(self) -> None:
+        self._request_sync()
+        super().start()
+
+    def handle(self, event: Event) -> None:
+        self._request_sync()
+
+    def _request_sync(self) -> None:
+        if not self._sync_requested:
+            self._sync_requested = True
+            self.after(self.debounce_s, self._run_sync)
+
+    def _run_sync(self) -> None:
+        self._sync_requested = False
+        self.sync()
+
+    def _wake_in(self, seconds: float) -> None:
+        """Sync again in ``seconds`` (a deadline); one timer per deadline."""
+        due = round(time.time() + seconds, 2)
+        if due not in self._wakeups:
+            self._wakeups.add(due)
+            self.after(seconds + 0.005, lambda: (self._wakeups.discard(due), self._request_sync()))
+
+    # ---- the pass ----------------------------------------------------------------------------
+    def sync(self) -> None:
+        workloads = self.store.list(WORKLOADS)[0]
+        by_job = {w["metadata"].get("labels", {}).get(JOB_UID_LABEL): w for w in workloads}
+        job_uids = set()
+        for job in self.store.list(JOBS)[0]:
+            job_uids.add(job["metadata"]["uid"])
+            if QUEUE_LABEL in (job["metadata"].get("labels") or {}):
+                self._reconcile_job(job, by_job.get(job["metadata"]["uid"]))
+        alive = set()
+        for workload in self.store.list(WORKLOADS)[0]:
+            owner = _job_owner(workload)
+            if owner and owner["uid"] not in job_uids:
+                self._delete_orphan(workload)
+                continue
+            alive.add(workload["metadata"]["uid"])
+            self._reconcile_workload(workload)
+        self.writer.forget(alive)
+        self._requeue_at = {uid: at for uid, at in self._requeue_at.items() if uid in alive}
+        self.scheduler.schedule()
+        self.scheduler.publish_status()
+
+    # ---- Job reconciler ----------------------------------------------------------------------
+    def _reconcile_job(self, job: dict, workload: dict | None) -> None:
+        if workload is None:
+            if _job_finished(job) is None:
+                self._create_workload(job)
+            return
+        if is_finished(workload):
+            return
+        outcome = _job_finished(job)
+        if outcome is not None:
+            succeeded, message = outcome
+            reason = "Succeeded" if succeeded else "Failed"
+            self.writer.write(
+                WORKLOADS, workload, lambda w: self.writer.set(w, FINISHED, True, reason, message)
+            )
+            return
+        workload = self._sync_workload_spec(job, workload) or workload
+        evicted = condition(workload, EVICTED)
+        if evicted and evicted["status"] == "True":
+            if not _suspended(job):
+                self._stop_job(job, workload, evicted["message"])
+            elif has_quota(workload) and not _job_active(job):
+                self._release(workload, evicted)
+            return
+        if _suspended(job):
+            if is_true(workload, ADMITTED):
+                self._start_job(job, workload)
+        elif not is_true(workload, ADMITTED):
+            self._stop_job(job, workload, "Not admitted by cluster queue")
+        self._sync_pods_ready(job, workload)
+
+    def _workload_spec(self, job: dict) -> dict | None:
+        """The Workload spec the Job asks for; ``None`` (and a Warning Event) when its priority class is missing."""
+        labels = job["metadata"].get("labels") or {}
+        spec = {
+            "active": True,
+            "podSets": [
+                {"name": MAIN_PODSET, "count": _pods_count(job), "template": job["spec"].get("template", {})}
+            ],
+            "priority": 0,
+            "queueName": labels[QUEUE_LABEL],
+        }
+        class_name = labels.get(PRIORITY_LABEL)
+        if class_name:
+            priority_class = self.store.find(PRIORITY_CLASSES, "", class_name)
+            if priority_class is None:
+                self._warn_missing_class(job, class_name)
+                return None
+            spec["priority"] = int(priority_class.get("value") or 0)
+            spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": class_name}
+        return copy.deepcopy(spec)
+
+    def _create_workload(self, job: dict) -> None:
+        spec = self._workload_spec(job)
+        if spec is None:
+            return
+        meta = job["metadata"]
+        name = workload_name("Job", "batch", meta["name"], meta["uid"])
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
+        workload = {
+            "apiVersion": API_VERSION,
+            "kind": "Workload",
+            "metadata": {
+                "name": name,
+                "namespace": meta["namespace"],
+                "labels": {JOB_UID_LABEL: meta["uid"]},
+                "ownerReferences": [owner | {"controller": True, "blockOwnerDeletion": True}],
+            },
+            "spec": spec,
+        }
+        try:
+            self.store.create(WORKLOADS, workload)
+        except AlreadyExists:
+            return
+        self.writer.event(
+            job, "Normal", "CreatedWorkload", f"Created Workload: {meta['namespace']}/{name}", JOB_COMPONENT
+        )
+
+    def _sync_workload_spec(self, job: dict, workload: dict) -> dict | None:
+        """Follow the Job's priority class (any time) and its queue and PodSet (while it waits)."""
+        wanted = self._workload_spec(job)
+        if wanted is None:
+            return None
+        spec = workload["spec"]
+        keys = ["priority", "priorityClassRef"] if wanted.get("priorityClassRef") else []
+        if _suspended(job) and not has_quota(workload):
+            keys += ["queueName", "podSets"]
+        changes = {key: wanted[key] for key in keys if spec.get(key) != wanted[key]}
+        if not changes:
+            return None
+        return self.writer.write(WORKLOADS, workload, lambda w: w["spec"].update(changes))
+
+    def _warn_missing_class(self, job: dict, class_name: str) -> None:
+        key = (job["metadata"]["uid"], class_name)
+        if key not in self._warned:
+            self._warned.add(key)
+            message = f'WorkloadPriorityClass "{class_name}" not found'
+            self.writer.event(job, "Warning", "WorkloadPriorityClassNotFound", message, JOB_COMPONENT)
+
+    def _start_job(self, job: dict, workload: dict) -> None:
+        """Unsuspend with the flavors' nodeLabels, tolerations, the podset label and workload annotation."""
+        admission = workload["status"]["admission"]
+        assignment = admission["podSetAssignments"][0]
+        node_labels: dict = {}
+        tolerations: list = []
+        for name in sorted(set(assignment["flavors"].values())):
+            flavor = self.store.find(FLAVORS, "", name) or {}
+            node_labels.update(flavor.get("spec", {}).get("nodeLabels") or {})
+            tolerations += flavor.get("spec", {}).get("tolerations") or []
+
+        def change(j: dict) -> None:
+            template = j["spec"].setdefault("template", {})
+            pod, meta = template.setdefault("spec", {}), template.setdefault("metadata", {})
+            if node_labels:
+                pod["nodeSelector"] = {**(pod.get("nodeSelector") or {}), **node_labels}
+            if tolerations:
+                existing = pod.get("tolerations") or []
+                pod["tolerations"] = existing + [t for t in tolerations if t not in existing]
+            meta.setdefault("labels", {})[PODSET_LABEL] = assignment["name"]
+            meta.setdefault("annotations", {})[WORKLOAD_ANNOTATION] = workload["metadata"]["name"]
+            j["spec"]["suspend"] = False
+
+        if self.writer.write(JOBS, job, change):
+            message = f"Admitted by clusterQueue {admission['clusterQueue']}"
+            self.writer.event(job, "Normal", "Started", message, JOB_COMPONENT)
+
+    def _stop_job(self, job: dict, workload: dict, message: str) -> None:
+        """Suspend (the Job controller deletes the pods) and restore the pod template Kueue changed."""
+        original = workload["spec"]["podSets"][0].get("template", {})
+
+        def change(j: dict) -> None:
+            j["spec"]["suspend"] = True
+            template = j["spec"].setdefault("template", {})
+            for part, key in (
+                ("metadata", "labels"),
+                ("metadata", "annotations"),
+                ("spec", "nodeSelector"),
+                ("spec", "tolerations"),
+            ):
+                value = original.get(part, {}).get(key)
+                section = template.setdefault(part, {})
+                if value is None:
+                    section.pop(key, None)
+                else:
+                    section[key] = copy.deepcopy(value)
+
+        if self.writer.write(JOBS, job, change):
+            self.writer.event(job, "Normal", "Stopped", message, JOB_COMPONENT)
+
+    def _release(self, workload: dict, evicted: dict) -> None:
+        """The evicted Job's pods are gone: give the quota back and requeue (preemption requeues at once)."""
+
+        def change(w: dict) -> None:
+            if not has_quota(w):
+                return
+            reason, message = evicted["reason"], evicted["message"]
+            self.writer.set(w, REQUEUED, reason == "Preempted", reason, message)
+            self.writer.set(w, QUOTA_RESERVED, False, "Pending", message)
+            w["status"].pop("admission", None)
+            self.writer.set(w, ADMITTED, False, "NoReservation", "The workload has no reservation")
+            self.writer.set(w, PODS_READY, False, WAIT_FOR_START, NOT_READY_MESSAGE)
+
+        self.writer.write(WORKLOADS, workload, change)
+
+    def _sync_pods_ready(self, job: dict, workload: dict) -> None:
+        current = condition(workload, PODS_READY)
+        status = job.get("status", {})
+        ready = (status.get("ready") or 0) + (status.get("succeeded") or 0) >= workload["spec"]["podSets"][0][
+            "count"
+        ]
+        if not is_true(workload, ADMITTED) or (current is None and not ready):
+            wanted = ("False", WAIT_FOR_START, NOT_READY_MESSAGE)
+        elif ready:
+            recovering = current is not None and current["reason"] in ("WaitForRecovery", "Recovered")
+            wanted = ("True", "Recovered" if recovering else "Started", READY_MESSAGE)
+        elif current["status"] == "True":
+            wanted = ("False", "WaitForRecovery", "At least one pod has failed, waiting for recovery")
+        else:
+            return
+        if current and (current["status"], current["reason"], current["message"]) == wanted:
+            return
+        self.writer.write(
+            WORKLOADS, workload, lambda w: self.writer.set(w, PODS_READY, wanted[0] == "True", *wanted[1:])
+        )
+
+    def _delete_orphan(self, workload: dict) -> None:
+        meta = workload["metadata"]
+        try:
+            self.store.delete(WORKLOADS, meta["namespace"], meta["name"])
+        except NotFound:
+            pass
+
+    # ---- Workload controller -----------------------------------------------------------------
+    def _reconcile_workload(self, workload: dict) -> None:
+        if is_finished(workload):
+            return
+        if not is_active(workload):
+            if not is_true(workload, EVICTED):
+                self._deactivate(workload)
+            return
+        if is_true(workload, DEACTIVATION_TARGET):
+            self.writer.write(WORKLOADS, workload, lambda w: w["spec"].update(active=False))
+            return
+        requeued = condition(workload, REQUEUED)
+        if requeued and requeued["status"] == "False":
+            if requeued["reason"].startswith(DEACTIVATED):
+                self._set(workload, REQUEUED, True, "Reactivated", "The workload was reactivated")
+            elif requeued["reason"] == PODS_READY_TIMEOUT:
+                self._finish_backoff(workload)
+        if is_true(workload, ADMITTED) and not is_true(workload, EVICTED):
+            self._check_pods_ready_timeout(workload)
+
+    def _set(self, workload: dict, kind: str, status: bool, reason: str, message: str) -> None:
+        self.writer.write(WORKLOADS, workload, lambda w: self.writer.set(w, kind, status, reason, message))
+
+    def _deactivate(self, workload: dict) -> None:
+        target = condition(workload, DEACTIVATION_TARGET)
+        reason, message = DEACTIVATED, "The workload is deactivated"
+        if target:
+            reason, message = f"{reason}DueTo{target['reason']}", f"{message} due to {target['message']}"
+
+        def change(w: dict) -> None:
+            self.writer.set(w, EVICTED, True, reason, message)
+            remove_condition(w, DEACTIVATION_TARGET)
+            w["status"].pop("requeueState", None)
+
+        self._requeue_at.pop(workload["metadata"]["uid"], None)
+        if self.writer.write(WORKLOADS, workload, change) and has_quota(workload):
+            self.writer.event(workload, "Normal", f"EvictedDueTo{reason}", message, WORKLOAD_COMPONENT)
+
+    def _check_pods_ready_timeout(self, workload: dict) -> None:
+        timeout = self.config.wait_for_pods_ready_timeout_s
+        ready = condition(workload, PODS_READY)
+        if timeout is None or (ready and ready["status"] == "True"):
+            return
+        recovering = ready is not None and ready["reason"] == "WaitForRecovery"
+        started = self.writer.since(workload, PODS_READY if recovering else ADMITTED)
+        remaining = started + timeout - time.time()
+        if remaining > 0:
+            self._wake_in(remaining)
+            return
+        count = int((workload["status"].get("requeueState") or {}).get("count") or 0) + 1
+        limit = self.config.backoff_limit_count
+        if limit is not None and count > limit:
+            self._set(
+                workload,
+                DEACTIVATION_TARGET,
+                True,
+                "RequeuingLimitExceeded",
+                "exceeding the maximum number of re-queuing retries",
+            )
+            return
+        meta = workload["metadata"]
+        requeue_at = time.time() + self.config.backoff_s(count)
+        message = f"Exceeded the PodsReady timeout {meta['namespace']}/{meta['name']}"
+
+        def change(w: dict) -> None:
+            w["status"]["requeueState"] = {"count": count, "requeueAt": iso(math.ceil(requeue_at))}
+            self.writer.set(w, EVICTED, True, PODS_READY_TIMEOUT, message)
+
+        self._requeue_at[meta["uid"]] = requeue_at
+        if self.writer.write(WORKLOADS, workload, change):
+            self.writer.event(
+                workload, "Normal", f"EvictedDueTo{PODS_READY_TIMEOUT}", message, WORKLOAD_COMPONENT
+            )
+
+    def _finish_backoff(self, workload: dict) -> None:
+        state = workload["status"].get("requeueState") or {}
+        fallback = parse_iso(state["requeueAt"]) if state.get("requeueAt") else 0.0
+        remaining = self._requeue_at.get(workload["metadata"]["uid"], fallback) - time.time()
+        if remaining > 0:
+            self._wake_in(remaining)
+            return
+
+        def change(w: dict) -> None:
+            (w["status"].get("requeueState") or {}).pop("requeueAt", None)
+            self.writer.set(w, REQUEUED, True, "BackoffFinished", "The workload backoff was finished")
+
+        self.writer.write(WORKLOADS, workload, change)
+
+
+def _job_owner(workload: dict) -> dict | None:
+    for ref in workload["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "Job" and ref.get("apiVersion") == "batch/v1":
+            return ref
+    return None
+
+
+def _suspended(job: dict) -> bool:
+    return job.get("spec", {}).get("suspend") is True
+
+
+def _job_active(job: dict) -> bool:
+    status = job.get("status", {})
+    return (status.get("active") or 0) + (status.get("terminating") or 0) > 0
+
+
+def _pods_count(job: dict) -> int:
+    """Kueue's count for a batch Job: parallelism, at most completions."""
+    parallelism = job["spec"].get("parallelism")
+    parallelism = 1 if parallelism is None else int(parallelism)
+    completions = job["spec"].get("completions")
+    return parallelism if completions is None else min(parallelism, int(completions))
+
+
+def _job_finished(job: dict) -> tuple[bool, str] | None:
+    """(succeeded, message) once the Job has Complete or Failed, else ``None``."""
+    for cond in job.get("status", {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            succeeded = cond["type"] == "Complete"
+            return succeeded, cond.get("message") or (
+                "Job finished successfully" if succeeded else "Job failed"
+            )
+    return None

@@ -1,0 +1,43 @@
+"""``trainops capacity status`` and ``trainops capacity return`` against the devcluster."""
+
+import json
+
+from tests.capacity.helpers import DEPLOYMENTS, apis_for, default_seeded_objects, nodes_by_app, snapshot
+from trainops.cli import main
+from trainops.capacity.procedure import claim
+
+RUN = "train_llm/manual__7"
+
+
+def test_status_lists_claimed_nodes_and_return_gives_them_back(devcluster, capsys):
+    default_seeded_objects(devcluster)
+    where = nodes_by_app(devcluster)
+    nodes = where["llm-chat"][:1] + where["idle"][:1]
+    before = snapshot(devcluster)
+    claim(apis_for(devcluster), RUN, nodes, cluster_queue="training", deployments=DEPLOYMENTS)
+    kubeconfig = str(devcluster.kubeconfig)
+
+    assert main(["capacity", "status", "--kubeconfig", kubeconfig, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert sorted(row["node"] for row in status["nodes"]) == sorted(nodes)
+    assert {row["holder"] for row in status["nodes"]} == {RUN}
+    assert all(row["age_s"] >= 0 and row["quarantined"] is False for row in status["nodes"])
+    assert status["quota_grants"] == {RUN: {"flavor": "gpu", "gpus": 16}}
+
+    assert main(["capacity", "status", "--kubeconfig", kubeconfig]) == 0
+    table = capsys.readouterr().out
+    assert all(node in table for node in nodes) and RUN in table and "16 GPUs" in table
+
+    assert main(["capacity", "return", "--kubeconfig", kubeconfig, "--run", RUN]) == 0
+    assert f"returned 2 node(s) and 16 GPUs of {RUN}" in capsys.readouterr().out
+    assert snapshot(devcluster) == before
+
+    assert main(["capacity", "status", "--kubeconfig", kubeconfig]) == 0
+    assert "no claimed nodes" in capsys.readouterr().out
+
+
+def test_return_with_a_malformed_run_is_refused_and_changes_nothing(devcluster, capsys):
+    devcluster.server.audit.clear()
+    assert main(["capacity", "return", "--kubeconfig", str(devcluster.kubeconfig), "--run", "no-slash"]) == 2
+    assert "<dag_id>/<run_id>" in capsys.readouterr().err
+    assert devcluster.server.audit.entries() == []

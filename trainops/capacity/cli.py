@@ -1,0 +1,142 @@
+"""``trainops capacity``: see which nodes training runs hold, and return one run's capacity by hand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from trainops.capacity.claims import CLAIMED_AT_ANNOTATION, holder_of, is_quarantined
+from trainops.kube.nodes import NodeState
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("capacity", help="GPU nodes claimed from inference by training runs")
+    commands = parser.add_subparsers(dest="capacity_command", required=True, metavar="COMMAND")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig to use (default: $KUBECONFIG or ~/.kube/config)"
+    )
+    common.add_argument(
+        "--cluster-queue", default="training", help="the training ClusterQueue (default training)"
+    )
+
+    status = commands.add_parser("status", parents=[common], help="list claimed nodes, their holders and age")
+    status.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    status.set_defaults(func=run_status)
+
+    give = commands.add_parser("return", parents=[common], help="return every node and loan of one run")
+    give.add_argument("--run", required=True, help="the run to return, as <dag_id>/<run_id>")
+    give.add_argument("--ready-deadline", type=float, default=600, help="seconds for inference to be Ready")
+    give.set_defaults(func=run_return)
+
+
+def _apis(args: argparse.Namespace):
+    from kubernetes import config
+
+    from trainops.capacity.procedure import Apis
+
+    path = str(args.kubeconfig) if args.kubeconfig else None
+    return Apis.from_api_client(config.new_client_from_config(config_file=path))
+
+
+def claimed_nodes(nodes: list[dict], now: datetime) -> list[dict]:
+    """One row per claimed node: node, holder, claimed_at, age_s, quarantined."""
+    rows = []
+    for node in nodes:
+        state = NodeState.of(node)
+        holder = holder_of(state.annotations)
+        if not holder:
+            continue
+        claimed_at = state.annotations.get(CLAIMED_AT_ANNOTATION)
+        try:
+            age = int(
+                (
+                    now - datetime.strptime(claimed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+                ).total_seconds()
+            )
+        except (TypeError, ValueError):
+            age = None
+        rows.append(
+            {
+                "node": state.name,
+                "holder": holder,
+                "claimed_at": claimed_at,
+                "age_s": age,
+                "quarantined": is_quarantined(state),
+            }
+        )
+    return rows
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from kubernetes.client.exceptions import ApiException
+
+    from trainops.kube.nodes import list_nodes
+    from trainops.capacity.quota import KUEUE_GROUP, KUEUE_VERSION, grants_of
+
+    apis = _apis(args)
+    rows = claimed_nodes(list_nodes(apis.core), datetime.now(UTC))
+    try:
+        queue = apis.custom.get_cluster_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", args.cluster_queue
+        )
+        grants = grants_of(queue)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        grants = {}
+    if args.json:
+        print(json.dumps({"nodes": rows, "quota_grants": grants}, indent=2))
+        return 0
+    if not rows:
+        print("no claimed nodes")
+    else:
+        print(f"{'NODE':<20} {'HOLDER':<50} {'AGE':>8}  QUARANTINED")
+        for row in rows:
+            age = "?" if row["age_s"] is None else _age(row["age_s"])
+            print(f"{row['node']:<20} {row['holder']:<50} {age:>8}  {'yes' if row['quarantined'] else 'no'}")
+    for run, grant in sorted(grants.items()):
+        print(
+            f"ClusterQueue {args.cluster_queue}: {run} holds {grant['gpus']} GPUs of flavor {grant['flavor']}"
+        )
+    return 0
+
+
+def _age(seconds: int) -> str:
+    if seconds < 120:
+        return f"{seconds}s"
+    if seconds < 7200:
+        return f"{seconds // 60}m"
+    return f"{seconds // 3600}h"
+
+
+def run_return(args: argparse.Namespace) -> int:
+    import logging
+
+    from kubernetes.client.exceptions import ApiException
+
+    from trainops.capacity.procedure import Deadlines, give_back
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        summary = give_back(
+            _apis(args),
+            args.run,
+            cluster_queue=args.cluster_queue,
+            deadlines=Deadlines(ready_s=args.ready_deadline),
+        )
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError, ApiException) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"returned {len(summary.nodes)} node(s) and {summary.gpus_returned} GPUs of {args.run}; "
+        f"workloads restored: {', '.join(summary.workloads_restored) or 'none'}; "
+        f"still quarantined: {', '.join(summary.quarantined) or 'none'}"
+    )
+    return 0

@@ -1,0 +1,142 @@
+"""Moving the remaining pods off claimed nodes through the Eviction API.
+
+Eviction (not delete) is what honours PodDisruptionBudgets: the API server answers 429 while an
+eviction would take a workload below its budget, and the drain retries that pod later (other
+pods go on meanwhile) until the deadline.  DaemonSet pods, mirror pods and finished pods stay,
+as with ``kubectl drain``.  The drain is done when no other pod is left on the nodes.
+
+A drain that cannot finish says so early: when evicted pods' replacements cannot be scheduled
+anywhere and every pod left is held by its budget, waiting longer changes nothing, so after
+``stall_s`` it raises ``DrainStalled`` naming the pods and the scheduler's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+
+from trainops.kube.retry import TRANSIENT, Backoff, Deadline, DeadlineExceeded, call
+
+log = logging.getLogger(__name__)
+EVICTED, GONE = "evicted", "gone"
+
+
+class DrainStalled(RuntimeError):
+    """Evicted pods cannot be rescheduled and the rest are held by their PodDisruptionBudgets."""
+
+
+def unschedulable(pods: Iterable[dict]) -> dict[str, str]:
+    """Pending pods the scheduler found no node for: ``namespace/name`` -> the scheduler's message."""
+    stuck = {}
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Pending":
+            continue
+        for condition in status.get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+                meta = pod["metadata"]
+                stuck[f"{meta['namespace']}/{meta['name']}"] = condition.get("message") or "Unschedulable"
+    return stuck
+
+
+def list_pods(core_v1, deadline: Deadline) -> list[dict]:
+    """Every pod in the cluster, as dicts (one request, however many nodes are claimed)."""
+    response = call(
+        lambda: core_v1.list_pod_for_all_namespaces(_preload_content=False), deadline, "list pods"
+    )
+    return json.loads(response.data)["items"]
+
+
+def must_move(pod: dict) -> bool:
+    """Whether a drain has to move this pod (DaemonSet, mirror and finished pods stay)."""
+    meta = pod["metadata"]
+    if any(ref.get("kind") == "DaemonSet" for ref in meta.get("ownerReferences") or []):
+        return False
+    if "kubernetes.io/config.mirror" in (meta.get("annotations") or {}):
+        return False
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def pods_to_move(pods: Iterable[dict], nodes: set[str]) -> list[dict]:
+    return [p for p in pods if (p.get("spec") or {}).get("nodeName") in nodes and must_move(p)]
+
+
+def _evict(core_v1, pod: dict) -> str:
+    """Ask to evict one pod: ``EVICTED``, ``GONE``, or why it must wait (PDB, API busy)."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    meta = pod["metadata"]
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+    }
+    try:
+        core_v1.create_namespaced_pod_eviction(
+            meta["name"], meta["namespace"], body, _preload_content=False
+        ).release_conn()
+    except ApiException as error:
+        if error.status == 404:
+            return GONE
+        if error.status in TRANSIENT or error.status == 409:  # 409: the budget's update conflicted; ask again
+            return _message(error)
+        raise
+    except HTTPError as error:  # the connection dropped: ask again on the next pass
+        return f"connection error: {error}"
+    return EVICTED
+
+
+def _message(error) -> str:
+    try:
+        return json.loads(error.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return f"HTTP {error.status}"
+
+
+def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -> int:
+    """Evict every pod that must move off ``nodes`` and wait until they are gone; returns how many
+    evictions were accepted.  Raises ``DeadlineExceeded`` naming the pods still there, or
+    ``DrainStalled`` once it has been stuck (see the module docstring) for ``stall_s``."""
+    backoff = Backoff(base=0.05, cap=1.0)
+    evicted: set[tuple[str, str]] = set()
+    stalled_since: float | None = None
+    while True:
+        pods = list_pods(core_v1, deadline)
+        remaining = pods_to_move(pods, nodes)
+        if not remaining:
+            return len(evicted)
+        waiting: dict[str, str] = {}
+        for pod in remaining:
+            meta = pod["metadata"]
+            key = (meta["namespace"], meta["name"])
+            where = f"pod {meta['namespace']}/{meta['name']} on {pod['spec']['nodeName']}"
+            if meta.get("deletionTimestamp"):
+                waiting[where] = "terminating"
+                continue
+            outcome = _evict(core_v1, pod)
+            if outcome == EVICTED:
+                log.info("evicted %s", where)
+                evicted.add(key)
+            waiting[where] = "terminating" if outcome in (EVICTED, GONE) else outcome
+        stuck = unschedulable(pods)
+        held = stuck and all(why != "terminating" for why in waiting.values())
+        stalled_since = (stalled_since or time.monotonic()) if held else None
+        if held and time.monotonic() - stalled_since >= stall_s:
+            pod, why = next(iter(sorted(stuck.items())))
+            raise DrainStalled(
+                f"drain of {len(nodes)} claimed node(s) is stuck: {len(stuck)} evicted pod(s) cannot be "
+                f"rescheduled (e.g. {pod}: {why}) and the {len(waiting)} pod(s) left on the claimed nodes "
+                f"are held by their PodDisruptionBudget ({next(iter(waiting.values()))}). Claim other "
+                "nodes (idle ones first), free capacity for inference, or relax the budget."
+            )
+        try:
+            deadline.sleep(backoff.next(), "drain")
+        except DeadlineExceeded:
+            details = "; ".join(f"{pod}: {why}" for pod, why in sorted(waiting.items())[:10])
+            raise DeadlineExceeded(
+                f"drain of {len(nodes)} claimed node(s) not done within {deadline.seconds:g}s; "
+                f"{len(waiting)} pod(s) still there: {details}"
+            ) from None

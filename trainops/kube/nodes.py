@@ -1,0 +1,119 @@
+"""The one safe way to edit a node: ``edit_node``.  Every part of trainops that changes a node
+(the capacity claim and return, the health gate's quarantine) goes through it.
+
+A change is a pure function of a ``NodeState`` (labels, annotations, taints, unschedulable)
+returning the wanted ``NodeState``.  ``edit_node`` reads the node, applies the change and, when
+something differs, writes one JSON merge patch with ``metadata.resourceVersion`` as a
+precondition: changed label/annotation keys only, the taints list whole (the list is atomic on
+the API server; the change function keeps foreign taints because it only edits its own keys),
+``spec.unschedulable`` when it changed.  A 409 re-reads and re-applies the change; 429/5xx back
+off until the deadline.  When nothing changes, nothing is written.
+
+    from trainops.kube.nodes import edit_node, with_taint
+
+    edit_node(core_v1, "gpu-node-003",
+              lambda s: with_taint(s, {"key": "trainops.io/quarantine", "value": "xid-79", "effect": "NoSchedule"}),
+              Deadline(60))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from trainops.kube.guarded import Edited, edit, merge_patch_of
+from trainops.kube.retry import Deadline
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """The parts of a node trainops may change.  Taints are dicts as in the API (key, value, effect)."""
+
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    taints: list[dict] = field(default_factory=list)
+    unschedulable: bool = False
+
+    @classmethod
+    def of(cls, node: dict) -> NodeState:
+        meta, spec = node["metadata"], node.get("spec") or {}
+        return cls(
+            name=meta["name"],
+            labels=dict(meta.get("labels") or {}),
+            annotations=dict(meta.get("annotations") or {}),
+            taints=[dict(t) for t in spec.get("taints") or []],
+            unschedulable=bool(spec.get("unschedulable", False)),
+        )
+
+    def taint(self, key: str) -> dict | None:
+        return next((t for t in self.taints if t["key"] == key), None)
+
+
+NodeChange = Callable[[NodeState], NodeState]
+
+
+def with_taint(state: NodeState, taint: dict) -> NodeState:
+    """``state`` with ``taint`` set: replaces the taint of the same key in place, else appends it."""
+    if state.taint(taint["key"]) is None:
+        return replace(state, taints=[*state.taints, taint])
+    return replace(state, taints=[taint if t["key"] == taint["key"] else t for t in state.taints])
+
+
+def without_taint(state: NodeState, key: str) -> NodeState:
+    return replace(state, taints=[t for t in state.taints if t["key"] != key])
+
+
+def node_patch(before: NodeState, after: NodeState) -> dict | None:
+    """The merge patch from ``before`` to ``after`` (taints whole), or ``None`` when equal."""
+    patch: dict = {}
+    metadata = merge_patch_of(
+        {"labels": before.labels, "annotations": before.annotations},
+        {"labels": after.labels, "annotations": after.annotations},
+    )
+    if metadata:
+        patch["metadata"] = metadata
+    if before.taints != after.taints:
+        patch.setdefault("spec", {})["taints"] = after.taints
+    if before.unschedulable != after.unschedulable:
+        patch.setdefault("spec", {})["unschedulable"] = after.unschedulable
+    return patch or None
+
+
+def json_of(response) -> dict:
+    """The JSON body of a raw (``_preload_content=False``) client response (reading it all returns
+    the connection to the pool)."""
+    return json.loads(response.data)
+
+
+def read_node(core_v1, name: str) -> dict:
+    """The node as a plain dict (as the API serves it)."""
+    return json_of(core_v1.read_node(name, _preload_content=False))
+
+
+def list_nodes(core_v1, label_selector: str = "") -> list[dict]:
+    return json_of(core_v1.list_node(label_selector=label_selector, _preload_content=False))["items"]
+
+
+def edit_node(
+    core_v1, name: str, change: NodeChange, deadline: Deadline, *, current: dict | None = None
+) -> Edited:
+    """Apply ``change`` to node ``name`` safely (see the module docstring).
+
+    ``core_v1``: a ``kubernetes.client.CoreV1Api``.  ``current``: the node as just read (for
+    example from a list), to save the first GET.  Exceptions raised by ``change`` propagate (that
+    is how a change refuses, e.g. a node claimed by someone else).  Returns the node as a dict
+    and whether it was written.
+    """
+
+    def patch(body: dict) -> dict:
+        return json_of(core_v1.patch_node(name, body, _content_type=MERGE_PATCH, _preload_content=False))
+
+    def node_change(node: dict) -> dict | None:
+        before = NodeState.of(node)
+        return node_patch(before, change(before))
+
+    return edit(lambda: read_node(core_v1, name), patch, node_change, deadline, f"node {name}", current)
