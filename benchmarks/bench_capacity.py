@@ -11,11 +11,11 @@ import sys
 import time
 
 from kubernetes import config
+from trainops_devcluster.cluster import DevCluster
+from trainops_devcluster.topology import InferenceWorkload
 
 from trainops.capacity.procedure import Apis, claim, give_back
 from trainops.kube.nodes import json_of
-from trainops_devcluster.cluster import DevCluster
-from trainops_devcluster.topology import InferenceWorkload
 
 NODES = 512
 WRITES_TARGET = 3.0

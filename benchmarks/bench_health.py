@@ -13,12 +13,12 @@ import sys
 import time
 
 from kubernetes import client, config
-
-from trainops.kube.retry import Deadline
 from trainops_devcluster.cluster import DevCluster
+
 from trainops.health.gate import GateConfig, list_nodes_paginated, run_gate
 from trainops.health.policy import load_policy
 from trainops.health.prometheus import GAUGES, XID_COUNT, XID_LAST, PrometheusClient
+from trainops.kube.retry import Deadline
 
 NODES = 4096
 PAGE_SIZE = 500

@@ -191,11 +191,11 @@ def main() -> int:
 def measure(home: Path) -> list[tuple[str, str, float, str, bool]]:
     """Both DAG runs; the benchmark lines' fields."""
     from kubernetes import client, config
-
-    from trainops.capacity.procedure import Apis, claim
     from trainops_devcluster import airflow_home
     from trainops_devcluster.cluster import DevCluster
     from trainops_devcluster.local_s3 import local_s3
+
+    from trainops.capacity.procedure import Apis, claim
 
     with local_s3() as s3, DevCluster(nodes=16, gpus_per_node=8, process_env=s3.env()) as dev:
         os.environ.update(s3.env())

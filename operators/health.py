@@ -116,9 +116,9 @@ class NodeHealthGateOperator(BaseOperator):
         """Evaluate, quarantine, and return the XCom; defer when too few pass and it may wait."""
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-        from trainops.kube.retry import Deadline
         from trainops.health.gate import GateError
         from trainops.health.quarantine import apply_quarantine
+        from trainops.kube.retry import Deadline
 
         try:
             result = spec.evaluate()

@@ -270,9 +270,9 @@ class LifecycleGateOperator(NodeHealthGateOperator):
     def execute(self, context: Any) -> dict[str, Any]:
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
+        from trainops.conventions import GPU_RESOURCE
         from trainops.kube.nodes import list_nodes
         from trainops.kube.retry import Deadline, call
-        from trainops.conventions import GPU_RESOURCE
 
         try:
             self._spec()

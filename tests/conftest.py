@@ -13,7 +13,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from trainops_devcluster import airflow_home
 from trainops_devcluster.local_s3 import LocalS3, local_s3
 

@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainops.conventions import HEALTH_REPORT_ANNOTATION
-from trainops_devcluster.controller import Controller
-from trainops_devcluster.store import NotFound, Store
-from trainops_devcluster.telemetry import FakeNvml, NodeTelemetry, TelemetryIbReader
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, Policy, evaluate
 from trainops.health.probe import collect_report, gpu_healthy_condition, replace_condition
 from trainops.health.report import HealthReport
+from trainops_devcluster.controller import Controller
+from trainops_devcluster.store import NotFound, Store
+from trainops_devcluster.telemetry import FakeNvml, NodeTelemetry, TelemetryIbReader
 
 
 @dataclass

@@ -3,8 +3,8 @@
 import json
 
 from tests.capacity.helpers import DEPLOYMENTS, apis_for, default_seeded_objects, nodes_by_app, snapshot
-from trainops.cli import main
 from trainops.capacity.procedure import claim
+from trainops.cli import main
 
 RUN = "train_llm/manual__7"
 

@@ -15,8 +15,8 @@ from tests.capacity.helpers import (
     snapshot,
     writes,
 )
-from trainops.capacity.procedure import Deadlines, NodesHeld, claim, give_back
 from trainops.capacity.drain import DrainStalled
+from trainops.capacity.procedure import Deadlines, NodesHeld, claim, give_back
 from trainops.conventions import MODE_TAINT
 
 RUN, OTHER = "train_llm/manual__1", "train_llm/manual__2"

@@ -2,9 +2,10 @@
 
 import threading
 
+from trainops_devcluster.airflow_home import xcom_value
+
 from tests.capacity.helpers import apis_for, default_seeded_objects, nodes_by_app, snapshot
 from trainops.capacity.procedure import claim, give_back
-from trainops_devcluster.airflow_home import xcom_value
 
 DAG_ID = "test_capacity_operators"
 

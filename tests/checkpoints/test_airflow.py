@@ -5,8 +5,9 @@ from __future__ import annotations
 import threading
 import time
 
-from tests.checkpoints.builders import prefix_of, write_dcp
 from trainops_devcluster.airflow_home import xcom_value
+
+from tests.checkpoints.builders import prefix_of, write_dcp
 
 
 def test_operator_returns_the_latest_verified_and_the_skipped(run_dag, s3, client, bucket, run):

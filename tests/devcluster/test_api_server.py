@@ -15,7 +15,6 @@ import pytest
 import yaml
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
-
 from trainops_devcluster.disruption import DisruptionController
 from trainops_devcluster.gc import GarbageCollector
 from trainops_devcluster.logs import PodLogs

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from tests.devcluster.ctrl_support import NS, control_plane, job, node, pod, pods_of
 from trainops_devcluster.runtime import LOCAL_IMAGE
+
+from tests.devcluster.ctrl_support import NS, control_plane, job, node, pod, pods_of
 
 
 def running(plane, *names: str) -> None:

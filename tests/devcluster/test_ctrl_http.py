@@ -7,13 +7,13 @@ import sys
 import pytest
 import yaml
 from kubernetes import client, config, watch
-
-from tests.devcluster.ctrl_support import node
 from trainops_devcluster.controllers import start_controllers
 from trainops_devcluster.logs import PodLogs
 from trainops_devcluster.runtime import LOCAL_IMAGE
 from trainops_devcluster.server import ApiServer
 from trainops_devcluster.store import Store
+
+from tests.devcluster.ctrl_support import node
 
 
 @pytest.fixture

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from tests.devcluster.ctrl_support import NS, control_plane, job, node, pods_of
 from trainops_devcluster.runtime import LOCAL_IMAGE
+
+from tests.devcluster.ctrl_support import NS, control_plane, job, node, pods_of
 
 
 def test_indexed_job_runs_every_index_to_completion():

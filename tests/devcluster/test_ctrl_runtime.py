@@ -8,9 +8,10 @@ import signal
 import sys
 import time
 
-from tests.devcluster.ctrl_support import NS, control_plane, node, pod
 from trainops_devcluster.podutil import delete_pod
 from trainops_devcluster.runtime import LOCAL_IMAGE
+
+from tests.devcluster.ctrl_support import NS, control_plane, node, pod
 
 
 def process_pod(name: str, script: str, env: list | None = None, **spec) -> dict:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from tests.devcluster.ctrl_support import NS, control_plane, node
 from trainops_devcluster.podutil import delete_pod
+
+from tests.devcluster.ctrl_support import NS, control_plane, node
 
 
 def deployment(name: str, replicas: int) -> dict:

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 
 import pytest
-
 from trainops_devcluster.errors import Forbidden, Invalid
 from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admission
 from trainops_devcluster.patch import merge_patch

@@ -11,10 +11,10 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+from trainops_devcluster import airflow_home
 
 from tests.training.conftest import heartbeat_step, raw
 from trainops.conventions import CLAIMED_BY_ANNOTATION, GPU_RESOURCE, MODE_TAINT, MODE_TRAINING
-from trainops_devcluster import airflow_home
 
 DAG_ID = "training_lifecycle"
 WRITES = {"create", "update", "patch", "delete"}

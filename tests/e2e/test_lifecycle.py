@@ -6,6 +6,8 @@ replicas and Ready, the training ClusterQueue's GPU quota where it was.
 
 from __future__ import annotations
 
+from trainops_devcluster.airflow_home import xcom_value
+
 from tests.e2e.conftest import (
     DAG_ID,
     TRAINER,
@@ -18,7 +20,6 @@ from tests.e2e.conftest import (
 from tests.training.conftest import heartbeat_step, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
 from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
-from trainops_devcluster.airflow_home import xcom_value
 
 
 def final_checkpoint_events(dag_id: str = DAG_ID) -> list[dict]:

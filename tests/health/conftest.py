@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from trainops_devcluster.telemetry import FakeNvml, NodeTelemetry, TelemetryIbReader
+
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.probe import collect_report
 from trainops.health.report import HealthReport

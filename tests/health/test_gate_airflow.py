@@ -8,7 +8,6 @@ import time
 
 import pytest
 from trainops.triggers.health import GateSpec, HealthGateTrigger
-
 from trainops_devcluster.airflow_home import xcom_value
 
 SLOW, A, B, OTHER = "gpu-node-003", "gpu-node-001", "gpu-node-002", "gpu-node-009"

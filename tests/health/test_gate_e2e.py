@@ -7,17 +7,17 @@ import json
 
 import pytest
 from kubernetes import client, config
-
-from trainops.cli import main
-from trainops.kube.nodes import NodeState, read_node
-from trainops.kube.retry import Deadline
-from trainops.conventions import HEALTH_LABEL, QUARANTINE_TAINT
 from trainops_devcluster import airflow_home
 from trainops_devcluster.airflow_home import xcom_value
 from trainops_devcluster.cluster import DevCluster
+
+from trainops.cli import main
+from trainops.conventions import HEALTH_LABEL, QUARANTINE_TAINT
 from trainops.health.gate import GateConfig, run_gate
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.quarantine import EVIDENCE_ANNOTATION, apply_quarantine
+from trainops.kube.nodes import NodeState, read_node
+from trainops.kube.retry import Deadline
 
 A, B, C, D = "gpu-node-001", "gpu-node-002", "gpu-node-003", "gpu-node-004"
 WRITES = ("create", "update", "patch", "delete")

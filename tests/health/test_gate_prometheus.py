@@ -8,9 +8,9 @@ import socket
 import pytest
 import requests
 from kubernetes import client
+from trainops_devcluster.airflow_home import xcom_value
 
 from trainops.cli import main
-from trainops_devcluster.airflow_home import xcom_value
 from trainops.health.gate import GateConfig, GateError, run_gate
 from trainops.health.prometheus import PrometheusClient
 

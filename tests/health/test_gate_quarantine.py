@@ -8,13 +8,13 @@ import pytest
 from kubernetes import client
 
 from trainops.cli import main
-from trainops.kube.nodes import NodeState, read_node
-from trainops.kube.retry import Deadline
 from trainops.conventions import HEALTH_LABEL, HEALTH_REPORT_ANNOTATION, QUARANTINE_TAINT
 from trainops.health.gate import GateConfig, run_gate
 from trainops.health.policy import load_policy
 from trainops.health.quarantine import EVIDENCE_ANNOTATION, ReleaseRefused, apply_quarantine, release
 from trainops.health.report import HealthReport
+from trainops.kube.nodes import NodeState, read_node
+from trainops.kube.retry import Deadline
 
 NODE = "gpu-node-005"
 FOREIGN = {"key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule"}

@@ -8,10 +8,10 @@ from datetime import datetime, timedelta
 import kubernetes
 import pynvml
 import pytest
+from trainops_devcluster.telemetry import FakeNvml, TelemetryIbReader
 
 from tests.health.conftest import two_sample_report
 from trainops.cli import main
-from trainops_devcluster.telemetry import FakeNvml, TelemetryIbReader
 from trainops.health.probe import ANNOTATION, collect_report, publish
 from trainops.health.report import SCHEMA_VERSION, HealthReport
 

@@ -8,9 +8,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from trainops_devcluster.telemetry import NodeTelemetry, prometheus_query
 
 from tests.health.conftest import NOW, two_sample_report
-from trainops_devcluster.telemetry import NodeTelemetry, prometheus_query
 from trainops.health.policy import evaluate
 from trainops.health.prometheus import COUNTERS, PrometheusClient, PrometheusError, fleet_reports
 from trainops.health.report import merge_reports

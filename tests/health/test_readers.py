@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pynvml
 import pytest
+from trainops_devcluster.telemetry import FakeNvml, TelemetryIbReader
 
 from tests.health.conftest import two_sample_report
-from trainops_devcluster.telemetry import FakeNvml, TelemetryIbReader
 from trainops.health.ib_reader import IbUnavailable, SysfsIbReader
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import evaluate

@@ -6,9 +6,9 @@ import re
 import threading
 
 import pytest
+from trainops_devcluster.telemetry import FakeNvml, NodeTelemetry, prometheus_query, render_dcgm
 
 from tests.health.conftest import NOW
-from trainops_devcluster.telemetry import FakeNvml, NodeTelemetry, prometheus_query, render_dcgm
 from trainops.health.nvml_reader import NvmlReader
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import time
 
+from trainops_devcluster.airflow_home import xcom_value
+
 from tests.training.conftest import heartbeat_step, idle_nodes, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
 from trainops.conventions import (
@@ -17,7 +19,6 @@ from trainops.conventions import (
     QUARANTINE_EVIDENCE_ANNOTATION,
     QUARANTINE_TAINT,
 )
-from trainops_devcluster.airflow_home import xcom_value
 
 TRAIN = ["--steps", "300", "--checkpoint-every", "20", "--step-seconds", "0.02", "--heartbeat-every", "5"]
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from trainops.kube.nodes import NodeChange, NodeState, with_taint, without_taint
 from trainops.conventions import (
     CLAIMED_BY_ANNOTATION,
     HEALTH_LABEL,
@@ -22,6 +21,7 @@ from trainops.conventions import (
     MODE_TRAINING,
     QUARANTINE_TAINT,
 )
+from trainops.kube.nodes import NodeChange, NodeState, with_taint, without_taint
 
 CLAIMED_AT_ANNOTATION = "trainops.io/claimed-at"
 CLAIM_PRIOR_ANNOTATION = "trainops.io/claim-prior"

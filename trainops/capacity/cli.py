@@ -74,8 +74,8 @@ def claimed_nodes(nodes: list[dict], now: datetime) -> list[dict]:
 def run_status(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
 
-    from trainops.kube.nodes import list_nodes
     from trainops.capacity.quota import KUEUE_GROUP, KUEUE_VERSION, grants_of
+    from trainops.kube.nodes import list_nodes
 
     apis = _apis(args)
     rows = claimed_nodes(list_nodes(apis.core), datetime.now(UTC))

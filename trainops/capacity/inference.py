@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from trainops.kube.guarded import Edited, edit
 from trainops.capacity.loans import LOANS_ANNOTATION, Path, lend_patch, repay_patch
+from trainops.kube.guarded import Edited, edit
 from trainops.kube.nodes import MERGE_PATCH
 from trainops.kube.retry import Deadline, call
 

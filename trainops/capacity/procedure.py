@@ -20,10 +20,10 @@ from trainops.capacity.claims import NodeHeld, NodeQuarantined, holder_of, is_qu
 from trainops.capacity.drain import drain, list_pods
 from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
 from trainops.capacity.loans import get_path
-from trainops.kube.nodes import NodeState, edit_node, list_nodes
 from trainops.capacity.quota import set_grant
-from trainops.kube.retry import Deadline, DeadlineExceeded, call
 from trainops.conventions import GPU_RESOURCE, MODE_TAINT
+from trainops.kube.nodes import NodeState, edit_node, list_nodes
+from trainops.kube.retry import Deadline, DeadlineExceeded, call
 
 module_log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import copy
 import json
 
+from trainops.conventions import GPU_RESOURCE
 from trainops.kube.guarded import Edited, edit
 from trainops.kube.nodes import MERGE_PATCH
 from trainops.kube.retry import Deadline
-from trainops.conventions import GPU_RESOURCE
 
 GRANTS_ANNOTATION = "trainops.io/quota-grants"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"

@@ -17,7 +17,6 @@ import sys
 import time
 from typing import Any
 
-from trainops.kube.retry import Deadline
 from trainops.health.gate import DEFAULT_SELECTOR, GateConfig, GateError, run_gate
 from trainops.health.gemm import measure_gemm_tflops
 from trainops.health.ib_reader import SysfsIbReader
@@ -27,6 +26,7 @@ from trainops.health.probe import collect_report, publish
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.health.report import HealthReport
+from trainops.kube.retry import Deadline
 
 WRITE_DEADLINE_S = 60.0
 

@@ -20,13 +20,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainops.kube.nodes import NodeState, json_of
-from trainops.kube.retry import Deadline, call
 from trainops.conventions import GPU_POOL_LABEL, HEALTH_REPORT_ANNOTATION, QUARANTINE_TAINT
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports
 from trainops.health.report import HealthReport, merge_reports
 from trainops.health.stragglers import USABLE, Selection, choose_nodes, node_speed
+from trainops.kube.nodes import NodeState, json_of
+from trainops.kube.retry import Deadline, call
 
 DEFAULT_SELECTOR = f"{GPU_POOL_LABEL}=true"
 ON_UNAVAILABLE = ("fail", "probe-only")

@@ -15,8 +15,6 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from trainops.kube.nodes import NodeState, edit_node, with_taint, without_taint
-from trainops.kube.retry import Deadline
 from trainops.conventions import (
     HEALTH_LABEL,
     HEALTH_QUARANTINED,
@@ -27,6 +25,8 @@ from trainops.health.gate import GateConfig, GateResult, NodeResult, run_gate
 from trainops.health.policy import DEFAULT_POLICY, Policy
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.stragglers import USABLE
+from trainops.kube.nodes import NodeState, edit_node, with_taint, without_taint
+from trainops.kube.retry import Deadline
 
 EVIDENCE_ANNOTATION = QUARANTINE_EVIDENCE_ANNOTATION
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import time
 
-from trainops.kube.retry import Deadline
 from trainops.health.quarantine import quarantine_node as quarantine
+from trainops.kube.retry import Deadline
 
 EDIT_DEADLINE_S = 60.0
 _CODES = (

@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> int:
 def run(args: argparse.Namespace, timeline) -> bool:
     from kubernetes import config
 
-    from trainops_devcluster.demo.scenario import Cluster, Watcher, end_state_checks
     from trainops_devcluster import airflow_home
     from trainops_devcluster.cluster import DevCluster
+    from trainops_devcluster.demo.scenario import Cluster, Watcher, end_state_checks
     from trainops_devcluster.local_s3 import local_s3
 
     run_name = "demo-run"
