@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainops_devcluster.store import StoreError
+from trainops_devcluster.store import Gone, StoreError
 
 
 class BadRequest(StoreError):
@@ -28,10 +28,10 @@ class Invalid(StoreError):
     code, reason = 422, "Invalid"
 
     def __init__(self, kind: str, name: str, causes: list[tuple[str, str, str]]) -> None:
-        self.kind, self.name, self.causes = kind, name, causes
         details = [f"{field}: {message}" for field, _, message in causes]
         joined = details[0] if len(details) == 1 else "[" + ", ".join(details) + "]"
-        super().__init__(f'{kind} "{name}" is invalid: {joined}')
+        super().__init__(f'{kind} "{name}" is invalid: {joined}', name=name)
+        self.kind, self.causes = kind, causes
 
 
 class Unprocessable(StoreError):
@@ -58,21 +58,29 @@ class ServiceUnavailable(StoreError):
     code, reason = 503, "ServiceUnavailable"
 
 
-def status(error: StoreError, *, name: str = "", group: str = "", kind: str = "") -> dict:
-    """The ``Status`` body the API server answers for ``error``; ``kind`` is the resource (plural)
-    for most errors and the Kind for ``Invalid``, as on a real server."""
+def status(error: StoreError) -> dict:
+    """The ``Status`` body kube-apiserver answers for ``error`` (apimachinery ``errors.go``):
+    ``details`` names the object (``kind`` is the resource plural, ``group`` absent for core;
+    the Kind for ``Invalid``), carries ``causes`` and ``retryAfterSeconds``, and is ``{}`` when
+    there is nothing to say."""
     details: dict = {}
+    if error.name:
+        details["name"] = error.name
     if isinstance(error, Invalid):
-        name, kind = error.name, error.kind
+        details["kind"] = error.kind
         details["causes"] = [{"reason": r, "message": m, "field": f} for f, r, m in error.causes]
+    elif error.resource:
+        plural, _, group = error.resource.partition(".")
+        if group:
+            details["group"] = group
+        details["kind"] = plural
     if isinstance(error, TooManyRequests):
         if error.causes:
             details["causes"] = error.causes
         if error.retry_after:
             details["retryAfterSeconds"] = error.retry_after
-    for key, value in (("name", name), ("group", group), ("kind", kind)):
-        if value:
-            details[key] = value
+    if isinstance(error, InternalError):
+        details["causes"] = [{"message": str(error).removeprefix("Internal error occurred: ")}]
     body = {
         "kind": "Status",
         "apiVersion": "v1",
@@ -80,8 +88,9 @@ def status(error: StoreError, *, name: str = "", group: str = "", kind: str = ""
         "status": "Failure",
         "message": str(error),
         "reason": error.reason,
+        "details": details,
         "code": error.code,
     }
-    if details:
-        body["details"] = details
+    if isinstance(error, Gone | BadRequest):  # NewResourceExpired, NewBadRequest: no details
+        del body["details"]
     return body

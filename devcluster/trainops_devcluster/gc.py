@@ -32,11 +32,18 @@ def delete_object(
     obj = store.get(resource, namespace, name)
     meta = obj["metadata"]
     if uid and uid != meta["uid"]:
-        raise Conflict(f"Precondition failed: UID in precondition: {uid}, UID in object meta: {meta['uid']}")
+        raise Conflict(
+            f'Operation cannot be fulfilled on {resource} "{name}": Precondition failed: UID in '
+            f"precondition: {uid}, UID in object meta: {meta['uid']}",
+            resource=resource,
+            name=name,
+        )
     if resource_version and resource_version != meta["resourceVersion"]:
         raise Conflict(
-            f"Precondition failed: ResourceVersion in precondition: {resource_version}, "
-            f"ResourceVersion in object meta: {meta['resourceVersion']}"
+            f'Operation cannot be fulfilled on {resource} "{name}": Precondition failed: ResourceVersion '
+            f"in precondition: {resource_version}, ResourceVersion in object meta: {meta['resourceVersion']}",
+            resource=resource,
+            name=name,
         )
     policy = propagation or _DEFAULT_POLICY.get(resource, BACKGROUND)
     if policy not in (FOREGROUND, BACKGROUND, ORPHAN):

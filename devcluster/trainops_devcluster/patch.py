@@ -19,14 +19,20 @@ STRATEGIC = "application/strategic-merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 
 
-def apply(kind: Kind, content_type: str, body: bytes, target: dict) -> dict:
-    """Return ``target`` (not changed) with the patch applied."""
+def media_type(kind: Kind, content_type: str) -> str:
+    """The patch type of a request's Content-Type; 415 for one ``kind`` does not take."""
     media = content_type.split(";")[0].strip()
-    if media not in (MERGE, JSON_PATCH) and (media != STRATEGIC or kind.custom):
+    if media not in (MERGE, JSON_PATCH, APPLY) and (media != STRATEGIC or kind.custom):
         accepted = [JSON_PATCH, MERGE] + ([] if kind.custom else [STRATEGIC]) + [APPLY]
         raise UnsupportedMediaType(
             f"the body of the request was in an unknown format - accepted media types include: {', '.join(accepted)}"
         )
+    return media
+
+
+def apply(kind: Kind, content_type: str, body: bytes, target: dict) -> dict:
+    """Return ``target`` (not changed) with a merge, JSON or strategic merge patch applied."""
+    media = media_type(kind, content_type)
     try:
         patch = json.loads(body)
     except ValueError as exc:

@@ -139,7 +139,6 @@ class ApiServer:
         path = split.path.rstrip("/") or "/"
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
         verb = _verb(h.command, path, query)
-        h.call = None  # type: ignore[attr-defined]  # one handler serves every request of a connection
         recorded = False
 
         def record(code: int) -> None:
@@ -177,24 +176,12 @@ class ApiServer:
         finally:
             record(code)
 
-    def _send_error(
-        self,
-        h: BaseHTTPRequestHandler,
-        error: StoreError,
-        headers: dict | None = None,
-        call: _Call | None = None,
-    ) -> int:
-        details = {}
-        call = call or getattr(h, "call", None)
-        if call is not None:
-            details = {"name": call.name, "group": call.kind.group, "kind": call.kind.plural}
-        if isinstance(error, NotFound) and getattr(error, "namespace_missing", None):
-            details = {"name": error.namespace_missing, "kind": "namespaces"}
-        body = status(error, **details)
+    def _send_error(self, h: BaseHTTPRequestHandler, error: StoreError) -> int:
+        headers = None
         if isinstance(error, TooManyRequests) and error.retry_after:
-            headers = {"Retry-After": str(error.retry_after), **(headers or {})}
+            headers = {"Retry-After": str(error.retry_after)}
         try:
-            return _send(h, error.code, _dumps(body), JSON, headers)
+            return _send(h, error.code, _dumps(status(error)), JSON, headers)
         except (BrokenPipeError, ConnectionResetError):
             return error.code
 
@@ -207,7 +194,6 @@ class ApiServer:
         call = _resource_call(h, path, query, body)
         if call is None:
             raise NotFound(_NOT_FOUND)
-        h.call = call  # type: ignore[attr-defined]
         return self._resource(call)
 
     def _static(self, path: str) -> bytes | None:
@@ -245,7 +231,9 @@ class ApiServer:
                 return self._create(call)
             if method == "DELETE":
                 return self._delete_collection(call)
-            raise MethodNotAllowed("the server does not allow this method on the requested resource")
+            raise MethodNotAllowed(
+                "the server does not allow this method on the requested resource", resource=k.resource
+            )
         handlers = {
             ("GET", ""): self._get,
             ("GET", "status"): self._get,
@@ -263,7 +251,9 @@ class ApiServer:
         }
         handler = handlers.get((method, call.sub))
         if handler is None:
-            raise MethodNotAllowed("the server does not allow this method on the requested resource")
+            raise MethodNotAllowed(
+                "the server does not allow this method on the requested resource", resource=k.resource
+            )
         return handler(call)
 
     # ---- reads -------------------------------------------------------------------------
@@ -404,9 +394,10 @@ class ApiServer:
             raise BadRequest(f"the object provided is unrecognized or malformed: {exc}") from None
         if not isinstance(obj, dict):
             raise BadRequest("the object provided is unrecognized (a JSON object is required)")
-        if not obj.get("kind"):
-            raise BadRequest(f"Object 'Kind' is missing in '{call.body[:200].decode(errors='replace')}'")
-        if obj.get("apiVersion") != kind.api_version:
+        # gvkWithDefaults: a missing kind or apiVersion is the URL's, as kube-apiserver decodes it
+        obj["kind"] = obj.get("kind") or kind.kind
+        obj["apiVersion"] = obj.get("apiVersion") or kind.api_version
+        if obj["apiVersion"] != kind.api_version:
             raise BadRequest(
                 f"the API version in the data ({obj.get('apiVersion')}) does not match the expected API version "
                 f"({kind.api_version})"
@@ -424,16 +415,14 @@ class ApiServer:
             obj = admit(call.kind.resource, operation, obj, old)
         return obj
 
-    def _check_namespace(self, call: _Call) -> None:
-        ns = self.store.find("namespaces", "", call.ns)
-        if ns is None:
-            error = NotFound(f'namespaces "{call.ns}" not found')
-            error.namespace_missing = call.ns  # type: ignore[attr-defined]
-            raise error
+    def _check_namespace(self, call: _Call, name: str) -> None:
+        ns = self.store.get("namespaces", "", call.ns)
         if ns["metadata"].get("deletionTimestamp"):
             raise Forbidden(
-                f'{call.kind.resource} "{call.name}" is forbidden: unable to create new content in namespace '
-                f"{call.ns} because it is being terminated"
+                f'{call.kind.resource} "{name}" is forbidden: unable to create new content in namespace '
+                f"{call.ns} because it is being terminated",
+                resource=call.kind.resource,
+                name=name,
             )
 
     def _create(self, call: _Call) -> int:
@@ -446,7 +435,7 @@ class ApiServer:
                     "the namespace of the provided object does not match the namespace sent on the request"
                 )
             meta["namespace"] = call.ns
-            self._check_namespace(call)
+            self._check_namespace(call, meta.get("name", ""))
         else:
             meta.pop("namespace", None)
         if meta.get("resourceVersion"):
@@ -501,6 +490,7 @@ class ApiServer:
     def _patch(self, call: _Call) -> int:
         k = call.kind
         content_type = call.handler.headers.get("Content-Type", "")
+        patch.media_type(k, content_type)
         explicit_rv = _patch_sets_resource_version(content_type, call.body)
         for _ in range(50):
             current = self.store.get(k.resource, call.ns, call.name)
@@ -515,7 +505,9 @@ class ApiServer:
                 if explicit_rv:
                     raise
         raise Conflict(
-            f'Operation cannot be fulfilled on {k.resource} "{call.name}": too many concurrent writes'
+            f'Operation cannot be fulfilled on {k.resource} "{call.name}": too many concurrent writes',
+            resource=k.resource,
+            name=call.name,
         )
 
     def _combine(self, call: _Call, current: dict, new: dict) -> dict:
@@ -563,7 +555,9 @@ class ApiServer:
         if new_rv and new_rv != current["metadata"]["resourceVersion"]:
             raise Conflict(
                 f'Operation cannot be fulfilled on {k.resource} "{call.name}": the object has been modified; '
-                "please apply your changes to the latest version and try again"
+                "please apply your changes to the latest version and try again",
+                resource=k.resource,
+                name=call.name,
             )
         return result
 
@@ -711,7 +705,12 @@ class ApiServer:
                 uid=pre.get("uid"),
             )
             return _send(call.handler, 201, _dumps(_success(201)))
-        raise Conflict("the PodDisruptionBudget kept changing; try again")
+        raise Conflict(
+            f'Operation cannot be fulfilled on pods/eviction "{call.name}": the PodDisruptionBudget kept '
+            "changing; try again",
+            resource="pods/eviction",
+            name=call.name,
+        )
 
     def _bind(self, call: _Call) -> int:
         try:
@@ -722,7 +721,12 @@ class ApiServer:
 
         def assign(pod: dict) -> None:
             if pod["spec"].get("nodeName"):
-                raise Conflict(f'pod {call.name} is already assigned to node "{pod["spec"]["nodeName"]}"')
+                raise Conflict(
+                    f'Operation cannot be fulfilled on pods/binding "{call.name}": pod {call.name} is already '
+                    f'assigned to node "{pod["spec"]["nodeName"]}"',
+                    resource="pods/binding",
+                    name=call.name,
+                )
             pod["spec"]["nodeName"] = node
 
         self.store.mutate("pods", call.ns, call.name, assign)

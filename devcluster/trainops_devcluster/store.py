@@ -28,10 +28,15 @@ ADDED, MODIFIED, DELETED = "ADDED", "MODIFIED", "DELETED"
 
 
 class StoreError(Exception):
-    """An API error with the HTTP code and Status reason the API server answers."""
+    """An API error with the HTTP code and Status reason the API server answers; ``resource``
+    (``plural[.group]``) and ``name`` name the object it is about, for the Status ``details``."""
 
     code = 500
     reason = "InternalError"
+
+    def __init__(self, message: str = "", *, resource: str = "", name: str = "") -> None:
+        super().__init__(message)
+        self.resource, self.name = resource, name
 
 
 class NotFound(StoreError):
@@ -114,7 +119,7 @@ class Store:
             try:
                 return copy.deepcopy(self._objects[resource][(namespace, name)])
             except KeyError:
-                raise NotFound(f'{resource} "{name}" not found') from None
+                raise NotFound(f'{resource} "{name}" not found', resource=resource, name=name) from None
 
     def find(self, resource: str, namespace: str, name: str) -> dict | None:
         """Like ``get`` but ``None`` when absent."""
@@ -172,7 +177,9 @@ class Store:
                 meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
             key = (namespace, meta["name"])
             if key in self._objects[resource]:
-                raise AlreadyExists(f'{resource} "{meta["name"]}" already exists')
+                raise AlreadyExists(
+                    f'{resource} "{meta["name"]}" already exists', resource=resource, name=meta["name"]
+                )
             meta["uid"] = meta.get("uid") or str(uuid.uuid4())
             meta["creationTimestamp"] = now_iso()
             meta["generation"] = 1
@@ -192,13 +199,15 @@ class Store:
         with self._lock:
             current = self._objects[resource].get(key)
             if current is None:
-                raise NotFound(f'{resource} "{meta["name"]}" not found')
+                raise NotFound(f'{resource} "{meta["name"]}" not found', resource=resource, name=meta["name"])
             cur_meta = current["metadata"]
             wanted = meta.get("resourceVersion")
             if check_version and wanted and wanted != cur_meta["resourceVersion"]:
                 raise Conflict(
                     f'Operation cannot be fulfilled on {resource} "{meta["name"]}": the object has been '
-                    "modified; please apply your changes to the latest version and try again"
+                    "modified; please apply your changes to the latest version and try again",
+                    resource=resource,
+                    name=meta["name"],
                 )
             for immutable in ("uid", "creationTimestamp"):
                 meta[immutable] = cur_meta[immutable]
@@ -224,9 +233,15 @@ class Store:
         with self._lock:
             current = self._objects[resource].get((namespace, name))
             if current is None:
-                raise NotFound(f'{resource} "{name}" not found')
+                raise NotFound(f'{resource} "{name}" not found', resource=resource, name=name)
             if resource_version and resource_version != current["metadata"]["resourceVersion"]:
-                raise Conflict(f'{resource} "{name}": resourceVersion precondition failed')
+                raise Conflict(
+                    f'Operation cannot be fulfilled on {resource} "{name}": Precondition failed: '
+                    f"ResourceVersion in precondition: {resource_version}, ResourceVersion in object meta: "
+                    f"{current['metadata']['resourceVersion']}",
+                    resource=resource,
+                    name=name,
+                )
             del self._objects[resource][(namespace, name)]
             self._sorted.pop(resource, None)
             self._index_owners(resource, (namespace, name), current, None)
