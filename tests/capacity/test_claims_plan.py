@@ -59,9 +59,9 @@ def test_claim_and_release_are_idempotent():
 
 def test_a_node_held_by_another_run_is_never_taken_nor_released():
     held = claims.claim("other_dag/run_7", "t")(node())
-    with pytest.raises(claims.NodeHeld, match="claimed by run other_dag/run_7") as error:
+    with pytest.raises(claims.NodesHeld, match=r"gpu-node-000 \(held by other_dag/run_7\)") as error:
         claims.claim(RUN, "t")(held)
-    assert error.value.holder == "other_dag/run_7"
+    assert error.value.holders == {"gpu-node-000": "other_dag/run_7"}
     assert claims.release(RUN)(held) == held
 
 

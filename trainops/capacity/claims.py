@@ -21,6 +21,7 @@ from trainops.conventions import (
     MODE_TRAINING,
     QUARANTINE_TAINT,
 )
+from trainops.errors import PermanentError, TemporaryError
 from trainops.kube.nodes import NodeChange, NodeState, with_taint, without_taint
 
 CLAIMED_AT_ANNOTATION = "trainops.io/claimed-at"
@@ -29,16 +30,17 @@ CLAIM_ANNOTATIONS = (CLAIMED_BY_ANNOTATION, CLAIMED_AT_ANNOTATION, CLAIM_PRIOR_A
 TRAINING_TAINT = {"key": MODE_TAINT, "value": MODE_TRAINING, "effect": "NoSchedule"}
 
 
-class ClaimError(RuntimeError):
-    """A node cannot be claimed or released as asked."""
+class ClaimError(PermanentError):
+    """A node cannot be claimed or released as asked until a person fixes it (the message says how)."""
 
 
-class NodeHeld(ClaimError):
-    """The node is claimed by another run."""
+class NodesHeld(TemporaryError):
+    """Nodes are claimed by other runs (free again once those runs return them); ``holders``: node -> run."""
 
-    def __init__(self, node: str, holder: str) -> None:
-        super().__init__(f"node {node} is claimed by run {holder}")
-        self.node, self.holder = node, holder
+    def __init__(self, holders: dict[str, str]) -> None:
+        listed = ", ".join(f"{node} (held by {run})" for node, run in sorted(holders.items()))
+        super().__init__(f"{len(holders)} node(s) are claimed by other runs: {listed}")
+        self.holders = holders
 
 
 class NodeQuarantined(ClaimError):
@@ -70,14 +72,14 @@ def is_quarantined(state: NodeState) -> bool:
 
 def claim(run: str, claimed_at: str) -> NodeChange:
     """The change that claims a node for ``run``: a no-op when ``run`` already holds it; raises
-    ``NodeHeld`` when another run does and ``NodeQuarantined`` for a quarantined node."""
+    ``NodesHeld`` when another run does and ``NodeQuarantined`` for a quarantined node."""
 
     def change(state: NodeState) -> NodeState:
         holder = holder_of(state.annotations)
         if holder == run:
             return state
         if holder:
-            raise NodeHeld(state.name, holder)
+            raise NodesHeld({state.name: holder})
         if is_quarantined(state):
             raise NodeQuarantined(state.name)
         annotations = {

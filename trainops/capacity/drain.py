@@ -17,13 +17,14 @@ import logging
 import time
 from collections.abc import Iterable
 
-from trainops.kube.retry import TRANSIENT, Backoff, Deadline, DeadlineExceeded, call
+from trainops.errors import PermanentError
+from trainops.kube.retry import Backoff, Deadline, DeadlineExceeded, call, is_transient
 
 log = logging.getLogger(__name__)
 EVICTED, GONE = "evicted", "gone"
 
 
-class DrainStalled(RuntimeError):
+class DrainStalled(PermanentError):
     """Evicted pods cannot be rescheduled and the rest are held by their PodDisruptionBudgets."""
 
 
@@ -65,9 +66,6 @@ def pods_to_move(pods: Iterable[dict], nodes: set[str]) -> list[dict]:
 
 def _evict(core_v1, pod: dict) -> str:
     """Ask to evict one pod: ``EVICTED``, ``GONE``, or why it must wait (PDB, API busy)."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
-
     meta = pod["metadata"]
     body = {
         "apiVersion": "policy/v1",
@@ -78,22 +76,23 @@ def _evict(core_v1, pod: dict) -> str:
         core_v1.create_namespaced_pod_eviction(
             meta["name"], meta["namespace"], body, _preload_content=False
         ).release_conn()
-    except ApiException as error:
-        if error.status == 404:
+    except Exception as error:
+        status = getattr(error, "status", None)
+        if status == 404:
             return GONE
-        if error.status in TRANSIENT or error.status == 409:  # 409: the budget's update conflicted; ask again
+        if is_transient(error) or status == 409:  # 409: the budget's update conflicted; ask again
             return _message(error)
         raise
-    except HTTPError as error:  # the connection dropped: ask again on the next pass
-        return f"connection error: {error}"
     return EVICTED
 
 
 def _message(error) -> str:
+    """The API server's message (a PDB refusal says which budget), else what failed."""
     try:
         return json.loads(error.body)["message"]
-    except (TypeError, ValueError, KeyError):
-        return f"HTTP {error.status}"
+    except (AttributeError, TypeError, ValueError, KeyError):
+        status = getattr(error, "status", None)
+        return f"HTTP {status}" if status else f"connection error: {error}"
 
 
 def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -> int:

@@ -16,12 +16,13 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from trainops.capacity import claims, inference
-from trainops.capacity.claims import NodeHeld, NodeQuarantined, holder_of, is_quarantined, parse_run
+from trainops.capacity.claims import NodeQuarantined, NodesHeld, holder_of, is_quarantined, parse_run
 from trainops.capacity.drain import drain, list_pods
 from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
 from trainops.capacity.loans import get_path
 from trainops.capacity.quota import set_grant
 from trainops.conventions import GPU_RESOURCE, MODE_TAINT
+from trainops.errors import TemporaryError
 from trainops.kube.nodes import NodeState, edit_node, list_nodes
 from trainops.kube.retry import Deadline, DeadlineExceeded, call
 
@@ -58,16 +59,7 @@ class Deadlines:
                 raise ValueError(f"deadline {name} must be > 0 seconds, got {value!r}")
 
 
-class NodesHeld(RuntimeError):
-    """Some requested nodes are claimed by other runs; ``holders`` maps node -> run."""
-
-    def __init__(self, holders: dict[str, str]) -> None:
-        listed = ", ".join(f"{node} (held by {run})" for node, run in sorted(holders.items()))
-        super().__init__(f"{len(holders)} node(s) are claimed by other runs: {listed}")
-        self.holders = holders
-
-
-class ReturnIncomplete(RuntimeError):
+class ReturnIncomplete(TemporaryError):
     """The return finished every step it could; these failed (the message names each)."""
 
 
@@ -150,10 +142,8 @@ def claim(
     summary = ClaimSummary(run, nodes, 0, cluster_queue=cluster_queue)
     change = claims.claim(run, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     for name in sorted(nodes):  # one global order: of two overlapping claims, the first to a node wins all
-        try:
-            edited = edit_node(apis.core, name, change, Deadline(deadlines.api_s), current=by_name[name])
-        except NodeHeld as error:  # another run won the race for this node after our check
-            raise NodesHeld({error.node: error.holder}) from error
+        # NodesHeld from the change: another run won the race for this node after the check above
+        edited = edit_node(apis.core, name, change, Deadline(deadlines.api_s), current=by_name[name])
         gpus = gpus_per_node or node_gpus(edited.object)
         summary.gpus += gpus
         if edited.wrote:

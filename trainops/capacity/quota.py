@@ -14,6 +14,7 @@ import copy
 import json
 
 from trainops.conventions import GPU_RESOURCE
+from trainops.errors import PermanentError
 from trainops.kube.guarded import Edited, edit
 from trainops.kube.nodes import MERGE_PATCH
 from trainops.kube.retry import Deadline
@@ -22,7 +23,7 @@ GRANTS_ANNOTATION = "trainops.io/quota-grants"
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 
 
-class QuotaError(ValueError):
+class QuotaError(PermanentError, ValueError):
     """The ClusterQueue has no (or no unique) GPU quota entry to adjust."""
 
 

@@ -36,13 +36,14 @@ from trainops.checkpoints.formats.manifest import (
 from trainops.checkpoints.latest import latest_verified
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
+from trainops.errors import PermanentError
 
 RUN_URI_ENV = "TRAINOPS_RUN_URI"
 RESUME_FROM_ENV = "TRAINOPS_RESUME_FROM"
 HEARTBEAT_FILE = "heartbeat.json"
 
 
-class CommitConflict(RuntimeError):
+class CommitConflict(PermanentError):
     """``_COMMITTED`` exists for a different manifest: the files changed after the first commit."""
 
 

@@ -6,18 +6,20 @@ The endpoint comes from ``endpoint_url`` or boto3's standard environment (``AWS_
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from trainops.checkpoints.uri import S3Uri
+from trainops.errors import PermanentError
+from trainops.kube.retry import Deadline, call
 
 CHUNK_SIZE = 1 << 20
+CONFLICT_DEADLINE_S = 30.0
 
 
-class ObjectTooLarge(ValueError):
+class ObjectTooLarge(PermanentError, ValueError):
     """A metadata object is larger than the verifier is willing to hold in memory."""
 
 
@@ -118,29 +120,31 @@ class CheckpointStore:
     def put(self, bucket: str, key: str, body: bytes, *, content_type: str = "application/json") -> None:
         self.client.put_object(Bucket=bucket, Key=key, Body=body, ContentType=content_type)
 
-    def put_if_absent(self, bucket: str, key: str, body: bytes, *, attempts: int = 5) -> bool:
+    def put_if_absent(
+        self, bucket: str, key: str, body: bytes, *, deadline_s: float = CONFLICT_DEADLINE_S
+    ) -> bool:
         """Create ``key`` only if it does not exist (``If-None-Match: *``).
 
-        Returns True when this call created it, False when it already existed (412). A 409
-        (a concurrent conditional write in flight) is retried; the retry then sees 412 or succeeds.
+        Returns True when this call created it, False when it already existed (412).  A 409 (a
+        concurrent conditional write in flight) is retried under the retry policy until
+        ``deadline_s``; the retry then sees 412 or succeeds.
         """
         from botocore.exceptions import ClientError
 
-        attempt = 0
-        while True:
-            try:
-                self.client.put_object(
+        try:
+            call(
+                lambda: self.client.put_object(
                     Bucket=bucket, Key=key, Body=body, IfNoneMatch="*", ContentType="application/json"
-                )
-                return True
-            except ClientError as error:
-                code = _error_code(error)
-                if code == "PreconditionFailed":
-                    return False
-                attempt += 1
-                if code != "ConditionalRequestConflict" or attempt >= attempts:
-                    raise
-                time.sleep(0.05 * 2**attempt)
+                ),
+                Deadline(deadline_s),
+                f"conditional write of s3://{bucket}/{key}",
+                transient=lambda error: _error_code(error) == "ConditionalRequestConflict",
+            )
+        except ClientError as error:
+            if _error_code(error) == "PreconditionFailed":
+                return False
+            raise
+        return True
 
     def unfinished_uploads(self, uri: S3Uri) -> set[str]:
         """Keys under ``uri`` with a multipart upload that was started and never completed."""

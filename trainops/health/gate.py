@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainops.conventions import GPU_POOL_LABEL, HEALTH_REPORT_ANNOTATION, QUARANTINE_TAINT
+from trainops.errors import TemporaryError
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports
 from trainops.health.report import HealthReport, merge_reports
@@ -36,7 +37,7 @@ SIDES = {
 }
 
 
-class GateError(RuntimeError):
+class GateError(TemporaryError):
     """The gate cannot decide, e.g. Prometheus is required and unreachable."""
 
 

@@ -11,10 +11,11 @@ import re
 from pathlib import Path
 from typing import Protocol
 
+from trainops.errors import TemporaryError
 from trainops.health.report import Signal, Signals
 
 
-class IbUnavailable(Exception):
+class IbUnavailable(TemporaryError):
     """The node has no readable InfiniBand tree at all."""
 
 

@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from trainops.errors import TemporaryError
 from trainops.health.report import HealthReport, Signal, Signals
 
 RECOVERY_ACTIONS = {0: "NONE", 1: "GPU_RESET", 2: "NODE_REBOOT", 3: "DRAIN_P2P", 4: "DRAIN_AND_RESET"}
@@ -51,7 +52,7 @@ FRESHNESS = "DCGM_FI_DEV_GPU_TEMP"  # on by default; its sample time is the node
 COUNTERS = [name for name, (signal, _) in GAUGES.items() if signal.startswith("counter_")]
 
 
-class PrometheusError(Exception):
+class PrometheusError(TemporaryError):
     """Prometheus could not be reached or refused a query."""
 
 

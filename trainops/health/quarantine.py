@@ -21,6 +21,7 @@ from trainops.conventions import (
     QUARANTINE_EVIDENCE_ANNOTATION,
     QUARANTINE_TAINT,
 )
+from trainops.errors import TemporaryError
 from trainops.health.gate import GateConfig, GateResult, NodeResult, run_gate
 from trainops.health.policy import DEFAULT_POLICY, Policy
 from trainops.health.prometheus import PrometheusClient
@@ -85,7 +86,7 @@ def apply_quarantine(core_v1: Any, result: GateResult, deadline: Deadline) -> li
     return [n.name for n in result.to_quarantine if quarantine(core_v1, n, deadline)]
 
 
-class ReleaseRefused(RuntimeError):
+class ReleaseRefused(TemporaryError):
     """The node still fails (or has no report since its quarantine); it stays quarantined."""
 
 

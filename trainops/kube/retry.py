@@ -1,24 +1,34 @@
-"""Deadlines and retries for Kubernetes API calls.
+"""The one retry policy of trainops: what is transient, how long to wait, and until when.
 
-``call(fn, deadline, what)`` runs ``fn`` and retries it while the API server answers with a
-transient status (429 Too Many Requests, 502/503/504) or the connection drops, backing off
-with jitter and honouring ``Retry-After``, until ``deadline`` passes.  Any other error is
-raised at once.  409 Conflict is not transient here: the guarded edits re-read and retry it.
+``call(fn, deadline, what)`` (sync) and ``await acall(fn, deadline, what)`` (async) run ``fn`` and
+retry it while it fails transiently, until ``deadline``; any other error is raised at once, and
+``DeadlineExceeded`` (naming ``what`` and the last answer) once the deadline is gone.  Between
+tries they wait what the server asked for (``Retry-After``), else a full-jitter exponential
+backoff (``Backoff``), never more than ``MAX_WAIT_S``.
+
+Transient by default (``is_transient``): an API answer of 429, 502, 503 or 504 and a dropped or
+timed-out connection, from either Kubernetes client.  409 Conflict is not: the guarded edits
+re-read and retry it (``trainops.kube.guarded``).  Other systems pass their own ``transient``
+test (S3's conditional-write conflict in ``trainops.checkpoints.store``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
+
+from trainops.errors import TemporaryError, TrainopsError
 
 T = TypeVar("T")
 
 TRANSIENT = frozenset({0, 429, 502, 503, 504})  # 0: the client's code for a dropped connection
+MAX_WAIT_S = 5.0
 
 
-class DeadlineExceeded(TimeoutError):
+class DeadlineExceeded(TemporaryError, TimeoutError):
     """A step did not finish before its deadline; the message names what was being waited for."""
 
 
@@ -26,7 +36,7 @@ class Deadline:
     """A point in time (monotonic) by which a step must be done."""
 
     def __init__(self, seconds: float) -> None:
-        if seconds <= 0:
+        if not seconds > 0:
             raise ValueError(f"a deadline must be positive seconds, got {seconds!r}")
         self.seconds = seconds
         self._at = time.monotonic() + seconds
@@ -38,49 +48,119 @@ class Deadline:
     def expired(self) -> bool:
         return self.remaining() <= 0
 
-    def sleep(self, seconds: float, what: str) -> None:
-        """Sleep ``seconds`` (cut short at the deadline); raise ``DeadlineExceeded(what)`` when it is gone."""
+    def _cut(self, seconds: float, what: str) -> float:
         if self.expired:
             raise DeadlineExceeded(f"{what}: not done within {self.seconds:g}s")
-        time.sleep(max(0.0, min(seconds, self.remaining())))
+        return max(0.0, min(seconds, self.remaining()))
+
+    def sleep(self, seconds: float, what: str) -> None:
+        """Sleep ``seconds`` (cut short at the deadline); raise ``DeadlineExceeded(what)`` when it is gone."""
+        time.sleep(self._cut(seconds, what))
+
+    async def asleep(self, seconds: float, what: str) -> None:
+        """``sleep`` without blocking the event loop."""
+        await asyncio.sleep(self._cut(seconds, what))
 
 
 class Backoff:
-    """Exponential backoff with full jitter: 0.05 s doubling up to ``cap`` seconds."""
+    """Exponential backoff with full jitter: a wait drawn from [0, ``base`` * 2^attempt], at most ``cap``."""
 
     def __init__(self, base: float = 0.05, cap: float = 2.0) -> None:
         self.base, self.cap, self.attempt = base, cap, 0
 
     def next(self) -> float:
-        delay = min(self.cap, self.base * 2**self.attempt)
+        ceiling = min(self.cap, self.base * 2**self.attempt)
         self.attempt += 1
-        return random.uniform(delay / 2, delay)
+        return random.uniform(0, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
 
 
 def retry_after(error: BaseException) -> float | None:
-    """The server's ``Retry-After`` seconds, when it sent one."""
-    headers = getattr(error, "headers", None) or {}
+    """The server's ``Retry-After`` seconds, when it sent one (Kubernetes clients and botocore)."""
+    headers = getattr(error, "headers", None)
+    if headers is None:  # botocore's ClientError
+        headers = (getattr(error, "response", None) or {}).get("ResponseMetadata", {}).get("HTTPHeaders")
     try:
-        return float(headers.get("Retry-After"))
+        return float((headers or {}).get("Retry-After") or (headers or {}).get("retry-after"))
     except (TypeError, ValueError):
         return None
 
 
-def call(fn: Callable[[], T], deadline: Deadline, what: str) -> T:
-    """``fn()``, retried on transient API errors until ``deadline``; ``what`` names it in errors."""
-    from kubernetes.client.exceptions import ApiException
-    from urllib3.exceptions import HTTPError
+def _connection_errors() -> tuple[type[BaseException], ...]:
+    """Dropped or timed-out connections of the sync (urllib3) and async (aiohttp) clients."""
+    found: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    try:
+        from urllib3.exceptions import HTTPError
 
+        found.append(HTTPError)
+    except ImportError:
+        pass
+    try:
+        from aiohttp import ClientError
+
+        found.append(ClientError)
+    except ImportError:
+        pass
+    return tuple(found)
+
+
+def is_transient(error: BaseException) -> bool:
+    """An API answer with a status in ``TRANSIENT``, or a dropped/timed-out connection."""
+    if isinstance(error, TrainopsError):  # already the verdict of an inner retry
+        return False
+    status = getattr(error, "status", None)
+    if isinstance(status, int):
+        return status in TRANSIENT
+    return isinstance(error, _connection_errors())
+
+
+def wait_before_retry(error: BaseException, backoff: Backoff) -> float:
+    """How long to wait after ``error``: its ``Retry-After``, else the next backoff (at most ``MAX_WAIT_S``)."""
+    return min(retry_after(error) or backoff.next(), MAX_WAIT_S)
+
+
+def _gave_up(what: str, error: BaseException, deadline: Deadline) -> DeadlineExceeded:
+    answer = getattr(error, "status", None) or repr(error)
+    return DeadlineExceeded(f"{what}: kept failing with {answer} for {deadline.seconds:g}s")
+
+
+def call(
+    fn: Callable[[], T],
+    deadline: Deadline,
+    what: str,
+    *,
+    transient: Callable[[BaseException], bool] = is_transient,
+) -> T:
+    """``fn()``, retried while it fails ``transient``-ly until ``deadline``; ``what`` names it in errors."""
     backoff = Backoff()
     while True:
         try:
             return fn()
-        except (ApiException, HTTPError) as error:
-            status = getattr(error, "status", 0)
-            if status not in TRANSIENT:
+        except Exception as error:
+            if not transient(error):
                 raise
             if deadline.expired:
-                raise DeadlineExceeded(
-                    f"{what}: the API server kept answering {status or error!r} for {deadline.seconds:g}s"
-                ) from error
-            deadline.sleep(min(retry_after(error) or backoff.next(), 5.0), what)
+                raise _gave_up(what, error, deadline) from error
+            deadline.sleep(wait_before_retry(error, backoff), what)
+
+
+async def acall(
+    fn: Callable[[], Awaitable[T]],
+    deadline: Deadline,
+    what: str,
+    *,
+    transient: Callable[[BaseException], bool] = is_transient,
+) -> T:
+    """``await fn()`` with the same policy as ``call``."""
+    backoff = Backoff()
+    while True:
+        try:
+            return await fn()
+        except Exception as error:
+            if not transient(error):
+                raise
+            if deadline.expired:
+                raise _gave_up(what, error, deadline) from error
+            await deadline.asleep(wait_before_retry(error, backoff), what)
