@@ -116,13 +116,14 @@ def fleet_reports(
         if k := key(item["metric"]):
             last_scrape[k[0]] = max(last_scrape[k[0]], float(item["value"][1]))
             fresh_gpus[k[0]].add(k[1])
-    values: dict[tuple[str, str], dict[str, Any]] = defaultdict(dict)
+    # node -> gpu -> metric values (grouped by node once, so building the reports is linear)
+    values: dict[str, dict[str, dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
     xids: dict[tuple[str, str], set[int]] = defaultdict(set)
     for item in series:
         if not (k := key(item["metric"])):
             continue
         metric, value = item["metric"].get("__name__"), float(item["value"][1])
-        gpu_values = values[k]  # a GPU seen only through its XID count still gets a report entry
+        gpu_values = values[k[0]][k[1]]  # a GPU seen only through its XID count still gets a report entry
         if metric != XID_COUNT:
             gpu_values[metric] = value
         elif value > 0:
@@ -130,16 +131,16 @@ def fleet_reports(
     for name, result in rates.items():
         for item in result:
             if k := key(item["metric"]):
-                values[k][f"rate:{name}"] = float(item["value"][1]) * 60.0 / rate_window_s
+                values[k[0]][k[1]][f"rate:{name}"] = float(item["value"][1]) * 60.0 / rate_window_s
 
     reports: dict[str, HealthReport] = {}
-    for node in sorted({n for n, _ in values} | set(last_scrape)):
+    for node in sorted(values.keys() | last_scrape.keys()):
         age = now - last_scrape[node] if node in last_scrape else None
         if age is None or age > max_age_s:
             why = "no scrape time" if age is None else f"last sample {age:.0f}s old (bound {max_age_s:.0f}s)"
             reports[node] = HealthReport.empty(node, now, "prometheus", f"dcgm-exporter data stale: {why}")
             continue
-        gpus = {gpu: _gpu_signals(values[(n, gpu)], xids[(n, gpu)]) for n, gpu in values if n == node}
+        gpus = {gpu: _gpu_signals(metrics, xids[(node, gpu)]) for gpu, metrics in values[node].items()}
         signals = {"gpu_count": Signal(len(fresh_gpus[node]))}
         reports[node] = HealthReport(node, now, "prometheus", signals, gpus)
     for node in nodes or ():
