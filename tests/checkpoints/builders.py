@@ -6,9 +6,7 @@ import json
 import os
 import struct
 
-from tests.checkpoints.torch_standin import dcp_metadata
-
-ITEM_BYTES = 64
+from tests.checkpoints import torch_dcp
 
 
 def put(client, bucket: str, key: str, body: bytes) -> None:
@@ -20,16 +18,15 @@ def prefix_of(uri: str) -> str:
     return uri.split("/", 3)[3]
 
 
-def write_dcp(client, bucket: str, prefix: str, ranks: int = 2) -> list[str]:
-    """A DCP directory: one ``__R_0.distcp`` per rank holding two tensors, then ``.metadata``."""
-    shards = {
-        f"__{rank}_0.distcp": [(f"layer{rank}.w", 0, ITEM_BYTES), (f"layer{rank}.b", ITEM_BYTES, ITEM_BYTES)]
-        for rank in range(ranks)
-    }
-    for name in shards:
-        put(client, bucket, prefix + name, os.urandom(2 * ITEM_BYTES))
-    put(client, bucket, prefix + ".metadata", dcp_metadata(shards))
-    return list(shards)
+def write_dcp(client, bucket: str, prefix: str) -> list[str]:
+    """A real DCP directory written by torch in two processes (``__0_0.distcp``, ``__1_0.distcp``,
+    then ``.metadata``); returns its file names."""
+    return torch_dcp.upload(client, bucket, prefix, torch_dcp.checkpoint())
+
+
+def dcp_size(name: str) -> int:
+    """The size of file ``name`` in the checkpoint ``write_dcp`` uploads."""
+    return (torch_dcp.checkpoint() / name).stat().st_size
 
 
 def safetensors(tensor_bytes: int = 32) -> bytes:

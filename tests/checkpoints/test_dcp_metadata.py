@@ -1,15 +1,24 @@
-"""A DCP .metadata is untrusted data: it is read with a restricted unpickler that runs nothing."""
+"""A DCP .metadata is untrusted data: it is read with a restricted unpickler that runs nothing and
+changes nothing in the process, yet reads everything torch writes there."""
 
 from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 
+from tests.checkpoints import torch_dcp
 from tests.checkpoints.builders import put, write_dcp
-from tests.checkpoints.torch_standin import dcp_metadata
-from trainops.checkpoints.formats.dcp_metadata import RefusedPickle, load_metadata, shard_requirements
+from trainops.checkpoints.formats import dcp_metadata
+from trainops.checkpoints.formats.dcp_metadata import (
+    ALLOWED_GLOBALS,
+    RefusedPickle,
+    load_metadata,
+    shard_requirements,
+)
 from trainops.checkpoints.verify import verify_checkpoint
 
 
@@ -26,14 +35,72 @@ class _Evaluates:
         return (eval, ("__import__('pathlib').Path('marker').touch()",))
 
 
-def test_torch_metadata_yields_the_size_each_shard_needs():
-    data = dcp_metadata(
-        {"__0_0.distcp": [("w", 0, 64), ("b", 64, 32)], "__1_0.distcp": [("v", 0, 16)]},
-        {"step": ("__1_0.distcp", 16, 8)},
+@pytest.fixture(scope="module")
+def real() -> bytes:
+    """The ``.metadata`` torch wrote for a two-rank checkpoint."""
+    return (torch_dcp.checkpoint() / ".metadata").read_bytes()
+
+
+def _global(module: str, name: str) -> bytes:
+    return f"c{module}\n{name}\n".encode()
+
+
+def _str(text: str) -> bytes:
+    return b"X" + len(text.encode()).to_bytes(4, "little") + text.encode()
+
+
+def test_torch_metadata_yields_the_size_each_shard_needs(real):
+    requirements = shard_requirements(load_metadata(real))
+    directory = torch_dcp.checkpoint()
+    assert requirements.min_sizes == {
+        name: (directory / name).stat().st_size for name in ("__0_0.distcp", "__1_0.distcp")
+    }
+    assert requirements.unstored_items == [] and requirements.incomplete_tensors == []
+
+
+def test_every_field_torch_writes_is_read(real):
+    metadata = load_metadata(real)
+    items = metadata.state_dict_metadata
+    weight = items["layer0.weight"]  # a DTensor of 5 rows sharded over 2 ranks
+    assert weight.size == (5, 3)
+    assert [(chunk.offsets, chunk.sizes) for chunk in weight.chunks] == [((0, 0), (3, 3)), ((3, 0), (2, 3))]
+    assert weight.properties.state == ("float32", "torch.strided", False, 0, False)
+    assert items["layer0.bias"].properties.state[0] == "bfloat16"
+    assert items["scale"].size == () and items["scale"].chunks[0].offsets == ()
+    assert {items[f"buffers.{name}"].properties.state[0] for name in ("float8_e4m3fn", "bool", "uint16")} == {
+        "float8_e4m3fn",
+        "bool",
+        "uint16",
+    }
+    assert type(items["step"]) is dcp_metadata.BytesStorageMetadata
+    assert metadata.planner_data["optimizer.param_groups.0.lr"] == ("optimizer.param_groups", 0, "lr")
+    assert metadata.storage_meta.checkpoint_id == str(torch_dcp.checkpoint())
+    assert metadata.version == "1.0.0"
+
+
+def test_a_chunk_without_storage_or_a_tensor_missing_a_chunk_is_reported(real):
+    metadata = load_metadata(real)
+    metadata.state_dict_metadata["layer0.weight"].chunks.pop()
+    del metadata.storage_data[next(index for index in metadata.storage_data if index.fqn == "layer1.weight")]
+    requirements = shard_requirements(metadata)
+    assert requirements.incomplete_tensors == ["layer0.weight"]
+    assert requirements.unstored_items == ["layer1.weight"]
+
+
+def test_the_reader_imports_no_torch():
+    """Airflow workers and the triggerer have no torch: reading real metadata must not need it."""
+    code = (
+        "import sys\n"
+        "from trainops.checkpoints.verify import verify_checkpoint\n"
+        "from trainops.checkpoints.formats.dcp_metadata import load_metadata, shard_requirements\n"
+        "requirements = shard_requirements(load_metadata(open(sys.argv[1], 'rb').read()))\n"
+        "print(sorted(requirements.min_sizes), 'torch' in sys.modules)\n"
     )
-    requirements = shard_requirements(load_metadata(data))
-    assert requirements.min_sizes == {"__0_0.distcp": 96, "__1_0.distcp": 24}
-    assert requirements.unstored_items == []
+    metadata = torch_dcp.checkpoint() / ".metadata"
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(metadata)], capture_output=True, text=True, check=True
+    )
+    assert run.stdout.strip() == "['__0_0.distcp', '__1_0.distcp'] False"
 
 
 def test_malicious_metadata_in_s3_is_refused_without_running_anything(client, bucket, run, tmp_path):
@@ -58,6 +125,45 @@ def test_eval_inside_an_allowed_container_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "marker").exists()
 
 
+@pytest.mark.parametrize("state", [b"}" + _str("evil") + b"K\x01s", b"N}" + _str("evil") + b"K\x01s\x86"])
+@pytest.mark.parametrize("module, name", sorted(ALLOWED_GLOBALS))
+def test_build_on_an_allowed_global_changes_nothing(module, name, state, real):
+    """BUILD aimed at the global itself (dict state or slot state) must not set attributes on it:
+    issue 15 rewrote ``pathlib.PurePosixPath._flavour`` process-wide this way."""
+    target = ALLOWED_GLOBALS[(module, name)]
+    with pytest.raises((RefusedPickle, ValueError)):
+        load_metadata(b"\x80\x02" + _global(module, name) + state + b"b.")
+    assert not hasattr(target, "evil")
+    assert shard_requirements(load_metadata(real)).unstored_items == []  # the reader still works
+
+
+def test_allowed_globals_are_our_own_inert_classes_and_values():
+    for value in ALLOWED_GLOBALS.values():
+        kind = value if isinstance(value, type) else type(value)
+        assert kind.__module__ == dcp_metadata.__name__, kind
+
+
+@pytest.mark.parametrize(
+    "payload, error",
+    [
+        (_global("torch", "Size") + _str("x" * 1000) + b"\x85R.", "torch.Size takes a tuple"),
+        (_global("torch", "Size") + b"(" + _str("a") + b"t\x85R.", "non-negative ints"),
+        (_global("torch", "Size") + b"(" + b"K\x01" * 65 + b"t\x85R.", "at most 64"),
+        (_global("torch.serialization", "_get_layout") + _str("os.system") + b"\x85R.", "not a torch layout"),
+        (
+            _global("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING") + b"K\x07\x85R.",
+            "0, 1 or 2",
+        ),
+        (_global("pathlib", "PosixPath") + _str("x" * 5000) + b"\x85R.", "at most 4096"),
+    ],
+    ids=["size-of-a-string", "size-of-strings", "size-of-65-dims", "layout", "memory-format", "long-path"],
+)
+def test_allowed_constructors_check_their_arguments(payload, error):
+    """A stored string fed to torch.Size by reference N times was a memory bomb (issue 15)."""
+    with pytest.raises(RefusedPickle, match=error):
+        load_metadata(b"\x80\x02" + payload)
+
+
 def test_a_pickle_of_something_else_is_not_metadata():
     with pytest.raises(ValueError, match="not a DCP Metadata"):
         load_metadata(pickle.dumps({"a": 1}))
@@ -68,7 +174,7 @@ def test_garbage_is_unreadable_not_a_crash():
         load_metadata(b"\x80\x04not a pickle")
 
 
-def test_storage_entry_escaping_the_checkpoint_is_refused():
-    data = dcp_metadata({"../other-run/__0_0.distcp": [("w", 0, 64)]})
-    with pytest.raises(ValueError, match="unsafe path"):
-        shard_requirements(load_metadata(data))
+def test_storage_entry_escaping_the_checkpoint_is_refused(real):
+    escaping = real.replace(b"__1_0.distcp", b"../_0.distcp")  # same length: the pickle stays valid
+    with pytest.raises(ValueError, match="unsafe path '../_0.distcp'"):
+        shard_requirements(load_metadata(escaping))

@@ -8,7 +8,7 @@ import boto3
 import pytest
 from botocore.config import Config
 
-from tests.checkpoints.builders import prefix_of, put, write_dcp
+from tests.checkpoints.builders import dcp_size, prefix_of, put, write_dcp
 from trainops.checkpoints.helper import commit
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.verify import verify_checkpoint
@@ -55,7 +55,7 @@ def test_bytes_not_matching_the_stored_checksum_fail_deep_only(client, bucket, r
     client.put_object(
         Bucket=bucket,
         Key=prefix + "__0_0.distcp",
-        Body=os.urandom(128),
+        Body=os.urandom(dcp_size("__0_0.distcp")),
         ChecksumAlgorithm="SHA256",
         ChecksumSHA256="AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=",
     )

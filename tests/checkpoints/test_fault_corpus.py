@@ -7,6 +7,7 @@ import json
 import os
 
 from tests.checkpoints.builders import (
+    dcp_size,
     prefix_of,
     put,
     safetensors,
@@ -65,13 +66,17 @@ def test_missing_shard(client, bucket, run):
 def test_truncated_shard(client, bucket, run):
     write_dcp(client, bucket, prefix_of(run) + "step-200/")
     put(client, bucket, prefix_of(run) + "step-200/__0_0.distcp", b"")
-    assert_refused(f"{run}step-200/", "__0_0.distcp is 0 bytes but .metadata needs at least 128")
+    needed = dcp_size("__0_0.distcp")
+    assert_refused(f"{run}step-200/", f"__0_0.distcp is 0 bytes but .metadata needs at least {needed}")
 
 
 def test_shard_one_byte_shorter_than_offset_plus_length(client, bucket, run):
     write_dcp(client, bucket, prefix_of(run) + "step-200/")
-    put(client, bucket, prefix_of(run) + "step-200/__1_0.distcp", os.urandom(127))
-    assert_refused(f"{run}step-200/", "__1_0.distcp is 127 bytes but .metadata needs at least 128")
+    needed = dcp_size("__1_0.distcp")  # DCP's shard ends exactly at its last item's offset+length
+    put(client, bucket, prefix_of(run) + "step-200/__1_0.distcp", os.urandom(needed - 1))
+    assert_refused(
+        f"{run}step-200/", f"__1_0.distcp is {needed - 1} bytes but .metadata needs at least {needed}"
+    )
 
 
 def test_multipart_upload_never_completed(client, bucket, run):
@@ -217,7 +222,7 @@ def test_committed_checkpoint_verifies(client, bucket, run):
 def test_checksum_mismatch(client, bucket, run):
     committed_checkpoint(client, bucket, run, "step-100")
     prefix = committed_checkpoint(client, bucket, run, "step-200")
-    put(client, bucket, prefix + "__0_0.distcp", os.urandom(128))  # same size, other bytes
+    put(client, bucket, prefix + "__0_0.distcp", os.urandom(dcp_size("__0_0.distcp")))  # other bytes
     assert_refused(f"{run}step-200/", "__0_0.distcp checksum mismatch")
     assert_latest(run, "step-100", skipped=["step-200"])
 

@@ -53,7 +53,7 @@ def test_retried_commit_is_a_no_op(client, bucket, run):
 
 def test_two_concurrent_commits_write_committed_once_and_both_succeed(client, bucket, run):
     client.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-    write_dcp(client, bucket, prefix_of(run) + "step-100/", ranks=8)
+    write_dcp(client, bucket, prefix_of(run) + "step-100/")
     start = threading.Barrier(2)
     results, errors = [], []
 

@@ -2,7 +2,8 @@
 
 DCP writes ``.metadata`` last, after every rank's shards; it references each shard with
 ``(relative_path, offset, length)``.  Complete means: ``.metadata`` exists, loads as DCP
-metadata, every referenced shard exists and is at least ``offset + length`` bytes long.
+metadata, every referenced shard exists and is at least ``offset + length`` bytes long, every
+chunk of every item has a storage entry and each tensor's chunks add up to its size.
 """
 
 from __future__ import annotations
@@ -50,5 +51,10 @@ def check(checkpoint: Checkpoint, level: str, root: str = "") -> list[str]:
         reasons.append(
             f"{metadata_key} lists {len(requirements.unstored_items)} item(s) with no storage entry, "
             f"e.g. {requirements.unstored_items[0]}"
+        )
+    if requirements.incomplete_tensors:
+        reasons.append(
+            f"{metadata_key} lists {len(requirements.incomplete_tensors)} tensor(s) whose chunks do not "
+            f"cover their size, e.g. {requirements.incomplete_tensors[0]}"
         )
     return reasons

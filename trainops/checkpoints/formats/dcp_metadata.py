@@ -1,41 +1,50 @@
 """Read a PyTorch DCP ``.metadata`` pickle without torch and without running code from the bucket.
 
 ``.metadata`` is ``pickle.dump(Metadata(...))`` (``torch/distributed/checkpoint/filesystem.py``).
-The unpickler below resolves only the known DCP metadata class names, and resolves each to an
-inert stand-in defined here; torch dtypes and layouts become plain names.  Anything else (for
-example ``os.system`` or ``builtins.eval``) is refused before it can be called.
+The unpickler resolves only the globals torch 2.2-2.14 writes there (``ALLOWED_GLOBALS``), each to an
+inert class or value of our own, never to a library class.  Their classes are sealed, so a BUILD
+aimed at a class itself (which would set class attributes process-wide) fails; the value classes
+check their arguments, so a stored string fed to ``torch.Size`` cannot be multiplied into a memory
+bomb.  Any other global (``os.system``, ``builtins.eval``) is refused before it can be called.
 """
 
 from __future__ import annotations
 
-import enum
+import gc
 import io
+import math
 import pickle
-import re
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
+MAX_DIMS = 64  # torch's own limit on a tensor's rank
+MAX_PATH = 4096
 
-class _Record:
-    """An inert stand-in for one DCP dataclass: keeps the pickled state as attributes."""
 
-    def __setstate__(self, state: Any) -> None:
-        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):
-            state = {**(state[0] or {}), **state[1]}  # (dict state, slots state)
-        if isinstance(state, dict):
-            self.__dict__.update(state)
-        else:
-            self.state = state  # TensorProperties pickles itself as a tuple
+class RefusedPickle(pickle.UnpicklingError):
+    """The pickle names something other than DCP metadata classes, or misuses one."""
+
+
+class _Sealed(type):
+    """A class whose attributes cannot be set once defined: BUILD on the class itself fails."""
+
+    def __setattr__(cls, name: str, value: Any) -> None:
+        raise RefusedPickle(f"refused to set {cls.__name__}.{name}: classes take no state")
+
+    def __delattr__(cls, name: str) -> None:
+        raise RefusedPickle(f"refused to delete {cls.__name__}.{name}: classes take no state")
+
+
+class _Record(metaclass=_Sealed):
+    """An inert stand-in for one DCP dataclass: BUILD stores the pickled dict in its ``__dict__``."""
 
 
 class Metadata(_Record):
-    state_dict_metadata: dict
-    storage_data: Any = None
+    pass
 
 
 class TensorStorageMetadata(_Record):
-    chunks: list
+    pass
 
 
 class BytesStorageMetadata(_Record):
@@ -43,11 +52,12 @@ class BytesStorageMetadata(_Record):
 
 
 class ChunkStorageMetadata(_Record):
-    offsets: tuple
+    pass
 
 
 class TensorProperties(_Record):
-    pass
+    def __setstate__(self, state: Any) -> None:
+        self.state = state  # (dtype, layout, requires_grad, _MEM_FORMAT_ENCODING, pin_memory)
 
 
 class StorageMeta(_Record):
@@ -55,64 +65,123 @@ class StorageMeta(_Record):
 
 
 class MetadataIndex(_Record):
-    fqn: str
-    offset: tuple | None = None
+    pass
 
 
 class StorageInfo(_Record):
-    relative_path: str
-    offset: int
-    length: int
+    pass
 
 
-class MemFormatEncoding(enum.Enum):
-    TORCH_CONTIGUOUS_FORMAT = 0
-    TORCH_CHANNELS_LAST = 1
-    TORCH_PRESERVE_FORMAT = 2
+class _Value(metaclass=_Sealed):
+    """A checked value built by REDUCE; it takes no BUILD state (nor does its class)."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise RefusedPickle(f"{type(self).__name__} takes no state")
 
 
-class TorchSize(tuple):
-    """``torch.Size`` is a tuple of ints; it pickles as ``torch.Size((d0, d1, ...))``."""
+class TorchSize(_Value, tuple):
+    """``torch.Size``: pickled as ``torch.Size((d0, d1, ...))``; at most 64 non-negative ints."""
+
+    __slots__ = ()
+
+    def __new__(cls, dims: Any = ()) -> TorchSize:
+        if (
+            type(dims) is not tuple
+            or len(dims) > MAX_DIMS
+            or not all(type(d) is int and d >= 0 for d in dims)
+        ):
+            raise RefusedPickle(f"torch.Size takes a tuple of at most {MAX_DIMS} non-negative ints")
+        return super().__new__(cls, dims)
 
 
-class TorchName(str):
-    """A torch singleton such as ``torch.float32`` or ``torch.strided``, kept as its name."""
+class TorchName(_Value, str):
+    """A torch singleton kept as its name: a dtype (``float32``), layout or memory format."""
 
+    __slots__ = ()
+
+
+class Layout(TorchName):
+    """``torch.serialization._get_layout("torch.strided")``: the layout, checked against torch's."""
+
+    __slots__ = ()
+    NAMES = frozenset(
+        f"torch.{name}"
+        for name in ("strided", "sparse_coo", "sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
+    ) | {"torch._mkldnn", "torch.jagged"}
+
+    def __new__(cls, name: Any) -> Layout:
+        if name not in cls.NAMES:
+            raise RefusedPickle(f"{str(name)[:40]!r} is not a torch layout")
+        return super().__new__(cls, name)
+
+
+class MemoryFormatEncoding(_Value, int):
+    """``_MEM_FORMAT_ENCODING(n)``, the enum ``TensorProperties`` pickles for its memory format."""
+
+    __slots__ = ()
+
+    def __new__(cls, value: Any) -> MemoryFormatEncoding:
+        if type(value) is not int or value not in (0, 1, 2):
+            raise RefusedPickle("_MEM_FORMAT_ENCODING takes 0, 1 or 2")
+        return super().__new__(cls, value)
+
+
+class CheckpointPath(_Value, str):
+    """``StorageMeta.checkpoint_id``, pickled as ``PosixPath(*parts)``: kept as the joined string."""
+
+    __slots__ = ()
+
+    def __new__(cls, *parts: Any) -> CheckpointPath:
+        if not all(isinstance(part, str) for part in parts) or sum(map(len, parts)) > MAX_PATH:
+            raise RefusedPickle(f"a checkpoint path takes strings of at most {MAX_PATH} characters")
+        return super().__new__(cls, "/".join(parts).replace("//", "/"))
+
+
+_DTYPES = frozenset(
+    "bfloat16 bool complex128 complex32 complex64 float16 float32 float64 float4_e2m1fn_x2 float8_e4m3fn "
+    "float8_e4m3fnuz float8_e5m2 float8_e5m2fnuz float8_e8m0fnu int8 int16 int32 int64 uint8 uint16 "
+    "uint32 uint64 int1 int2 int3 int4 int5 int6 int7 uint1 uint2 uint3 uint4 uint5 uint6 uint7 "
+    "qint8 qint32 quint8 quint4x2 quint2x4 bits1x8 bits2x4 bits4x2 bits8 bits16".split()
+)  # dtype.__reduce__() names: a dtype pickles as the bare global torch.<name>
+_MEMORY_FORMATS = ("contiguous_format", "channels_last", "channels_last_3d", "preserve_format")
 
 _DCP = "torch.distributed.checkpoint"
-_ALLOWED: dict[tuple[str, str], Any] = {
-    (f"{_DCP}.metadata", "Metadata"): Metadata,
-    (f"{_DCP}.metadata", "TensorStorageMetadata"): TensorStorageMetadata,
-    (f"{_DCP}.metadata", "BytesStorageMetadata"): BytesStorageMetadata,
-    (f"{_DCP}.metadata", "ChunkStorageMetadata"): ChunkStorageMetadata,
-    (f"{_DCP}.metadata", "TensorProperties"): TensorProperties,
-    (f"{_DCP}.metadata", "StorageMeta"): StorageMeta,
-    (f"{_DCP}.metadata", "MetadataIndex"): MetadataIndex,
-    (f"{_DCP}.metadata", "_MEM_FORMAT_ENCODING"): MemFormatEncoding,
+_SHARD_2_2 = "torch.distributed._shard.sharded_tensor.metadata"  # torch 2.2 names
+ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
+    **{
+        (f"{_DCP}.metadata", cls.__name__): cls
+        for cls in (
+            Metadata,
+            TensorStorageMetadata,
+            BytesStorageMetadata,
+            ChunkStorageMetadata,
+            TensorProperties,
+            StorageMeta,
+            MetadataIndex,
+        )
+    },
+    (f"{_DCP}.metadata", "_MEM_FORMAT_ENCODING"): MemoryFormatEncoding,
+    (_SHARD_2_2, "TensorProperties"): TensorProperties,
+    (_SHARD_2_2, "MEM_FORMAT_ENCODING"): MemoryFormatEncoding,
     (f"{_DCP}.filesystem", "_StorageInfo"): StorageInfo,
     ("torch", "Size"): TorchSize,
-    ("collections", "OrderedDict"): dict,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-    ("pathlib", "PosixPath"): PurePosixPath,
-    ("pathlib", "PurePosixPath"): PurePosixPath,
+    ("torch.serialization", "_get_layout"): Layout,
+    **{
+        (module, name): CheckpointPath
+        for module in ("pathlib", "pathlib._local")
+        for name in ("PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath")
+    },
+    **{("torch", name): TorchName(name) for name in _DTYPES},
+    **{("torch._utils", f"torch.{name}"): TorchName(name) for name in _MEMORY_FORMATS},
 }
-_TORCH_SINGLETON = re.compile(
-    r"^(b?float\w*|u?int\d*|complex\w*|c?half|double|short|long|bool|q?u?int\w*|bits\w*|cfloat|cdouble"
-    r"|strided|sparse_\w+|_mkldnn|jagged)$"
-)
-
-
-class RefusedPickle(pickle.UnpicklingError):
-    """The pickle names something other than DCP metadata classes."""
 
 
 class _RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        if (module, name) in _ALLOWED:
-            return _ALLOWED[(module, name)]
-        if module == "torch" and _TORCH_SINGLETON.match(name):
-            return TorchName(name)
+        if (module, name) in ALLOWED_GLOBALS:
+            return ALLOWED_GLOBALS[(module, name)]
         raise RefusedPickle(f"refused to load {module}.{name}: it is not a DCP metadata class")
 
     def persistent_load(self, pid: Any) -> Any:
@@ -124,17 +193,23 @@ class ShardRequirements:
     """What ``.metadata`` requires of the shard files."""
 
     min_sizes: dict[str, int]  # relative path -> largest offset + length referenced in it
-    unstored_items: list[str]  # state-dict items with no storage entry
+    unstored_items: list[str]  # state-dict items with no storage entry for some chunk
+    incomplete_tensors: list[str]  # tensors whose chunks do not cover their size
 
 
 def load_metadata(data: bytes) -> Metadata:
     """Unpickle ``.metadata`` with the restricted unpickler; raises RefusedPickle or ValueError."""
+    collecting = gc.isenabled()
+    gc.disable()  # a 10,000-tensor load allocates ~200k objects: cyclic GC passes would triple its time
     try:
         metadata = _RestrictedUnpickler(io.BytesIO(data)).load()
     except RefusedPickle:
         raise
     except Exception as error:  # a corrupt pickle raises many types; all mean "unreadable"
         raise ValueError(f"unreadable pickle: {type(error).__name__}: {error}") from error
+    finally:
+        if collecting:
+            gc.enable()
     if not isinstance(metadata, Metadata):
         raise ValueError(f"holds a {type(metadata).__name__}, not a DCP Metadata")
     return metadata
@@ -142,33 +217,58 @@ def load_metadata(data: bytes) -> Metadata:
 
 def shard_requirements(metadata: Metadata) -> ShardRequirements:
     """Check the metadata's shape and return the size each shard must have at least."""
-    storage = getattr(metadata, "storage_data", None)
-    items = getattr(metadata, "state_dict_metadata", None)
-    if not isinstance(storage, dict) or not isinstance(items, dict):
+    storage = metadata.__dict__.get("storage_data")
+    items = metadata.__dict__.get("state_dict_metadata")
+    if type(storage) is not dict or type(items) is not dict:
         raise ValueError(
             "has no storage_data/state_dict_metadata dictionaries (not written by a file writer)"
         )
     min_sizes: dict[str, int] = {}
-    stored: set[tuple[str, tuple | None]] = set()
+    stored: set[tuple[str, TorchSize | None]] = set()  # (fqn, chunk offsets) with a storage entry
     for index, info in storage.items():
-        if not isinstance(index, MetadataIndex) or not isinstance(info, StorageInfo):
+        if type(index) is not MetadataIndex or type(info) is not StorageInfo:
             raise ValueError("storage_data maps something other than MetadataIndex to _StorageInfo")
-        path, offset, length = info.relative_path, info.offset, info.length
-        if not isinstance(path, str) or path.startswith("/") or ".." in path.split("/"):
-            raise ValueError(f"storage entry names an unsafe path {path!r}")
-        if not (isinstance(offset, int) and isinstance(length, int) and offset >= 0 and length >= 0):
-            raise ValueError(f"storage entry for {path} has a bad offset/length ({offset!r}, {length!r})")
-        min_sizes[path] = max(min_sizes.get(path, 0), offset + length)
-        stored.add((index.fqn, _offsets(getattr(index, "offset", None))))
-    unstored = []
+        path, offset, length = (info.__dict__.get(name) for name in ("relative_path", "offset", "length"))
+        if path not in min_sizes:
+            if type(path) is not str or path.startswith("/") or ".." in path.split("/"):
+                raise ValueError(f"storage entry names an unsafe path {str(path)[:200]!r}")
+            min_sizes[path] = 0
+        if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
+            raise ValueError(f"storage entry for {path} has a bad offset/length")
+        min_sizes[path] = max(min_sizes[path], offset + length)
+        fqn, chunk_offsets = index.__dict__.get("fqn"), index.__dict__.get("offset")
+        if type(fqn) is not str or not (chunk_offsets is None or type(chunk_offsets) is TorchSize):
+            raise ValueError("a storage entry's MetadataIndex has no string fqn or torch.Size offset")
+        stored.add((fqn, chunk_offsets))
+    unstored, incomplete = [], []
     for fqn, item in items.items():
-        chunks = getattr(item, "chunks", None) if isinstance(item, TensorStorageMetadata) else [None]
-        for chunk in chunks or []:
-            if (fqn, _offsets(getattr(chunk, "offsets", None))) not in stored:
+        if type(fqn) is not str:
+            raise ValueError("state_dict_metadata has a key that is not a string")
+        if type(item) is BytesStorageMetadata:
+            if (fqn, None) not in stored:
                 unstored.append(fqn)
-                break
-    return ShardRequirements(min_sizes, unstored)
+            continue
+        chunks = _attrs(item, TensorStorageMetadata, "chunks", fqn)
+        size = _attrs(item, TensorStorageMetadata, "size", fqn)
+        if type(chunks) is not list or type(size) is not TorchSize:
+            raise ValueError(f"{fqn[:200]} has no chunk list and torch.Size size")
+        volume, all_stored = 0, True
+        for chunk in chunks:
+            offsets = _attrs(chunk, ChunkStorageMetadata, "offsets", fqn)
+            sizes = _attrs(chunk, ChunkStorageMetadata, "sizes", fqn)
+            if type(offsets) is not TorchSize or type(sizes) is not TorchSize:
+                raise ValueError(f"{fqn[:200]} has a chunk whose offsets or sizes are not a torch.Size")
+            all_stored = all_stored and (fqn, offsets) in stored
+            volume += math.prod(sizes)
+        if not all_stored:
+            unstored.append(fqn)
+        if volume != math.prod(size):
+            incomplete.append(fqn)
+    return ShardRequirements(min_sizes, unstored, incomplete)
 
 
-def _offsets(value: Any) -> tuple | None:
-    return None if value is None else tuple(value)
+def _attrs(record: Any, kind: type, name: str, fqn: str) -> Any:
+    """Attribute ``name`` of ``record``, which must be a ``kind``."""
+    if type(record) is not kind:
+        raise ValueError(f"{fqn[:200]}: expected {kind.__name__}, found {type(record).__name__}")
+    return record.__dict__.get(name)
