@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--nodes", type=int, default=16, help="GPU nodes (default 16)")
     up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
     up.add_argument(
+        "--system-nodes", type=int, default=2, help="untainted CPU nodes for system pods (default 2)"
+    )
+    up.add_argument(
         "--kubeconfig", type=Path, default=Path("devcluster.kubeconfig"), help="kubeconfig to write"
     )
     up.add_argument("--seed", type=int, default=0, help="seed for the simulated telemetry")
@@ -67,6 +70,7 @@ def run_up(args: argparse.Namespace) -> int:
             port=args.port,
             kubeconfig=args.kubeconfig.resolve(),
             seed=args.seed,
+            system_nodes=args.system_nodes,
         )
     except ValueError as error:
         print(f"trainops devcluster up: {error}", file=sys.stderr)

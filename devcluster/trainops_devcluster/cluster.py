@@ -54,14 +54,18 @@ class DevCluster:
         process_env: dict[str, str] | None = None,
         kueue_config: KueueConfig | None = None,
         probe_interval_s: float = 1.0,
+        system_nodes: int = 2,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("nodes and gpus_per_node must be at least 1")
+        if not 0 <= system_nodes <= 100:
+            raise ValueError(f"system_nodes must be in 0..100, got {system_nodes}")
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(
                 f"host {host!r}: the devcluster binds loopback only (127.0.0.1, localhost or ::1)"
             )
         self.nodes = nodes
+        self.system_nodes = system_nodes
         self.gpus_per_node = gpus_per_node
         self.seed = seed
         self.inference = topology.default_inference(nodes) if inference is None else inference
@@ -128,6 +132,8 @@ class DevCluster:
             create("namespaces", topology.namespace(name))
         for index in range(self.nodes):
             create("nodes", topology.gpu_node(index, self.gpus_per_node))
+        for index in range(self.system_nodes):
+            create("nodes", topology.system_node(index))
         for workload in self.inference:
             create("deployments.apps", topology.inference_deployment(workload, self.gpus_per_node))
             create("poddisruptionbudgets.policy", topology.pod_disruption_budget(workload))

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from trainops_devcluster.controller import Controller
+from trainops_devcluster.daemonsets import DaemonSetController
 from trainops_devcluster.deployments import DeploymentController
 from trainops_devcluster.disruption import DisruptionController
 from trainops_devcluster.faults import Faults
@@ -24,6 +25,7 @@ class Controllers:
     runtime: PodRuntime
     jobs: JobController
     deployments: DeploymentController
+    daemon_sets: DaemonSetController
     disruption: DisruptionController
     nodes: NodeLifecycle
     garbage_collector: GarbageCollector
@@ -36,6 +38,7 @@ class Controllers:
             self.runtime,
             self.jobs,
             self.deployments,
+            self.daemon_sets,
             self.disruption,
             self.garbage_collector,
         ]
@@ -51,7 +54,7 @@ def start_controllers(
     telemetry: Mapping | None = None,
     process_env: Mapping[str, str] | None = None,
 ) -> Controllers:
-    """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, disruption, node
+    """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, DaemonSet, disruption, node
     lifecycle and garbage-collector controllers on ``store``; ``telemetry`` maps node names to ``NodeTelemetry``;
     ``process_env`` is laid over this process's environment for process-runtime pods."""
     telemetry = telemetry if telemetry is not None else {}
@@ -61,6 +64,7 @@ def start_controllers(
         runtime=runtime,
         jobs=JobController(store),
         deployments=DeploymentController(store),
+        daemon_sets=DaemonSetController(store),
         disruption=DisruptionController(store),
         nodes=NodeLifecycle(store),
         garbage_collector=GarbageCollector(store),

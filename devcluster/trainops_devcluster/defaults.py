@@ -3,6 +3,8 @@ default admission plugins do), so clients read back what a real cluster would gi
 
 from __future__ import annotations
 
+import base64
+
 from trainops_devcluster.kinds import Kind
 
 _DEFAULT_TOLERATIONS = [
@@ -69,6 +71,8 @@ def apply(kind: Kind, obj: dict, *, creating: bool) -> None:
         obj["metadata"].setdefault("labels", {})["kubernetes.io/metadata.name"] = obj["metadata"].get(
             "name", ""
         )
+    if kind.kind == "Secret":
+        _secret(obj)
     if not isinstance(spec, dict):
         return
     if kind.kind == "Pod":
@@ -86,10 +90,26 @@ def apply(kind: Kind, obj: dict, *, creating: bool) -> None:
             {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
         )
         _template(spec)
+    elif kind.kind == "DaemonSet":
+        spec.setdefault("revisionHistoryLimit", 10)
+        spec.setdefault(
+            "updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+        )
+        _template(spec)
     elif kind.kind == "Workload":
         spec.setdefault("active", True)
     elif kind.kind == "ClusterQueue":
         spec.setdefault("queueingStrategy", "BestEffortFIFO")
+
+
+def _secret(obj: dict) -> None:
+    """``stringData`` is write-only: merged into ``data`` base64-encoded; ``type`` defaults to Opaque."""
+    obj.setdefault("type", "Opaque")
+    plain = obj.pop("stringData", None)
+    if isinstance(plain, dict) and plain:
+        data = obj.setdefault("data", {})
+        for key, value in plain.items():
+            data[key] = base64.b64encode(str(value).encode()).decode()
 
 
 def _job(spec: dict, meta: dict, creating: bool) -> None:

@@ -74,11 +74,10 @@ def status(error: StoreError) -> dict:
         if group:
             details["group"] = group
         details["kind"] = plural
-    if isinstance(error, TooManyRequests):
-        if error.causes:
-            details["causes"] = error.causes
-        if error.retry_after:
-            details["retryAfterSeconds"] = error.retry_after
+    elif getattr(error, "causes", None):  # a PodDisruptionBudget's 429, an apply conflict
+        details["causes"] = error.causes
+    if isinstance(error, TooManyRequests) and error.retry_after:
+        details["retryAfterSeconds"] = error.retry_after
     if isinstance(error, InternalError):
         details["causes"] = [{"message": str(error).removeprefix("Internal error occurred: ")}]
     body = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 KUEUE = "kueue.x-k8s.io"
+RBAC = "rbac.authorization.k8s.io"  # stored, never enforced
 K8S_VERSION = "1.33.0"
 
 
@@ -90,6 +91,19 @@ KINDS: tuple[Kind, ...] = (
         "io.k8s.api.core.v1.Pod",
     ),
     Kind("", "v1", "Event", "events", True, ("ev",), (), (), "io.k8s.api.core.v1.Event"),
+    Kind("", "v1", "ConfigMap", "configmaps", True, ("cm",), (), (), "io.k8s.api.core.v1.ConfigMap"),
+    Kind("", "v1", "Secret", "secrets", True, (), (), (), "io.k8s.api.core.v1.Secret"),
+    Kind(
+        "",
+        "v1",
+        "ServiceAccount",
+        "serviceaccounts",
+        True,
+        ("sa",),
+        (),
+        (),
+        "io.k8s.api.core.v1.ServiceAccount",
+    ),
     Kind(
         "apps",
         "v1",
@@ -101,7 +115,29 @@ KINDS: tuple[Kind, ...] = (
         ("status", "scale"),
         "io.k8s.api.apps.v1.Deployment",
     ),
+    Kind(
+        "apps",
+        "v1",
+        "DaemonSet",
+        "daemonsets",
+        True,
+        ("ds",),
+        ("all",),
+        _STATUS,
+        "io.k8s.api.apps.v1.DaemonSet",
+    ),
     Kind("batch", "v1", "Job", "jobs", True, (), ("all",), _STATUS, "io.k8s.api.batch.v1.Job"),
+    Kind(RBAC, "v1", "ClusterRole", "clusterroles", False, schema="io.k8s.api.rbac.v1.ClusterRole"),
+    Kind(
+        RBAC,
+        "v1",
+        "ClusterRoleBinding",
+        "clusterrolebindings",
+        False,
+        schema="io.k8s.api.rbac.v1.ClusterRoleBinding",
+    ),
+    Kind(RBAC, "v1", "Role", "roles", True, schema="io.k8s.api.rbac.v1.Role"),
+    Kind(RBAC, "v1", "RoleBinding", "rolebindings", True, schema="io.k8s.api.rbac.v1.RoleBinding"),
     Kind(
         "policy",
         "v1",

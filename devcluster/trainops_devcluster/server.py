@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from trainops_devcluster import defaults, gc, kinds, openapi, patch, pdb, protobuf, tables
+from trainops_devcluster import apply, defaults, gc, kinds, openapi, patch, pdb, protobuf, tables
 from trainops_devcluster.audit import ApiFaults, AuditLog
 from trainops_devcluster.errors import (
     BadRequest,
@@ -426,8 +426,18 @@ class ApiServer:
             )
 
     def _create(self, call: _Call) -> int:
-        k = call.kind
+        apply.check_options(call.query, applying=False)
         obj = self._decode(call)
+        meta = obj["metadata"]
+        if meta.get("resourceVersion"):
+            raise BadRequest("resourceVersion should not be set on objects to be created")
+        meta.pop("managedFields", None)
+        return self._store_new(call, obj, _manager(call))
+
+    def _store_new(self, call: _Call, obj: dict, manager: str | None) -> int:
+        """Create ``obj`` as a POST (or an apply that finds nothing) does; ``manager`` (an Update)
+        owns every field set, unless ``None`` (an apply recorded its own)."""
+        k = call.kind
         meta = obj["metadata"]
         if k.namespaced:
             if meta.get("namespace") and meta["namespace"] != call.ns:
@@ -438,20 +448,20 @@ class ApiServer:
             self._check_namespace(call, meta.get("name", ""))
         else:
             meta.pop("namespace", None)
-        if meta.get("resourceVersion"):
-            raise BadRequest("resourceVersion should not be set on objects to be created")
         for field in (
             "creationTimestamp",
             "deletionTimestamp",
             "deletionGracePeriodSeconds",
             "generation",
-            "managedFields",
+            "resourceVersion",
             "selfLink",
         ):
             meta.pop(field, None)
         meta["uid"] = str(uuid.uuid4())
         _reset_status(k, obj)
         defaults.apply(k, obj, creating=True)
+        if manager is not None:
+            apply.record_update(k, None, obj, manager)
         warnings = validate(k, obj, field_validation=call.query.get("fieldValidation", ""))
         obj = self._admit(call, "CREATE", obj, None)
         if call.dry_run:
@@ -461,6 +471,7 @@ class ApiServer:
         return _send(call.handler, 201, _dumps(_out(k, created)), headers=_warning_headers(warnings))
 
     def _update(self, call: _Call) -> int:
+        apply.check_options(call.query, applying=False)
         k = call.kind
         new = self._decode(call, _SCALE if call.sub == "scale" else k)
         meta = new["metadata"]
@@ -490,10 +501,30 @@ class ApiServer:
     def _patch(self, call: _Call) -> int:
         k = call.kind
         content_type = call.handler.headers.get("Content-Type", "")
-        patch.media_type(k, content_type)
-        explicit_rv = _patch_sets_resource_version(content_type, call.body)
+        applying = patch.media_type(k, content_type) == patch.APPLY
+        apply.check_options(call.query, applying=applying)
+        if applying:
+            config = apply.decode(k, call.body, call.name)
+            if call.sub:
+                raise BadRequest(
+                    f"the devcluster applies to whole objects, not to the {call.sub} subresource"
+                )
+        explicit_rv = not applying and _patch_sets_resource_version(content_type, call.body)
         for _ in range(50):
-            current = self.store.get(k.resource, call.ns, call.name)
+            current = self.store.find(k.resource, call.ns, call.name)
+            if applying:
+                manager, force = call.query["fieldManager"], _flag(call.query, "force")
+                if current is None:  # apply creates what is absent (forceAllowCreate)
+                    return self._store_new(call, apply.apply(k, None, config, manager, force=force), None)
+                merged = apply.apply(k, current, config, manager, force=force)
+                try:
+                    return self._write(call, current, self._combine(call, current, merged), applied=True)
+                except Conflict as conflict:
+                    if isinstance(conflict, apply.ApplyConflict) or config["metadata"].get("resourceVersion"):
+                        raise
+                    continue
+            if current is None:
+                raise NotFound(f'{k.resource} "{call.name}" not found', resource=k.resource, name=call.name)
             view = _scale_of(current) if call.sub == "scale" else _out(k, current)
             patched = patch.apply(_SCALE if call.sub == "scale" else k, content_type, call.body, view)
             if not isinstance(patched, dict) or not isinstance(patched.get("metadata", {}), dict):
@@ -561,11 +592,15 @@ class ApiServer:
             )
         return result
 
-    def _write(self, call: _Call, current: dict, result: dict) -> int:
+    def _write(self, call: _Call, current: dict, result: dict, *, applied: bool = False) -> int:
+        """Store an update, a patch or an apply (``applied``: its managedFields are already recorded)."""
         k = call.kind
         result.setdefault("apiVersion", k.api_version)
         result.setdefault("kind", k.kind)
         defaults.apply(k, result, creating=False)
+        if not applied:
+            result["metadata"]["managedFields"] = current["metadata"].get("managedFields") or []
+            apply.record_update(k, current, result, _manager(call), call.sub)
         warnings = validate(k, result, field_validation=call.query.get("fieldValidation", ""))
         validate_update(k, result, current)
         result = self._admit(call, "UPDATE", result, current)
@@ -930,6 +965,10 @@ def _int_param(query: dict, name: str, default: int) -> int:
         return int(value)
     except ValueError:
         raise BadRequest(f"{name}: invalid value {value!r}: must be an integer") from None
+
+
+def _manager(call: _Call) -> str:
+    return apply.manager_of(call.query, call.handler.headers.get("User-Agent", ""))
 
 
 def _wants_table(call: _Call) -> bool:

@@ -192,6 +192,23 @@ def _event(obj: dict) -> list:
     ]
 
 
+def _daemon_set(obj: dict) -> list:
+    spec, st = obj.get("spec") or {}, obj.get("status") or {}
+    selector = ((spec.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+    return [
+        obj["metadata"]["name"],
+        st.get("desiredNumberScheduled", 0),
+        st.get("currentNumberScheduled", 0),
+        st.get("numberReady", 0),
+        st.get("updatedNumberScheduled", 0),
+        st.get("numberAvailable", 0),
+        ",".join(f"{k}={v}" for k, v in selector.items()) or "<none>",
+        _age(obj),
+        *_containers(spec.get("template") or {}),
+        _selector(spec),
+    ]
+
+
 def _col(name: str, type_: str = "string", priority: int = 0, fmt: str = "") -> dict:
     return {"name": name, "type": type_, "format": fmt, "description": "", "priority": priority}
 
@@ -268,6 +285,34 @@ _BUILTIN: dict[str, tuple[list[dict], Cells]] = {
         _pdb,
     ),
     "Event": ([_col("Last Seen"), _col("Type"), _col("Reason"), _col("Object"), _col("Message")], _event),
+    "ConfigMap": (
+        [_NAME, _col("Data", "integer"), _col("Age")],
+        lambda o: [o["metadata"]["name"], len(o.get("data") or {}) + len(o.get("binaryData") or {}), _age(o)],
+    ),
+    "Secret": (
+        [_NAME, _col("Type"), _col("Data", "integer"), _col("Age")],
+        lambda o: [o["metadata"]["name"], o.get("type", "Opaque"), len(o.get("data") or {}), _age(o)],
+    ),
+    "ServiceAccount": (
+        [_NAME, _col("Secrets", "integer"), _col("Age")],
+        lambda o: [o["metadata"]["name"], len(o.get("secrets") or []), _age(o)],
+    ),
+    "DaemonSet": (
+        [
+            _NAME,
+            _col("Desired", "integer"),
+            _col("Current", "integer"),
+            _col("Ready", "integer"),
+            _col("Up-to-date", "integer"),
+            _col("Available", "integer"),
+            _col("Node Selector"),
+            _col("Age"),
+            _col("Containers", priority=1),
+            _col("Images", priority=1),
+            _col("Selector", priority=1),
+        ],
+        _daemon_set,
+    ),
 }
 
 

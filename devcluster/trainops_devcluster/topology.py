@@ -111,6 +111,55 @@ def gpu_node(index: int, gpus: int) -> dict:
     }
 
 
+def system_node(index: int) -> dict:
+    """An untainted CPU node where system pods land (no GPUs, not in the GPU pool)."""
+    name = f"system-node-{index}"
+    resources = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "500Gi"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": "cpu-16",
+                "node-role.kubernetes.io/system": "",
+            },
+        },
+        "spec": {"podCIDR": f"10.255.{index}.0/24"},
+        "status": {
+            "capacity": resources,
+            "allocatable": dict(resources),
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                }
+            ],
+            "addresses": [
+                {"type": "InternalIP", "address": f"10.255.0.{index + 1}"},
+                {"type": "Hostname", "address": name},
+            ],
+            "nodeInfo": {
+                "machineID": f"{0xFFFF0000 + index:032x}",
+                "systemUUID": f"00000000-0000-0000-ffff-{index:012x}",
+                "bootID": f"b007ffff0000{index:020x}",
+                "kubeletVersion": "v1.32.0",
+                "kubeProxyVersion": "v1.32.0",
+                "containerRuntimeVersion": "devcluster://0.1",
+                "osImage": "devcluster",
+                "kernelVersion": "6.8.0",
+                "operatingSystem": "linux",
+                "architecture": "amd64",
+            },
+        },
+    }
+
+
 def namespace(name: str) -> dict:
     return {
         "apiVersion": "v1",

@@ -36,7 +36,7 @@ def test_up_serves_kubectl_and_inject_reaches_the_node_telemetry(running):
         text=True,
         check=True,
     ).stdout.split()
-    assert nodes == [f"node/gpu-node-00{i}" for i in range(4)]
+    assert nodes == [f"node/gpu-node-00{i}" for i in range(4)] + ["node/system-node-0", "node/system-node-1"]
 
     injected = subprocess.run(
         [

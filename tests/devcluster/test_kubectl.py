@@ -35,11 +35,15 @@ def _node(devcluster, name: str) -> dict:
 def test_get_nodes_wide_and_by_label(kubectl, devcluster):
     wide = kubectl("get", "nodes", "-o", "wide").stdout.splitlines()
     assert wide[0].split()[:6] == ["NAME", "STATUS", "ROLES", "AGE", "VERSION", "INTERNAL-IP"]
-    assert len(wide) == 1 + 16 and wide[1].split()[1] == "Ready"
+    assert len(wide) == 1 + 16 + 2 and wide[1].split()[1] == "Ready"  # 16 GPU nodes, 2 system nodes
+    assert [line.split()[:3] for line in wide[-2:]] == [
+        ["system-node-0", "Ready", "system"],
+        ["system-node-1", "Ready", "system"],
+    ]
     rack0 = kubectl("get", "nodes", "-l", "trainops.io/rack=rack-000", "-o", "name").stdout.split()
     assert rack0 == [f"node/gpu-node-{i:03d}" for i in range(8)]
-    none = kubectl("get", "nodes", "-l", "trainops.io/rack notin (rack-000,rack-001)").stdout
-    assert none == ""
+    unracked = kubectl("get", "nodes", "-l", "trainops.io/rack notin (rack-000,rack-001)", "-o", "name")
+    assert unracked.stdout.split() == ["node/system-node-0", "node/system-node-1"]  # notin: label absent too
 
 
 def test_taint_and_untaint(kubectl, devcluster):
