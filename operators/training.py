@@ -40,7 +40,24 @@ class GangTrainingOperator(BaseOperator):
     :param hang_policy: overrides of ``trainops.training.progress.HangPolicy`` fields.
     :param admission_timeout: seconds Kueue may take to admit the gang (None: wait forever).
     :param start_timeout: seconds from admission until every pod runs.
-    :param kubeconfig: a kubeconfig file instead of the ``kubernetes_conn_id`` connection.
+    :param kubeconfig: a kubeconfig file instead of the ``kubernetes_conn_id`` connection's.
+    :param aws_conn_id: Airflow ``aws`` connection of the run path's S3 store (endpoint, credentials):
+        the resume lookup and the heartbeat read through it.
+    :param procs_per_node: processes per pod (torchrun's ``--nproc-per-node``, given as ``PET_NPROC_PER_NODE``);
+        ``WORLD_SIZE`` is ``nodes * procs_per_node``.  Every pod also gets ``MASTER_ADDR`` (rank 0 behind the
+        Job's headless Service), ``MASTER_PORT``, ``NODE_RANK`` and their ``PET_*`` forms.
+    :param master_port: rank 0's rendezvous port.
+    :param shm_size: size limit of the memory-backed ``/dev/shm`` (None: keep the 64 MiB container default).
+    :param extra_resources: more devices for the trainer container, e.g. ``{"rdma/ib": "1"}`` or
+        ``{"nvidia.com/hostdev": "8"}`` (requests and limits).
+    :param capabilities: Linux capabilities for the trainer container, e.g. ``["IPC_LOCK"]`` for RDMA.
+    :param node_selector: node labels the pods require, besides the GPU pool's.
+    :param volumes: pod volumes in API form (``[{"name": "data", "persistentVolumeClaim": {...}}]``).
+    :param volume_mounts: the trainer container's mounts (``[{"name": "data", "mountPath": "/data"}]``).
+    :param pod_template: anything else a pod may have, as a dict (``{"metadata": ..., "spec": ...}``) or a
+        ``V1PodTemplateSpec``; a container named ``trainer`` merges into the training container.  It is merged
+        under what trainops sets (queue label, training toleration, node pinning, resume env); a field set
+        differently in both is refused before anything is submitted.
     """
 
     template_fields: Sequence[str] = (
@@ -76,6 +93,15 @@ class GangTrainingOperator(BaseOperator):
         cpu: str | None = None,
         memory: str | None = None,
         termination_grace_seconds: int = 30,
+        procs_per_node: int = 1,
+        master_port: int = 29500,
+        shm_size: str | None = "16Gi",
+        extra_resources: Mapping[str, str | int] | None = None,
+        capabilities: Sequence[str] = (),
+        node_selector: Mapping[str, str] | None = None,
+        volumes: Sequence[Mapping[str, Any]] = (),
+        volume_mounts: Sequence[Mapping[str, Any]] = (),
+        pod_template: Any = None,
         hang_timeout: float | None = None,
         max_resumes: int | None = None,
         hang_policy: Mapping[str, Any] | None = None,
@@ -96,6 +122,10 @@ class GangTrainingOperator(BaseOperator):
         self.namespace, self.local_queue, self.priority_class = namespace, local_queue, priority_class
         self.node_names = node_names or []
         self.cpu, self.memory, self.termination_grace_seconds = cpu, memory, termination_grace_seconds
+        self.procs_per_node, self.master_port, self.shm_size = procs_per_node, master_port, shm_size
+        self.extra_resources, self.capabilities = dict(extra_resources or {}), list(capabilities)
+        self.node_selector, self.pod_template = dict(node_selector or {}), pod_template
+        self.volumes, self.volume_mounts = list(volumes), list(volume_mounts)
         self.hang_timeout, self.hang_policy = hang_timeout, dict(hang_policy or {})
         self.max_resumes = max_resumes
         self.admission_timeout, self.start_timeout, self.heartbeat_poll = (
@@ -125,6 +155,15 @@ class GangTrainingOperator(BaseOperator):
             cpu=self.cpu,
             memory=self.memory,
             termination_grace_seconds=self.termination_grace_seconds,
+            procs_per_node=self.procs_per_node,
+            master_port=self.master_port,
+            shm_size=self.shm_size,
+            extra_resources=self.extra_resources,
+            capabilities=self.capabilities,
+            node_selector=self.node_selector,
+            volumes=self.volumes,
+            volume_mounts=self.volume_mounts,
+            pod_template=self.pod_template,
         )
 
     def trigger(self, job: str):

@@ -9,6 +9,7 @@ from trainops_devcluster.controller import Controller
 from trainops_devcluster.daemonsets import DaemonSetController
 from trainops_devcluster.deployments import DeploymentController
 from trainops_devcluster.disruption import DisruptionController
+from trainops_devcluster.endpointslices import EndpointSliceController
 from trainops_devcluster.faults import Faults
 from trainops_devcluster.gc import GarbageCollector
 from trainops_devcluster.jobs import JobController
@@ -27,6 +28,7 @@ class Controllers:
     deployments: DeploymentController
     daemon_sets: DaemonSetController
     disruption: DisruptionController
+    endpoint_slices: EndpointSliceController
     nodes: NodeLifecycle
     garbage_collector: GarbageCollector
     faults: Faults
@@ -40,6 +42,7 @@ class Controllers:
             self.deployments,
             self.daemon_sets,
             self.disruption,
+            self.endpoint_slices,
             self.garbage_collector,
         ]
 
@@ -54,8 +57,8 @@ def start_controllers(
     telemetry: Mapping | None = None,
     process_env: Mapping[str, str] | None = None,
 ) -> Controllers:
-    """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, DaemonSet, disruption, node
-    lifecycle and garbage-collector controllers on ``store``; ``telemetry`` maps node names to ``NodeTelemetry``;
+    """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, DaemonSet, disruption, EndpointSlice,
+    node lifecycle and garbage-collector controllers on ``store``; ``telemetry`` maps node names to ``NodeTelemetry``;
     ``process_env`` is laid over this process's environment for process-runtime pods."""
     telemetry = telemetry if telemetry is not None else {}
     runtime = PodRuntime(store, logs, telemetry, process_env)
@@ -66,6 +69,7 @@ def start_controllers(
         deployments=DeploymentController(store),
         daemon_sets=DaemonSetController(store),
         disruption=DisruptionController(store),
+        endpoint_slices=EndpointSliceController(store),
         nodes=NodeLifecycle(store),
         garbage_collector=GarbageCollector(store),
         faults=Faults(store, telemetry, runtime),

@@ -4,6 +4,7 @@ default admission plugins do), so clients read back what a real cluster would gi
 from __future__ import annotations
 
 import base64
+import secrets
 
 from trainops_devcluster.kinds import Kind
 
@@ -90,6 +91,8 @@ def apply(kind: Kind, obj: dict, *, creating: bool) -> None:
             {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}},
         )
         _template(spec)
+    elif kind.kind == "Service":
+        _service(spec, creating)
     elif kind.kind == "DaemonSet":
         spec.setdefault("revisionHistoryLimit", 10)
         spec.setdefault(
@@ -137,3 +140,20 @@ def _job(spec: dict, meta: dict, creating: bool) -> None:
                 "job-name": name,
             }
         )
+
+
+def _service(spec: dict, creating: bool) -> None:
+    """A ClusterIP Service gets a virtual IP (a headless one keeps ``clusterIP: None``)."""
+    spec.setdefault("type", "ClusterIP")
+    spec.setdefault("sessionAffinity", "None")
+    spec.setdefault("internalTrafficPolicy", "Cluster")
+    for port in spec.get("ports") or []:
+        if isinstance(port, dict):
+            port.setdefault("protocol", "TCP")
+            port.setdefault("targetPort", port.get("port"))
+    if creating and spec["type"] != "ExternalName" and not spec.get("clusterIP"):
+        spec["clusterIP"] = f"10.96.{secrets.randbelow(256)}.{1 + secrets.randbelow(254)}"
+    if spec.get("clusterIP"):
+        spec.setdefault("clusterIPs", [spec["clusterIP"]])
+        spec.setdefault("ipFamilies", ["IPv4"])
+        spec.setdefault("ipFamilyPolicy", "SingleStack")

@@ -5,7 +5,8 @@ Two container runtimes:
 * **process** — a container whose image is ``LOCAL_IMAGE`` runs its ``command`` + ``args`` as a
   local subprocess (own session, fresh working directory) with the pod's env over the
   devcluster's ``process_env``; its output goes to ``PodLogs``; its exit code is the
-  container's; a process killed by signal N exits 128+N like a crashed container.
+  container's; a process killed by signal N exits 128+N like a crashed container.  Cluster DNS
+  names in its address variables become ``127.0.0.1`` with per-Service ports (``loopback``).
 * **simulated** — any other image "runs" on timers driven by pod annotations:
   ``devcluster.trainops.io/start-seconds`` (default 0.05) until Running and Ready,
   ``devcluster.trainops.io/run-seconds`` (absent: until deleted) and
@@ -35,6 +36,7 @@ from trainops_devcluster.conditions import set_condition
 from trainops_devcluster.events import EventRecorder
 from trainops_devcluster.informer import InformerController, Key, key_of
 from trainops_devcluster.logs import PodLogs
+from trainops_devcluster.loopback import Loopback
 from trainops_devcluster.podutil import DEFAULT_GRACE_SECONDS, gpu_count, is_deleting, node_of, phase
 from trainops_devcluster.store import Conflict, NotFound, Store, StoreError, now_iso
 
@@ -112,6 +114,7 @@ class PodRuntime(InformerController):
         self.telemetry = telemetry or {}
         self.process_env = dict(process_env or {})
         self.events = EventRecorder(store, "kubelet")
+        self.loopback = Loopback(store)
         self._runs: dict[Key, PodRun] = {}
         self._gpu_users: dict[str, dict[int, Key]] = {}
         self._ips = itertools.count(2)
@@ -224,7 +227,7 @@ class PodRuntime(InformerController):
         container = run.containers[index]
         if not run.workdir:
             run.workdir = tempfile.mkdtemp(prefix=f"devcluster-{run.key[1]}-")
-        env = container_env(pod, container.spec, run, self.process_env)
+        env = self.loopback.rewrite(container_env(pod, container.spec, run, self.process_env), run.key[0])
         argv = [
             expand(part, env)
             for part in (container.spec.get("command") or []) + (container.spec.get("args") or [])

@@ -192,7 +192,7 @@ def test_hang_is_detected_the_job_stopped_and_the_run_resumed(cluster, api, s3, 
 
 def urgent_job(nodes: int) -> dict:
     """A higher-priority gang (simulated pods that run 2 s) that needs more quota than is free."""
-    from trainops.training.job import build_job, job_to_dict
+    from trainops.training.job import build_job
     from trainops.training.spec import TrainingSpec
 
     spec = TrainingSpec(
@@ -202,7 +202,7 @@ def urgent_job(nodes: int) -> dict:
         nodes=nodes,
         priority_class="training-urgent",
     )
-    job = job_to_dict(build_job(spec, name="urgent", dag_id="other", run_id="r", attempt=1, resume_from=None))
+    job = build_job(spec, name="urgent", dag_id="other", run_id="r", attempt=1, resume_from=None)
     job["spec"]["template"]["metadata"]["annotations"] = {"devcluster.trainops.io/run-seconds": "2"}
     return job
 

@@ -3,7 +3,7 @@
 import pytest
 
 from trainops.conventions import GPU_RESOURCE, KUEUE_PRIORITY_LABEL, KUEUE_QUEUE_LABEL, MODE_TAINT
-from trainops.training.job import build_job, job_to_dict
+from trainops.training.job import build_job, build_service
 from trainops.training.naming import DNS_1123_LABEL, MAX_JOB_NAME, job_name
 from trainops.training.spec import TrainingSpec
 
@@ -17,7 +17,7 @@ def spec(**changes) -> TrainingSpec:
 
 
 def built(**changes) -> dict:
-    job = build_job(
+    return build_job(
         spec(**changes.pop("spec", {})),
         name="train-x-a1",
         dag_id="lifecycle",
@@ -26,7 +26,14 @@ def built(**changes) -> dict:
         resume_from=changes.pop("resume_from", "s3://b/runs/r1/step-40/"),
         excluded_nodes=changes.pop("excluded", {"gpu-node-003": "XID 79"}),
     )
-    return job_to_dict(job)
+
+
+def env_of(job: dict) -> dict:
+    return {e["name"]: e for e in trainer(job)["env"]}
+
+
+def trainer(job: dict) -> dict:
+    return next(c for c in job["spec"]["template"]["spec"]["containers"] if c["name"] == "trainer")
 
 
 def test_gang_is_one_indexed_job_with_one_pod_per_node():
@@ -62,10 +69,7 @@ def test_queue_priority_toleration_and_node_rules():
 
 
 def test_trainer_env_says_where_to_resume_and_which_attempt():
-    env = {
-        e["name"]: e
-        for e in built(spec={"env": {"LR": "0.1"}})["spec"]["template"]["spec"]["containers"][0]["env"]
-    }
+    env = env_of(built(spec={"env": {"LR": "0.1"}}))
     assert env["TRAINOPS_RUN_URI"]["value"] == "s3://b/runs/r1/"
     assert env["TRAINOPS_RESUME_FROM"]["value"] == "s3://b/runs/r1/step-40/"
     assert env["TRAINOPS_ATTEMPT"]["value"] == "2"
@@ -114,5 +118,186 @@ def test_job_names_are_dns_labels_deterministic_and_distinct(dag_id, run_id):
     ],
 )
 def test_bad_spec_names_the_field(changes, field):
+    with pytest.raises(ValueError, match=field):
+        spec(**changes)
+
+
+def test_every_rank_finds_rank_zero_through_the_headless_service():
+    job = built(spec={"nodes": 4, "namespace": "research", "master_port": 23456})
+    pod = job["spec"]["template"]["spec"]
+    assert pod["subdomain"] == "train-x-a1"
+    env = env_of(job)
+    assert (
+        env["MASTER_ADDR"]["value"]
+        == env["PET_MASTER_ADDR"]["value"]
+        == "train-x-a1-0.train-x-a1.research.svc"
+    )
+    assert env["MASTER_PORT"]["value"] == env["PET_MASTER_PORT"]["value"] == "23456"
+    assert env["WORLD_SIZE"]["value"] == env["PET_NNODES"]["value"] == "4"
+    assert env["PET_NPROC_PER_NODE"]["value"] == "1"
+    index = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+    for rank in ("NODE_RANK", "PET_NODE_RANK", "RANK"):
+        assert env[rank]["valueFrom"]["fieldRef"]["fieldPath"] == index
+
+    created = {**job, "metadata": {**job["metadata"], "uid": "0b5e-uid"}}
+    service = build_service(spec(master_port=23456), created)
+    assert service["metadata"]["name"] == pod["subdomain"]
+    assert service["metadata"]["namespace"] == "research"
+    assert service["metadata"]["ownerReferences"] == [
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train-x-a1", "uid": "0b5e-uid"}
+    ]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {"batch.kubernetes.io/job-name": "train-x-a1"}
+    assert service["spec"]["ports"][0]["port"] == 23456
+
+
+def test_torchrun_processes_per_node_make_the_world_size_and_leave_rank_to_torchrun():
+    env = env_of(built(spec={"nodes": 2, "procs_per_node": 8}))
+    assert env["WORLD_SIZE"]["value"] == "16"
+    assert env["PET_NPROC_PER_NODE"]["value"] == "8"
+    assert "RANK" not in env and "NODE_RANK" in env
+
+
+def test_dev_shm_is_memory_backed_with_a_configurable_limit_or_left_out():
+    job = built(spec={"shm_size": "64Gi"})
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in trainer(job)["volumeMounts"]
+    bare = built(spec={"shm_size": None})
+    assert "volumes" not in bare["spec"]["template"]["spec"]
+    assert "volumeMounts" not in trainer(bare)
+
+
+def test_rdma_devices_capabilities_node_labels_and_volumes():
+    job = built(
+        spec={
+            "extra_resources": {"rdma/ib": 1, "nvidia.com/hostdev": "8"},
+            "capabilities": ["IPC_LOCK"],
+            "node_selector": {"network.example/fabric": "ib"},
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "corpus"}}],
+            "volume_mounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
+        }
+    )
+    pod, container = job["spec"]["template"]["spec"], trainer(job)
+    resources = container["resources"]
+    assert resources["requests"] == {"nvidia.com/gpu": "8", "rdma/ib": "1", "nvidia.com/hostdev": "8"}
+    assert resources["limits"] == resources["requests"]
+    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert pod["nodeSelector"] == {"trainops.io/gpu-pool": "true", "network.example/fabric": "ib"}
+    assert [v["name"] for v in pod["volumes"]] == ["dshm", "data"]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/dev/shm", "/data"]
+
+
+def test_pod_template_merges_under_what_trainops_owns():
+    from kubernetes import client
+
+    template = {
+        "metadata": {"labels": {"team": "llm"}, "annotations": {"k8s.v1.cni.cncf.io/networks": "ib-sriov"}},
+        "spec": {
+            "priorityClassName": "high",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "trainer",
+                    "env": [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}],
+                    "resources": {"limits": {"memory": "900Gi"}},
+                    "securityContext": {"capabilities": {"add": ["SYS_PTRACE"]}},
+                },
+                {"name": "log-shipper", "image": "fluent-bit:3"},
+            ],
+        },
+    }
+    as_object = client.V1PodTemplateSpec(
+        metadata=client.V1ObjectMeta(labels={"team": "llm"}),
+        spec=client.V1PodSpec(containers=[client.V1Container(name="log-shipper", image="fluent-bit:3")]),
+    )
+    for given in (template, as_object):
+        job = built(spec={"pod_template": given, "capabilities": ["IPC_LOCK"]})
+        meta, pod = job["spec"]["template"]["metadata"], job["spec"]["template"]["spec"]
+        assert meta["labels"]["team"] == "llm" and meta["labels"]["trainops.io/attempt"] == "2"
+        assert [c["name"] for c in pod["containers"]] == ["trainer", "log-shipper"]
+        assert pod["restartPolicy"] == "Never" and pod["subdomain"] == "train-x-a1"
+    job = built(spec={"pod_template": template, "capabilities": ["IPC_LOCK"]})
+    pod, container = job["spec"]["template"]["spec"], trainer(job)
+    assert job["spec"]["template"]["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "ib-sriov"}
+    assert pod["priorityClassName"] == "high"
+    assert [t["key"] for t in pod["tolerations"]] == [MODE_TAINT, "nvidia.com/gpu"]
+    assert env_of(job)["NCCL_SOCKET_IFNAME"]["value"] == "eth0"
+    assert env_of(job)["TRAINOPS_RESUME_FROM"]["value"] == "s3://b/runs/r1/step-40/"
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": "8", "memory": "900Gi"}
+    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK", "SYS_PTRACE"]
+    assert container["image"] == "devcluster.trainops.io/local"
+
+
+@pytest.mark.parametrize(
+    "template, field",
+    [
+        (
+            {"spec": {"containers": [{"name": "trainer", "image": "other:1"}]}},
+            r"containers\[name=trainer\]\.image",
+        ),
+        (
+            {
+                "spec": {
+                    "containers": [{"name": "trainer", "resources": {"requests": {"nvidia.com/gpu": "4"}}}]
+                }
+            },
+            r"requests\.nvidia\.com/gpu",
+        ),
+        (
+            {"spec": {"containers": [{"name": "trainer", "env": [{"name": "MASTER_ADDR", "value": "x"}]}]}},
+            "MASTER_ADDR",
+        ),
+        ({"spec": {"restartPolicy": "OnFailure"}}, r"spec\.restartPolicy"),
+        ({"spec": {"nodeSelector": {"trainops.io/gpu-pool": "false"}}}, "gpu-pool"),
+        (
+            {
+                "spec": {
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}
+                        }
+                    }
+                }
+            },
+            "nodeAffinity",
+        ),
+        (
+            {"spec": {"volumes": [{"name": "dshm", "hostPath": {"path": "/dev/shm"}}]}},
+            r"volumes\[name=dshm\]",
+        ),
+        ({"spec": {"subdomain": "mine"}}, "subdomain"),
+        ({"spec": {"nodeName": "gpu-node-001"}}, "nodeName"),
+        ({"spec": {"tolerations": [{"key": "trainops.io/mode", "value": "inference"}]}}, "trainops.io/mode"),
+        ({"spec": {"tolerations": [{"operator": "Exists"}]}}, "every taint"),
+        ({"metadata": {"labels": {"trainops.io/run": "other"}}}, "trainops.io/run"),
+        ({"kind": "Pod", "spec": {}}, "kind"),
+        ("spec: {}", "pod_template"),
+    ],
+)
+def test_pod_template_conflicts_are_refused_naming_the_field(template, field):
+    with pytest.raises(ValueError, match=field) as raised:
+        spec(pod_template=template)
+    assert "pod_template" in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "changes, field",
+    [
+        ({"master_port": 0}, "master_port"),
+        ({"master_port": 70000}, "master_port"),
+        ({"procs_per_node": 0}, "procs_per_node"),
+        ({"shm_size": "lots"}, "shm_size"),
+        ({"extra_resources": {"rdma ib": "1"}}, "extra_resources"),
+        ({"extra_resources": {"rdma/ib": "one"}}, "extra_resources"),
+        ({"capabilities": "IPC_LOCK"}, "capabilities"),
+        ({"volumes": [{"emptyDir": {}}]}, "volumes"),
+        ({"volume_mounts": [{"name": "data"}]}, "volume_mounts"),
+        ({"node_selector": {"trainops.io/gpu-pool": "false"}}, "gpu-pool"),
+        ({"env": {"WORLD_SIZE": "8"}}, "env"),
+    ],
+)
+def test_bad_multi_node_fields_name_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
         spec(**changes)

@@ -42,11 +42,11 @@ class GangCluster:
                 return None
             raise
 
-    def create_job(self, job) -> tuple[dict, bool]:
+    def create_job(self, job: dict) -> tuple[dict, bool]:
         """Create the Job; returns it and whether this call created it (False: it already existed)."""
         from kubernetes.client.exceptions import ApiException
 
-        namespace, name = job.metadata.namespace, job.metadata.name
+        namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         try:
             created = call(
                 lambda: _json(self.batch.create_namespaced_job(namespace, job, _preload_content=False)),
@@ -61,6 +61,23 @@ class GangCluster:
         if existing is None:
             raise RuntimeError(f"Job {namespace}/{name} reported as existing but cannot be read")
         return existing, False
+
+    def create_service(self, service: dict) -> bool:
+        """Create a Service; False when it already existed."""
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
+        try:
+            call(
+                lambda: self.core.create_namespaced_service(namespace, service, _preload_content=False),
+                Deadline(API_DEADLINE_S),
+                f"create Service {namespace}/{name}",
+            )
+        except ApiException as error:
+            if error.status != 409:
+                raise
+            return False
+        return True
 
     def deactivate_workload(self, namespace: str, name: str) -> bool:
         """Stop a run through its Kueue Workload (``spec.active=false``: Kueue evicts it and does not

@@ -1,9 +1,14 @@
-"""The gang: one Kueue-managed Indexed Job per attempt, one pod per node.
+"""The gang: one Kueue-managed Indexed Job per attempt, one pod per node, and its headless Service.
 
 Kueue admits all ``nodes`` pods together or none (one PodSet of ``nodes`` pods).  The Job is
 created suspended; Kueue's webhook would suspend it anyway and unsuspends it on admission.
 ``backoffLimit: 0``: the first pod failure fails the attempt, because trainops, not the Job
 controller, decides whether and where the run resumes.
+
+Rendezvous: the Job controller names each pod ``<job>-<index>``; with ``subdomain: <job>`` and the
+headless Service ``<job>`` (``publishNotReadyAddresses``: ranks look rank 0 up before it is Ready),
+rank 0 is ``<job>-0.<job>.<namespace>.svc``.  Every pod gets that as ``MASTER_ADDR`` and the
+torchrun variables (``PET_*``) from its completion index.  Objects are plain API dicts.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from trainops.conventions import (
     MODE_TRAINING,
 )
 from trainops.training.naming import run_key
+from trainops.training.podtemplate import merge_under
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
 
 RUN_LABEL = "trainops.io/run"
@@ -30,6 +36,14 @@ RESUME_ANNOTATION = "trainops.io/resume-from"
 EXCLUDED_ANNOTATION = "trainops.io/excluded-nodes"
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+SHM_VOLUME = "dshm"
+RENDEZVOUS_PORT_NAME = "rendezvous"
+
+
+def master_addr(name: str, namespace: str) -> str:
+    """Rank 0's stable DNS name: pod ``<job>-0`` under the Job's headless Service."""
+    return f"{name}-0.{name}.{namespace}.svc"
 
 
 def build_job(
@@ -41,100 +55,166 @@ def build_job(
     attempt: int,
     resume_from: str | None,
     excluded_nodes: Mapping[str, str] | None = None,
-):
-    """The ``V1Job`` of one attempt.  ``excluded_nodes``: node name -> why it is kept out of this run."""
-    from kubernetes import client
-
+) -> dict:
+    """The Job of one attempt.  ``excluded_nodes``: node name -> why it is kept out of this run."""
     excluded = dict(excluded_nodes or {})
     labels = {RUN_LABEL: run_key(dag_id, run_id), ATTEMPT_LABEL: str(attempt)}
-    env = [client.V1EnvVar(name=k, value=str(v)) for k, v in sorted(spec.env.items())] + [
-        client.V1EnvVar(name="TRAINOPS_RUN_URI", value=spec.run_path),
-        client.V1EnvVar(name="TRAINOPS_RESUME_FROM", value=resume_from or ""),
-        client.V1EnvVar(name="TRAINOPS_ATTEMPT", value=str(attempt)),
-        client.V1EnvVar(name="TRAINOPS_WORLD_SIZE", value=str(spec.nodes)),
-    ]  # the Job controller adds JOB_COMPLETION_INDEX (the pod's rank) to every container
-    requests = {GPU_RESOURCE: str(spec.gpus_per_node)}
-    if spec.cpu:
-        requests["cpu"] = spec.cpu
-    if spec.memory:
-        requests["memory"] = spec.memory
-    container = client.V1Container(
-        name=CONTAINER_NAME,
-        image=spec.image,
-        command=list(spec.command),
-        args=list(spec.args) or None,
-        env=env,
-        resources=client.V1ResourceRequirements(
-            requests=requests, limits={GPU_RESOURCE: str(spec.gpus_per_node)}
-        ),
-    )
-    pod_spec = client.V1PodSpec(
-        containers=[container],
-        restart_policy="Never",
-        termination_grace_period_seconds=spec.termination_grace_seconds,
-        service_account_name=spec.service_account,
-        node_selector={GPU_POOL_LABEL: "true"},
-        tolerations=[
-            client.V1Toleration(key=MODE_TAINT, operator="Equal", value=MODE_TRAINING, effect="NoSchedule")
-        ],
-        affinity=client.V1Affinity(
-            node_affinity=_node_affinity(client, spec.node_names, excluded),
-            pod_anti_affinity=client.V1PodAntiAffinity(  # one pod per node
-                required_during_scheduling_ignored_during_execution=[
-                    client.V1PodAffinityTerm(
-                        label_selector=client.V1LabelSelector(match_labels=labels),
-                        topology_key=HOSTNAME_LABEL,
-                    )
-                ]
-            ),
-        ),
-    )
     annotations = {DAG_RUN_ANNOTATION: f"{dag_id}/{run_id}"}
     if resume_from:
         annotations[RESUME_ANNOTATION] = resume_from
     if excluded:
         annotations[EXCLUDED_ANNOTATION] = ",".join(sorted(excluded))
-    return client.V1Job(
-        api_version="batch/v1",
-        kind="Job",
-        metadata=client.V1ObjectMeta(
-            name=name,
-            namespace=spec.namespace,
-            labels={**labels, KUEUE_QUEUE_LABEL: spec.queue, KUEUE_PRIORITY_LABEL: spec.priority_class},
-            annotations=annotations,
-        ),
-        spec=client.V1JobSpec(
-            completion_mode="Indexed",
-            completions=spec.nodes,
-            parallelism=spec.nodes,
-            backoff_limit=0,
-            suspend=True,
-            template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod_spec),
-        ),
+    template = merge_under(
+        _owned_template(spec, name, labels, attempt, resume_from, excluded), _extras(spec), "parameters"
     )
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": name,
+            "namespace": spec.namespace,
+            "labels": {**labels, KUEUE_QUEUE_LABEL: spec.queue, KUEUE_PRIORITY_LABEL: spec.priority_class},
+            "annotations": annotations,
+        },
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": spec.nodes,
+            "parallelism": spec.nodes,
+            "backoffLimit": 0,
+            "suspend": True,
+            "template": merge_under(template, spec.pod_template, "pod_template"),
+        },
+    }
 
 
-def _node_affinity(client, node_names, excluded: Mapping[str, str]):
-    expressions = [
-        client.V1NodeSelectorRequirement(key=HEALTH_LABEL, operator="NotIn", values=[HEALTH_QUARANTINED])
-    ]
+def build_service(spec: TrainingSpec, job: Mapping) -> dict:
+    """The headless Service that gives the Job's pods their DNS names; owned by the Job (``job`` as
+    created, with its uid), so it is deleted with it."""
+    meta = job["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": {
+                k: v for k, v in (meta.get("labels") or {}).items() if k in (RUN_LABEL, ATTEMPT_LABEL)
+            },
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
+            ],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {JOB_NAME_LABEL: meta["name"]},
+            "publishNotReadyAddresses": True,
+            "ports": [
+                {
+                    "name": RENDEZVOUS_PORT_NAME,
+                    "port": spec.master_port,
+                    "targetPort": spec.master_port,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def _owned_template(spec, name, labels, attempt, resume_from, excluded) -> dict:
+    """The pod template fields trainops decides."""
+    requests = {GPU_RESOURCE: str(spec.gpus_per_node)}
+    if spec.cpu:
+        requests["cpu"] = spec.cpu
+    if spec.memory:
+        requests["memory"] = spec.memory
+    container = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "command": list(spec.command),
+        "env": _env(spec, name, attempt, resume_from),
+        "resources": {"requests": requests, "limits": {GPU_RESOURCE: str(spec.gpus_per_node)}},
+    }
+    if spec.args:
+        container["args"] = list(spec.args)
+    pod = {
+        "containers": [container],
+        "restartPolicy": "Never",
+        "subdomain": name,
+        "terminationGracePeriodSeconds": spec.termination_grace_seconds,
+        "nodeSelector": {GPU_POOL_LABEL: "true"},
+        "tolerations": [
+            {"key": MODE_TAINT, "operator": "Equal", "value": MODE_TRAINING, "effect": "NoSchedule"}
+        ],
+        "affinity": {
+            "nodeAffinity": _node_affinity(spec.node_names, excluded),
+            "podAntiAffinity": {  # one pod per node
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": dict(labels)}, "topologyKey": HOSTNAME_LABEL}
+                ]
+            },
+        },
+    }
+    if spec.service_account:
+        pod["serviceAccountName"] = spec.service_account
+    if spec.shm_size is not None:  # the container default is 64 MiB: too small for NCCL and dataloaders
+        pod["volumes"] = [
+            {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.shm_size)}}
+        ]
+        container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
+    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+
+
+def _env(spec: TrainingSpec, name: str, attempt: int, resume_from: str | None) -> list[dict]:
+    """trainops' variables and torchrun's (``PET_*`` are read by torchrun, the rest by
+    ``init_process_group``); the Job controller adds ``JOB_COMPLETION_INDEX``."""
+    index = {"valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}
+    address = master_addr(name, spec.namespace)
+    values = {
+        "TRAINOPS_RUN_URI": spec.run_path,
+        "TRAINOPS_RESUME_FROM": resume_from or "",
+        "TRAINOPS_ATTEMPT": str(attempt),
+        "TRAINOPS_WORLD_SIZE": str(spec.nodes),
+        "MASTER_ADDR": address,
+        "MASTER_PORT": str(spec.master_port),
+        "WORLD_SIZE": str(spec.nodes * spec.procs_per_node),
+        "PET_MASTER_ADDR": address,
+        "PET_MASTER_PORT": str(spec.master_port),
+        "PET_NNODES": str(spec.nodes),
+        "PET_NPROC_PER_NODE": str(spec.procs_per_node),
+    }
+    env = [{"name": k, "value": v} for k, v in values.items()]
+    ranks = ["NODE_RANK", "PET_NODE_RANK"] + (["RANK"] if spec.procs_per_node == 1 else [])
+    return env + [{"name": k, **index} for k in ranks]
+
+
+def _extras(spec: TrainingSpec) -> dict:
+    """The typed extras (env, devices, capabilities, node labels, volumes) as a template layer."""
+    container: dict = {"name": CONTAINER_NAME}
+    if spec.env:
+        container["env"] = [{"name": k, "value": str(v)} for k, v in sorted(spec.env.items())]
+    if spec.extra_resources:
+        extra = {k: str(v) for k, v in spec.extra_resources.items()}
+        container["resources"] = {"requests": extra, "limits": dict(extra)}  # devices: requests == limits
+    if spec.capabilities:
+        container["securityContext"] = {"capabilities": {"add": list(spec.capabilities)}}
+    if spec.volume_mounts:
+        container["volumeMounts"] = [dict(m) for m in spec.volume_mounts]
+    pod: dict = {"containers": [container]}
+    if spec.node_selector:
+        pod["nodeSelector"] = dict(spec.node_selector)
+    if spec.volumes:
+        pod["volumes"] = [dict(v) for v in spec.volumes]
+    return {"spec": pod}
+
+
+def _node_affinity(node_names, excluded: Mapping[str, str]) -> dict:
+    expressions = [{"key": HEALTH_LABEL, "operator": "NotIn", "values": [HEALTH_QUARANTINED]}]
     if excluded:
-        expressions.append(
-            client.V1NodeSelectorRequirement(key=HOSTNAME_LABEL, operator="NotIn", values=sorted(excluded))
-        )
+        expressions.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(excluded)})
     if node_names:
-        expressions.append(
-            client.V1NodeSelectorRequirement(key=HOSTNAME_LABEL, operator="In", values=sorted(node_names))
-        )
-    return client.V1NodeAffinity(
-        required_during_scheduling_ignored_during_execution=client.V1NodeSelector(
-            node_selector_terms=[client.V1NodeSelectorTerm(match_expressions=expressions)]
-        )
-    )
-
-
-def job_to_dict(job) -> dict:
-    """The Job as the API takes it (camelCase keys, no nulls)."""
-    from kubernetes.client import ApiClient
-
-    return ApiClient().sanitize_for_serialization(job)
+        expressions.append({"key": HOSTNAME_LABEL, "operator": "In", "values": sorted(node_names)})
+    return {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": expressions}]
+        }
+    }

@@ -18,7 +18,7 @@ from trainops.training import follow
 from trainops.training.attempts import SUBMITTED, SUBMITTING, AttemptRecord, RunLedger
 from trainops.training.cluster import GangCluster
 from trainops.training.failures import Failure, FailureKind, classify
-from trainops.training.job import build_job
+from trainops.training.job import build_job, build_service, master_addr
 from trainops.training.naming import job_name
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
 
@@ -164,13 +164,19 @@ class GangRun:
             resume_from=record.resume_from,
             excluded_nodes=self.ledger.excluded,
         )
-        _, created = self.cluster.create_job(job)
+        submitted, created = self.cluster.create_job(job)
         self.log.info(
             "%s Job %s/%s",
             "submitted" if created else "found already submitted",
             self.spec.namespace,
             record.job,
         )
+        if self.cluster.create_service(build_service(self.spec, submitted)):
+            self.log.info(
+                "created headless Service %s (rank 0: %s)",
+                record.job,
+                master_addr(record.job, self.spec.namespace),
+            )
         record.phase = SUBMITTED
         self.save()
 
