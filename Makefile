@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo test bench lint wheels
+.PHONY: setup demo demo-torch test bench lint wheels
 
 setup: $(STAMP)
 
@@ -21,11 +21,21 @@ $(STAMP): pyproject.toml setup.py core/pyproject.toml devcluster/pyproject.toml 
 demo: setup
 	$(BIN)/python -m trainops_devcluster.demo
 
+# The same lifecycle with the real PyTorch example trainer (examples/torch_trainer: gloo ranks, DCP).
+demo-torch: setup
+	$(BIN)/python -m trainops_devcluster.demo --trainer torch
+
 test: setup
 	$(BIN)/python -m pytest
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
+
+# The three wheels into dist/ (trainops-core, airflow-provider-trainops, trainops-devcluster), for the
+# images (Dockerfile, deploy/probe.Dockerfile) and for installing elsewhere.
+wheels: setup
+	rm -rf dist
+	for project in core . devcluster; do $(BIN)/python -m build --wheel --outdir dist $$project || exit 1; done
 
 lint: setup
 	$(BIN)/ruff check .

@@ -1,0 +1,37 @@
+"""Session fixtures: the three wheels built from a clean clone of HEAD, and two fresh virtualenvs
+(the full install and the light, core-only install) built once per test session."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.packaging.installs import PROJECTS, REPO, Build, Venv, Wheel, make_venv, run
+
+
+@pytest.fixture(scope="session")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """Wheels of the three distributions, built with ``python -m build`` from a clone of HEAD."""
+    top = tmp_path_factory.mktemp("packaging")
+    clone, dist = top / "clone", top / "dist"
+    run(["git", "clone", "--quiet", str(REPO), str(clone)])
+    for project in PROJECTS.values():
+        run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(clone / project)])
+    wheels = {}
+    for name in PROJECTS:
+        (path,) = dist.glob(f"{name.replace('-', '_')}-*.whl")
+        wheels[name] = Wheel(name, path)
+    return Build(clone, wheels)
+
+
+@pytest.fixture(scope="session")
+def full_install(build: Build) -> Venv:
+    """All three wheels installed, as a user of the provider plus the devcluster has them."""
+    return make_venv(build.clone.parent / "full", list(build.wheels.values()))
+
+
+@pytest.fixture(scope="session")
+def light_install(build: Build) -> Venv:
+    """Only the ``trainops-core`` wheel, as a probe image or a training image has it."""
+    return make_venv(build.clone.parent / "light", [build.wheels["trainops-core"]])

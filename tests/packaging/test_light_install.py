@@ -1,0 +1,43 @@
+"""The light install (issue 18): the ``trainops-core`` wheel alone, as in the node probe's image and
+in training images, brings no Airflow and still runs the probe, the CLI and the checkpoint helper."""
+
+from __future__ import annotations
+
+from tests.packaging.installs import Build, Venv, airflow_distributions, import_every_module, wheel_modules
+
+CORE_AREAS = ("probe", "health", "checkpoints", "capacity")
+
+
+def test_installs_no_airflow(light_install: Venv) -> None:
+    assert "trainops-core" in light_install.distributions()
+    assert airflow_distributions(light_install) == []
+
+
+def test_full_install_still_gives_everything(full_install: Venv) -> None:
+    installed = full_install.distributions()
+    assert {"trainops-core", "airflow-provider-trainops", "apache-airflow"} <= installed
+
+
+def test_probe_runs(light_install: Venv) -> None:
+    usage = light_install.run("trainops", "probe", "--help").stdout
+    assert "--publish" in usage and "--once" in usage
+
+
+def test_cli_offers_the_core_areas(light_install: Venv) -> None:
+    usage = light_install.run("trainops", "--help").stdout
+    for area in CORE_AREAS:
+        assert f"\n    {area}" in usage, f"`trainops --help` does not offer {area}:\n{usage}"
+    assert "devcluster" not in usage
+
+
+def test_checkpoint_helper_imports(light_install: Venv) -> None:
+    light_install.run(
+        "python", "-c", "from trainops.checkpoints.helper import resume_from, heartbeat, commit"
+    )
+
+
+def test_every_core_module_imports_without_airflow(build: Build, light_install: Venv) -> None:
+    result = import_every_module(light_install)
+    assert result["failed"] == {}
+    assert result["airflow"] == []
+    assert set(result["modules"]) == wheel_modules(build.wheels["trainops-core"]) - {"trainops"}
