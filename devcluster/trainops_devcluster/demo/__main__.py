@@ -5,6 +5,10 @@ Kueue queues), a throw-away Airflow home, and runs ``dags/training_lifecycle.py`
 Mid-run, once a checkpoint is verified, a GPU on one training node falls off the bus (XID 79): the
 node is quarantined and the run resumes on the spare from the last verified step. The timeline
 goes to the terminal, Airflow's own logs to a file. Exits 0 only when the end state is right.
+
+``--trainer torch`` (``make demo-torch``) trains with the real PyTorch example
+(``examples/torch_trainer/train.py``: two gloo ranks, sharded DCP checkpoints) and also checks that
+the resumed state equals the saved one bit for bit and that the step count goes on from it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from pathlib import Path
 
 DAG_ID = "training_lifecycle"
 BUCKET = "trainops-demo"
+# per trainer: nodes, steps, checkpoint every, seconds per step, crash after step
+DEFAULTS = {"simulated": (3, 400, 25, 0.1, 150), "torch": (2, 200, 25, 0.05, 75)}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -30,14 +36,31 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=Path("dags"),
         help="the folder with training_lifecycle.py (default ./dags)",
     )
-    parser.add_argument("--nodes", type=int, default=3, help="training nodes (one spare is claimed too)")
-    parser.add_argument("--steps", type=int, default=400, help="training steps")
-    parser.add_argument("--checkpoint-every", type=int, default=25, help="steps between checkpoints")
-    parser.add_argument("--step-seconds", type=float, default=0.1, help="simulated time per step")
     parser.add_argument(
-        "--crash-after-step", type=int, default=150, help="inject the XID after this checkpoint"
+        "--trainer",
+        choices=sorted(DEFAULTS),
+        default="simulated",
+        help="the demo's simulated trainer, or the real PyTorch example (torch)",
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--torch-trainer",
+        type=Path,
+        default=Path("examples/torch_trainer/train.py"),
+        help="the PyTorch example trainer (default ./examples/torch_trainer/train.py)",
+    )
+    parser.add_argument("--nodes", type=int, help="training nodes (one spare is claimed too)")
+    parser.add_argument("--steps", type=int, help="training steps")
+    parser.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
+    parser.add_argument("--step-seconds", type=float, help="time per step (added to the real step for torch)")
+    parser.add_argument("--crash-after-step", type=int, help="inject the XID after this checkpoint")
+    args = parser.parse_args(argv)
+    names = ("nodes", "steps", "checkpoint_every", "step_seconds", "crash_after_step")
+    for name, default in zip(names, DEFAULTS[args.trainer], strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, default)
+    if args.trainer == "torch" and not args.torch_trainer.is_file():
+        parser.error(f"--torch-trainer {args.torch_trainer}: no such file (run from the repository root)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,10 +124,8 @@ def run(args: argparse.Namespace, timeline) -> bool:
                 "run_name": run_name,
                 "nodes": args.nodes,
                 "spare_nodes": 1,
-                "command": [
-                    "python",
-                    "-m",
-                    "trainops_devcluster.demo.trainer",
+                "command": trainer_command(args)
+                + [
                     "--steps",
                     str(args.steps),
                     "--checkpoint-every",
@@ -114,7 +135,8 @@ def run(args: argparse.Namespace, timeline) -> bool:
                 ],
             }
             timeline.say(
-                f"triggering {DAG_ID}: {args.nodes} nodes + 1 spare, {args.steps} steps, run {run_uri}"
+                f"triggering {DAG_ID}: {args.nodes} nodes + 1 spare, {args.steps} steps, run {run_uri}, "
+                f"{args.trainer} trainer"
             )
             watcher = Watcher(timeline, cluster, dev, DAG_ID, run_uri, args.crash_after_step).start()
             try:
@@ -122,7 +144,28 @@ def run(args: argparse.Namespace, timeline) -> bool:
             finally:
                 watcher.stop()
             timeline.say(f"DAG run finished: {dag_run.state}. Checking the cluster and the bucket:")
-            return end_state_checks(timeline, cluster, dag_run, seeded, run_uri, watcher.crashed_node)
+            ok = end_state_checks(timeline, cluster, dag_run, seeded, run_uri, watcher.crashed_node)
+            if args.trainer == "torch":
+                from trainops_devcluster.demo.torch_checks import torch_checks
+
+                ok = (
+                    torch_checks(
+                        timeline,
+                        run_uri,
+                        args.torch_trainer.resolve(),
+                        steps=args.steps,
+                        every=args.checkpoint_every,
+                        ranks=args.nodes,
+                    )
+                    and ok
+                )
+            return ok
+
+
+def trainer_command(args: argparse.Namespace) -> list[str]:
+    if args.trainer == "torch":
+        return ["python", str(args.torch_trainer.resolve())]
+    return ["python", "-m", "trainops_devcluster.demo.trainer"]
 
 
 if __name__ == "__main__":
