@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-torch test bench lint wheels
+.PHONY: setup demo demo-torch test bench lint wheels up down
 
 setup: $(STAMP)
 
@@ -24,6 +24,16 @@ demo: setup
 # The same lifecycle with the real PyTorch example trainer (examples/torch_trainer: gloo ranks, DCP).
 demo-torch: setup
 	$(BIN)/python -m trainops_devcluster.demo --trainer torch
+
+# The Airflow services stack natively (PostgreSQL, Redis, CeleryExecutor, api-server, scheduler,
+# dag-processor, triggerer, the devcluster, a local S3); docker-compose.yaml runs the same in containers.
+# Local only: log in as admin/admin (TRAINOPS_ADMIN_PASSWORD overrides). State and logs in .stack/.
+API_PORT ?= 8080
+up: setup
+	$(BIN)/python -m trainops_devcluster.stack up --state-dir .stack --api-port $(API_PORT)
+
+down:
+	@test ! -x $(BIN)/python || $(BIN)/python -m trainops_devcluster.stack down --state-dir .stack
 
 test: setup
 	$(BIN)/python -m pytest
