@@ -1,7 +1,8 @@
 """Airflow operators for the taint flip: ``ClaimNodesOperator`` (setup) and ``ReturnCapacityOperator``
 (teardown).  Thin: the procedure lives in ``trainops.capacity.procedure``.
 
-    claim = ClaimNodesOperator(task_id="claim_nodes", nodes=gate.output["nodes"],
+    claim = ClaimNodesOperator(task_id="claim_nodes", count=3,
+                               node_names="{{ ti.xcom_pull(task_ids='health_gate')['node_names'] }}",
                                inference_deployments=["inference/llm-chat"])
     train = ...
     give_back = ReturnCapacityOperator(task_id="return_capacity").as_teardown(setups=claim)
@@ -27,15 +28,6 @@ def run_key(context) -> str:
     return f"{context['dag_run'].dag_id}/{context['dag_run'].run_id}"
 
 
-def node_names(nodes: Any) -> list[str]:
-    """Node names from a list, or from the health gate's XCom (a mapping with a ``nodes`` list)."""
-    if isinstance(nodes, dict):
-        nodes = nodes.get("nodes")
-    if isinstance(nodes, str) or not isinstance(nodes, Sequence):
-        raise ValueError(f"nodes: expected a list of node names (or a mapping with 'nodes'), got {nodes!r}")
-    return list(nodes)
-
-
 def _list_or_template(value: Any) -> Any:
     return value if isinstance(value, str) else list(value)
 
@@ -43,7 +35,9 @@ def _list_or_template(value: Any) -> Any:
 class ClaimNodesOperator(BaseOperator):
     """Claim GPU nodes from inference for this DAG run (use as a setup task).
 
-    :param nodes: node names, or the health gate's XCom (a mapping with a ``nodes`` list). Templated.
+    :param node_names: names of the candidate nodes, e.g. the health gate's ``node_names``. Templated.
+    :param count: how many of ``node_names`` to claim, the least disruptive first (idle nodes, then
+        those running the fewest pods a drain must move); default: all of them. Templated.
     :param cluster_queue: the training ClusterQueue whose ``nvidia.com/gpu`` quota grows by the GPUs claimed.
     :param gpus_per_node: GPUs each node adds to the quota; default: the node's allocatable ``nvidia.com/gpu``.
     :param gpu_flavor: the ClusterQueue flavor to adjust; needed only when several flavors hold GPU quota.
@@ -58,12 +52,19 @@ class ClaimNodesOperator(BaseOperator):
     :param drain_deadline_s: seconds for inference pods to leave the claimed nodes (PDBs may slow it).
     """
 
-    template_fields: Sequence[str] = ("nodes", "cluster_queue", "inference_deployments", "inference_services")
+    template_fields: Sequence[str] = (
+        "node_names",
+        "count",
+        "cluster_queue",
+        "inference_deployments",
+        "inference_services",
+    )
 
     def __init__(
         self,
         *,
-        nodes: Any,
+        node_names: Sequence[str],
+        count: int | None = None,
         cluster_queue: str = "training",
         gpus_per_node: int | None = None,
         gpu_flavor: str | None = None,
@@ -79,7 +80,7 @@ class ClaimNodesOperator(BaseOperator):
         super().__init__(**kwargs)
         if wait_for_nodes_s < 0 or poll_interval_s <= 0:
             raise ValueError("wait_for_nodes_s must be >= 0 and poll_interval_s > 0")
-        self.nodes = nodes
+        self.node_names, self.count = _list_or_template(node_names), count
         self.cluster_queue = cluster_queue
         self.gpus_per_node = gpus_per_node
         self.gpu_flavor = gpu_flavor
@@ -105,14 +106,15 @@ class ClaimNodesOperator(BaseOperator):
         from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
         from trainops.triggers.capacity import NodesFreeTrigger
 
-        run, nodes = run_key(context), node_names(self.nodes)
+        run = run_key(context)
         apis = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).apis()
         self._run, self._apis = run, apis
         try:
             summary = claim(
                 apis,
                 run,
-                nodes,
+                self.node_names,
+                count=self.count,
                 cluster_queue=self.cluster_queue,
                 gpus_per_node=self.gpus_per_node,
                 deployments=self.inference_deployments,
@@ -127,13 +129,15 @@ class ClaimNodesOperator(BaseOperator):
                 raise
             self.log.info("%s; waiting up to %.0fs for them", held, deadline - time.time())
             self.defer(
-                trigger=NodesFreeTrigger(nodes, run, self.kubernetes_conn_id, deadline, self.poll_interval_s),
+                trigger=NodesFreeTrigger(
+                    sorted(held.holders), run, self.kubernetes_conn_id, deadline, self.poll_interval_s
+                ),
                 method_name="execute_complete",
             )
         except Exception:
             self._give_back_partial_claim()
             raise
-        self.log.info("claimed %d node(s), %d GPUs, for %s", len(summary.nodes), summary.gpus, run)
+        self.log.info("claimed %d node(s), %d GPUs, for %s", len(summary.node_names), summary.gpus, run)
         return asdict(summary)
 
     def on_kill(self) -> None:
@@ -192,7 +196,7 @@ class ReturnCapacityOperator(BaseOperator):
         )
         self.log.info(
             "returned %d node(s) and %d GPUs of %s; still quarantined: %s",
-            len(summary.nodes),
+            len(summary.node_names),
             summary.gpus_returned,
             run,
             summary.quarantined or "none",

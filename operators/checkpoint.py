@@ -14,7 +14,9 @@ class CheckpointVerifyOperator(BaseOperator):
 
     Returns (XCom ``return_value``) the checkpoint's ``uri``, ``step``, ``format``, ``level``,
     ``bytes``, ``files`` and, with ``run_uri``, ``skipped``: the newer checkpoints passed over and
-    why.  Fails when the checkpoint, or every checkpoint under the run, does not verify.
+    why.  Fails when the checkpoint, or every checkpoint under the run, does not verify.  Each Asset
+    in ``outlets`` gets an event whose extra holds the checkpoint's ``uri``, ``step``, ``format`` and
+    the ``dag_run`` (``<dag_id>/<run_id>``), for evaluation or serving DAGs.
     """
 
     template_fields: Sequence[str] = ("uri", "run_uri", "level")
@@ -47,7 +49,7 @@ class CheckpointVerifyOperator(BaseOperator):
             self.log.info("%s", result.summary())
             if not result.ok:
                 raise AirflowException(f"{result.summary()}: " + "; ".join(result.reasons))
-            return result.to_dict()
+            return self._publish(context, result.to_dict())
         latest = latest_verified(self.run_uri, level=self.level, store=store)
         for skipped in latest.skipped:
             self.log.warning(
@@ -59,4 +61,15 @@ class CheckpointVerifyOperator(BaseOperator):
                 f"({len(latest.skipped)} tried, reasons logged above)"
             )
         self.log.info("Latest verified: %s", latest.checkpoint.summary())
-        return {**latest.checkpoint.to_dict(), "skipped": [s.to_dict() for s in latest.skipped]}
+        skipped = [s.to_dict() for s in latest.skipped]
+        return self._publish(context, {**latest.checkpoint.to_dict(), "skipped": skipped})
+
+    def _publish(self, context: Any, checkpoint: dict[str, Any]) -> dict[str, Any]:
+        """Put the verified checkpoint on every outlet Asset's event; returns it."""
+        dag_run = context["dag_run"]
+        for asset in self.outlets:
+            context["outlet_events"][asset].extra = {
+                **{key: checkpoint[key] for key in ("uri", "step", "format")},
+                "dag_run": f"{dag_run.dag_id}/{dag_run.run_id}",
+            }
+        return checkpoint

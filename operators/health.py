@@ -4,7 +4,8 @@ Thin: the gate is ``trainops.health.gate`` (reads, policy, speed tiers) and ``tr
 
     gate = NodeHealthGateOperator(task_id="health_gate", min_nodes=8, prometheus_conn_id="prometheus",
                                   policy_overrides={"gpu_count": {"threshold": 8}}, wait_timeout_s=1800)
-    claim = ClaimNodesOperator(task_id="claim_nodes", nodes=gate.output["nodes"], ...)
+    claim = ClaimNodesOperator(task_id="claim_nodes", count=8,
+                               node_names="{{ ti.xcom_pull(task_ids='health_gate')['node_names'] }}", ...)
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ class NodeHealthGateOperator(BaseOperator):
     """Evaluate the candidate nodes, quarantine failing ones, and return the chosen nodes.
 
     :param selector: label selector of the candidate nodes. Templated.
-    :param min_nodes: healthy nodes the run needs. Templated.
+    :param min_nodes: how many healthy nodes the run needs. Templated.
+    :param gpus_per_node: allocatable GPUs each chosen node must have (None: no requirement); when no
+        candidate has that many, or fewer nodes than ``min_nodes`` exist, the task fails at once. Templated.
     :param policy_overrides: policy rows to change, ``{row: {threshold|verdict|if_unknown: value}}``;
         an unknown row or field fails the task before anything is changed. Templated.
     :param prometheus_conn_id: ``http`` connection of a Prometheus with dcgm-exporter metrics (optional).
@@ -34,16 +37,16 @@ class NodeHealthGateOperator(BaseOperator):
         seconds for enough, then fail naming what is missing; 0 fails at once.
     :param poll_interval_s: how often the deferred wait re-evaluates.
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
+    :param api_deadline_s: seconds each quarantine write may keep retrying conflicts and 429/5xx answers.
 
-    XCom: ``{"nodes": [chosen], "verdicts": [{"name", "verdict", "reasons"}], "quarantined": [candidates
-    carrying the quarantine],
-    "tier": [slowest, fastest] | None, "warnings": [...]}``; the chosen nodes also as XCom key ``nodes``
-    (``gate.output["nodes"]``).
+    XCom (return value): ``{"node_names": [chosen], "verdicts": [{"name", "verdict", "reasons"}],
+    "quarantined": [candidates carrying the quarantine], "tier": [slowest, fastest] | None, "warnings": [...]}``.
     """
 
     template_fields: Sequence[str] = (
         "selector",
         "min_nodes",
+        "gpus_per_node",
         "policy_overrides",
         "prometheus_conn_id",
         "on_prometheus_unavailable",
@@ -57,6 +60,7 @@ class NodeHealthGateOperator(BaseOperator):
         *,
         selector: str = DEFAULT_SELECTOR,
         min_nodes: int = 1,
+        gpus_per_node: int | None = None,
         policy_overrides: dict[str, dict[str, Any]] | None = None,
         prometheus_conn_id: str | None = None,
         on_prometheus_unavailable: str = "fail",
@@ -69,6 +73,7 @@ class NodeHealthGateOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.selector, self.min_nodes, self.policy_overrides = selector, min_nodes, policy_overrides or {}
+        self.gpus_per_node = gpus_per_node
         self.prometheus_conn_id, self.on_prometheus_unavailable = (
             prometheus_conn_id,
             on_prometheus_unavailable,
@@ -88,7 +93,8 @@ class NodeHealthGateOperator(BaseOperator):
         spec = GateSpec(
             kubernetes_conn_id=self.kubernetes_conn_id,
             selector=self.selector,
-            min_nodes=int(self.min_nodes),
+            min_nodes=self.min_nodes,
+            gpus_per_node=self.gpus_per_node,
             policy_overrides=self.policy_overrides or {},
             speed_tiers=self.speed_tiers,
             prometheus_conn_id=self.prometheus_conn_id,
@@ -130,7 +136,6 @@ class NodeHealthGateOperator(BaseOperator):
         if quarantined:
             self.log.warning("quarantined now: %s", ", ".join(quarantined))
         if result.enough:
-            context["ti"].xcom_push(key="nodes", value=result.selected)
             return _xcom(result, quarantined)
         if not may_wait:
             raise AirflowException(f"health gate: {result.missing()}")
@@ -144,7 +149,7 @@ class NodeHealthGateOperator(BaseOperator):
 def _xcom(result: GateResult, quarantined_now: list[str]) -> dict[str, Any]:
     held = [n.name for n in result.nodes if n.quarantined or n.name in quarantined_now]
     return {
-        "nodes": result.selected,
+        "node_names": result.selected,
         "verdicts": result.to_dict()["nodes"],
         "quarantined": held,
         "tier": result.to_dict()["tier"],

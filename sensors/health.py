@@ -2,9 +2,9 @@
 nodes passes the health policy: every named node, or at least ``min_healthy`` of the candidates.
 
 They only read (no quarantine). With ``deferrable=True`` (default) they wait in the triggerer.
-XCom: ``{"nodes": [passing nodes], "verdicts": [{"name", "verdict", "reasons"}]}``.
+XCom: ``{"node_names": [passing nodes], "verdicts": [{"name", "verdict", "reasons"}]}``.
 
-    GpuHealthSensor(task_id="gpus_ok", nodes=["gpu-node-001", "gpu-node-002"], timeout=1800)
+    GpuHealthSensor(task_id="gpus_ok", node_names=["gpu-node-001", "gpu-node-002"], timeout=1800)
     FabricHealthSensor(task_id="fabric_ok", min_healthy=16, poke_interval=30, timeout=3600)
 """
 
@@ -25,9 +25,9 @@ from trainops.health.gate import DEFAULT_SELECTOR, GateResult
 class _SideHealthSensor(BaseSensorOperator):
     """Wait on one side of node health.
 
-    :param nodes: nodes that must all pass (unless ``min_healthy``). Templated.
-    :param selector: label selector of the candidates when ``nodes`` is empty. Templated.
-    :param min_healthy: how many candidates must pass (default: all named ``nodes``).
+    :param node_names: nodes that must all pass (unless ``min_healthy``). Templated.
+    :param selector: label selector of the candidates when ``node_names`` is empty. Templated.
+    :param min_healthy: how many candidates must pass (default: all of ``node_names``). Templated.
     :param policy_overrides: policy row overrides (rows of the other side are ignored).
     :param prometheus_conn_id: ``http`` connection of Prometheus (optional).
     :param on_prometheus_unavailable: ``fail`` or ``probe-only``.
@@ -35,12 +35,12 @@ class _SideHealthSensor(BaseSensorOperator):
     """
 
     side = "all"
-    template_fields: Sequence[str] = ("nodes", "selector", "min_healthy", "policy_overrides")
+    template_fields: Sequence[str] = ("node_names", "selector", "min_healthy", "policy_overrides")
 
     def __init__(
         self,
         *,
-        nodes: Sequence[str] = (),
+        node_names: Sequence[str] = (),
         selector: str = DEFAULT_SELECTOR,
         min_healthy: int | None = None,
         policy_overrides: dict[str, dict[str, Any]] | None = None,
@@ -51,7 +51,7 @@ class _SideHealthSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.nodes, self.selector, self.min_healthy = nodes, selector, min_healthy
+        self.node_names, self.selector, self.min_healthy = node_names, selector, min_healthy
         self.policy_overrides = policy_overrides or {}
         self.prometheus_conn_id, self.on_prometheus_unavailable = (
             prometheus_conn_id,
@@ -63,8 +63,8 @@ class _SideHealthSensor(BaseSensorOperator):
         spec = GateSpec(
             kubernetes_conn_id=self.kubernetes_conn_id,
             selector=self.selector,
-            nodes=list(self.nodes),
-            min_nodes=None if self.min_healthy is None else int(self.min_healthy),
+            node_names=list(self.node_names),
+            min_nodes=self.min_healthy,
             policy_overrides=self.policy_overrides or {},
             side=self.side,
             speed_tiers=False,
@@ -111,7 +111,7 @@ class _SideHealthSensor(BaseSensorOperator):
 
 
 def _xcom(result: GateResult) -> dict[str, Any]:
-    return {"nodes": result.selection.nodes, "verdicts": result.to_dict()["nodes"]}
+    return {"node_names": result.selection.nodes, "verdicts": result.to_dict()["nodes"]}
 
 
 class GpuHealthSensor(_SideHealthSensor):

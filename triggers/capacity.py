@@ -13,19 +13,19 @@ from trainops.capacity.claims import holder_of
 
 
 class NodesFreeTrigger(BaseTrigger):
-    """Fires ``{"status": "free"}`` once none of ``nodes`` is claimed by a run other than ``run``,
+    """Fires ``{"status": "free"}`` once none of ``node_names`` is claimed by a run other than ``run``,
     or ``{"status": "timeout", "holders": {node: run}, "message": ...}`` at ``deadline`` (epoch seconds)."""
 
     def __init__(
         self,
-        nodes: list[str],
+        node_names: list[str],
         run: str,
         kubernetes_conn_id: str,
         deadline: float,
         poll_interval_s: float = 10.0,
     ) -> None:
         super().__init__()
-        self.nodes, self.run_key = list(nodes), run
+        self.node_names, self.run_key = list(node_names), run
         self.kubernetes_conn_id, self.deadline, self.poll_interval_s = (
             kubernetes_conn_id,
             deadline,
@@ -36,7 +36,7 @@ class NodesFreeTrigger(BaseTrigger):
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {
-                "nodes": self.nodes,
+                "node_names": self.node_names,
                 "run": self.run_key,
                 "kubernetes_conn_id": self.kubernetes_conn_id,
                 "deadline": self.deadline,
@@ -48,7 +48,7 @@ class NodesFreeTrigger(BaseTrigger):
         from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
         from kubernetes_asyncio import client
 
-        wanted = set(self.nodes)
+        wanted = set(self.node_names)
         async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
             nodes = (await client.CoreV1Api(api_client).list_node()).items
         held = {

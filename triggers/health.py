@@ -23,12 +23,13 @@ SIDES = ("all", "gpu", "fabric")
 
 @dataclass
 class GateSpec:
-    """One health check. ``min_nodes`` None means every named node (``nodes`` required then)."""
+    """One health check. ``min_nodes`` None means every named node (``node_names`` required then)."""
 
     kubernetes_conn_id: str = "kubernetes_default"
     selector: str = DEFAULT_SELECTOR
-    nodes: list[str] = field(default_factory=list)
+    node_names: list[str] = field(default_factory=list)
     min_nodes: int | None = 1
+    gpus_per_node: int | None = None
     policy_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
     side: str = "all"
     speed_tiers: bool = True
@@ -39,9 +40,9 @@ class GateSpec:
         """The core's gate config; raises ValueError naming the bad field (an unknown policy row, ...)."""
         if self.side not in SIDES:
             raise ValueError(f"side must be one of {', '.join(SIDES)}, got {self.side!r}")
-        if self.min_nodes is None and not self.nodes:
+        if self.min_nodes is None and not self.node_names:
             raise ValueError(
-                "give the nodes to check (nodes=[...]) or how many must pass (min_nodes / min_healthy)"
+                "give the nodes to check (node_names=[...]) or how many must pass (min_nodes / min_healthy)"
             )
         if not isinstance(self.policy_overrides, dict):
             raise ValueError(
@@ -50,8 +51,9 @@ class GateSpec:
         policy = load_policy(self.policy_overrides or None)
         return GateConfig(
             selector=self.selector,
-            nodes=tuple(self.nodes),
-            min_nodes=len(self.nodes) if self.min_nodes is None else int(self.min_nodes),
+            node_names=tuple(self.node_names),
+            min_nodes=len(self.node_names) if self.min_nodes is None else self.min_nodes,
+            gpus_per_node=self.gpus_per_node,
             policy=policy if self.side == "all" else side_policy(policy, self.side),
             speed_tiers=self.speed_tiers,
             on_unavailable=self.on_prometheus_unavailable,

@@ -49,7 +49,7 @@ def test_flip_and_return_keep_inference_within_pdbs_and_restore_everything(devcl
 
     summary = do_claim(apis, RUN, nodes)
 
-    assert summary.gpus == 32 and sorted(summary.nodes) == sorted(nodes)
+    assert summary.gpus == 32 and sorted(summary.node_names) == sorted(nodes)
     assert gpu_quota(devcluster) == "32"
     for name in nodes:
         node = devcluster.store.get("nodes", "", name)
@@ -130,7 +130,7 @@ def test_claim_killed_halfway_then_return_leaves_the_cluster_as_before(devcluste
 
     summary = give_back(apis, RUN, cluster_queue="training")
 
-    assert summary.nodes == sorted(nodes)[:2]
+    assert summary.node_names == sorted(nodes)[:2]
     assert snapshot(devcluster) == before
 
 
@@ -201,9 +201,9 @@ def test_two_overlapping_claims_exactly_one_holds_each_node(devcluster):
         n["metadata"]["name"]: n["metadata"].get("annotations", {}).get("trainops.io/claimed-by")
         for n in devcluster.store.list("nodes")[0]
     }
-    assert {n for n, h in holders.items() if h} == set(outcomes[winner].nodes)
+    assert {n for n, h in holders.items() if h} == set(outcomes[winner].node_names)
     assert all(h == winner for h in holders.values() if h)
-    assert gpu_quota(devcluster) == str(8 * len(outcomes[winner].nodes))
+    assert gpu_quota(devcluster) == str(8 * len(outcomes[winner].node_names))
 
 
 def test_a_drain_that_cannot_finish_fails_early_naming_the_stuck_workload(devcluster):

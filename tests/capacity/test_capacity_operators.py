@@ -24,12 +24,12 @@ def test_dag_claims_trains_and_returns(run_dag, devcluster):
     nodes = nodes_to_claim(devcluster)
     before = snapshot(devcluster)
 
-    run = run_dag(DAG_ID, conf={"nodes": nodes})
+    run = run_dag(DAG_ID, conf={"node_names": nodes})
 
     assert run.state == "success", task_states(run)
     claimed = xcom_value(run, "claim_nodes")
-    assert sorted(claimed["nodes"]) == sorted(nodes) and claimed["gpus"] == 24
-    assert sorted(xcom_value(run, "return_capacity")["nodes"]) == sorted(nodes)
+    assert sorted(claimed["node_names"]) == sorted(nodes) and claimed["gpus"] == 24
+    assert sorted(xcom_value(run, "return_capacity")["node_names"]) == sorted(nodes)
     assert snapshot(devcluster) == before
 
 
@@ -37,7 +37,7 @@ def test_teardown_returns_capacity_when_training_fails(run_dag, devcluster):
     nodes = nodes_to_claim(devcluster)
     before = snapshot(devcluster)
 
-    run = run_dag(DAG_ID, conf={"nodes": nodes, "fail_training": True})
+    run = run_dag(DAG_ID, conf={"node_names": nodes, "fail_training": True})
 
     assert run.state == "failed"
     assert task_states(run) == {"claim_nodes": "success", "train": "failed", "return_capacity": "success"}
@@ -50,7 +50,7 @@ def test_a_claim_failing_halfway_gives_back_what_it_took(run_dag, devcluster):
     before = snapshot(devcluster)
     devcluster.inject("api-fault", path="/clusterqueues/training$", status=500, count=1)
 
-    run = run_dag(DAG_ID, conf={"nodes": nodes})
+    run = run_dag(DAG_ID, conf={"node_names": nodes})
 
     assert task_states(run)["claim_nodes"] == "failed"
     assert task_states(run)["return_capacity"] == "upstream_failed"
@@ -66,11 +66,11 @@ def test_claim_waits_deferred_until_another_run_returns_its_node(run_dag, devclu
     )
     release.start()
 
-    run = run_dag(DAG_ID, conf={"nodes": nodes})
+    run = run_dag(DAG_ID, conf={"node_names": nodes})
     release.join()
 
     assert run.state == "success", task_states(run)
-    assert sorted(xcom_value(run, "claim_nodes")["nodes"]) == sorted(nodes)
+    assert sorted(xcom_value(run, "claim_nodes")["node_names"]) == sorted(nodes)
 
 
 def test_claim_waits_for_nodes_held_by_another_run_then_fails_naming_it(run_dag, devcluster):
@@ -78,7 +78,7 @@ def test_claim_waits_for_nodes_held_by_another_run_then_fails_naming_it(run_dag,
     apis = apis_for(devcluster)
     claim(apis, "other_dag/run_1", nodes[-1:], cluster_queue="training")
 
-    run = run_dag(DAG_ID, conf={"nodes": nodes})
+    run = run_dag(DAG_ID, conf={"node_names": nodes})
 
     assert task_states(run)["claim_nodes"] == "failed"
     holders = {

@@ -1,6 +1,6 @@
 """Claim nodes (setup) -> gang training with resumes -> give the capacity back (teardown), driven by conf.
 
-conf: ``nodes`` (names to claim), ``run_uri``, ``size`` (gang nodes), ``args`` (trainer args),
+conf: ``node_names`` (names to claim), ``run_uri``, ``size`` (gang nodes), ``args`` (trainer args),
 ``priority_class``, ``kill_worker_after_submit`` (true: try 1's worker dies right after submitting).
 """
 
@@ -22,7 +22,9 @@ class WorkerDiesOnFirstTry(GangTrainingOperator):
 
 
 with DAG("gang_training_e2e", schedule=None, render_template_as_native_obj=True, tags=["test"]) as dag:
-    claim = ClaimNodesOperator(task_id="claim", nodes="{{ dag_run.conf['nodes'] }}", cluster_queue="training")
+    claim = ClaimNodesOperator(
+        task_id="claim", node_names="{{ dag_run.conf['node_names'] }}", cluster_queue="training"
+    )
     train = WorkerDiesOnFirstTry(
         task_id="train",
         image="devcluster.trainops.io/local",

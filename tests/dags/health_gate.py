@@ -1,4 +1,4 @@
-"""The health gate in a DAG: choose nodes, then hand them on (the XCom a claim task would read).
+"""The health gate in a DAG: choose nodes, then hand them on (the return value a claim task would read).
 
 conf: min_nodes, wait_timeout_s, poll_interval_s, prometheus_conn_id, on_prometheus_unavailable,
 policy_overrides, speed_tiers.
@@ -21,10 +21,10 @@ def health_gate():
     )
 
     @task
-    def chosen(nodes: list[str]) -> list[str]:
-        return sorted(nodes)
+    def chosen(gate: dict) -> list[str]:
+        return sorted(gate["node_names"])
 
-    chosen(gate.output["nodes"])
+    chosen(gate.output)
 
 
 health_gate()

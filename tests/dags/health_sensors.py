@@ -9,9 +9,11 @@ from trainops.sensors.health import FabricHealthSensor, GpuHealthSensor
 
 @dag(schedule=None, tags=["test"], render_template_as_native_obj=True)
 def health_sensors():
-    GpuHealthSensor(task_id="gpus", nodes="{{ dag_run.conf['gpu_nodes'] }}", timeout=3, poke_interval=0.5)
+    GpuHealthSensor(
+        task_id="gpus", node_names="{{ dag_run.conf['gpu_nodes'] }}", timeout=3, poke_interval=0.5
+    )
     FabricHealthSensor(
-        task_id="fabric", nodes="{{ dag_run.conf['fabric_nodes'] }}", timeout=3, poke_interval=0.5
+        task_id="fabric", node_names="{{ dag_run.conf['fabric_nodes'] }}", timeout=3, poke_interval=0.5
     )
 
 

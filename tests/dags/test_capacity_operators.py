@@ -1,6 +1,6 @@
 """Claim -> train -> return, as a real DAG (used by tests/cluster/test_capacity_operators.py).
 
-conf: ``nodes`` (list), ``fail_training`` (bool); ``wait_for_nodes_s`` (claim waits, deferred, for
+conf: ``node_names`` (list), ``fail_training`` (bool); ``wait_for_nodes_s`` (claim waits, deferred, for
 nodes held by other runs).
 """
 
@@ -11,12 +11,12 @@ with DAG(
     "test_capacity_operators",
     schedule=None,
     render_template_as_native_obj=True,
-    params={"nodes": [], "fail_training": False},
+    params={"node_names": [], "fail_training": False},
     tags=["test"],
 ):
     claim = ClaimNodesOperator(
         task_id="claim_nodes",
-        nodes="{{ params.nodes }}",
+        node_names="{{ params.node_names }}",
         inference_deployments=["inference/llm-chat", "inference/embeddings"],
         wait_for_nodes_s=15,
         poll_interval_s=0.2,

@@ -43,8 +43,8 @@ def test_clean_path_trains_verifies_publishes_the_checkpoint_and_gives_everythin
 
     assert dag_run.state == "success"
     gate = xcom_value(dag_run, "health_gate")
-    claimed = xcom_value(dag_run, "claim_nodes")["nodes"]
-    assert len(claimed) == 3 and set(claimed) <= set(gate["nodes"])
+    claimed = xcom_value(dag_run, "claim_nodes")["node_names"]
+    assert len(claimed) == 3 and set(claimed) <= set(gate["node_names"])
     trained = xcom_value(dag_run, "train")
     assert trained["attempts"] == 1 and trained["resumes_used"] == 0
     verified = xcom_value(dag_run, "verify_checkpoint")

@@ -41,18 +41,26 @@ def test_more_nodes_than_the_cluster_has_fails_at_the_gate_naming_nodes_before_a
     assert dag_run.state == "failed"
     assert task_instances(dag_run)["health_gate"].state == "failed"
     out = capfd.readouterr().out
-    assert "nodes: the run asks for 9 node(s) + 1 spare = 10, but the cluster has 8 GPU node(s)" in out
+    assert "min_nodes: 10 node(s) needed, but the cluster has 8 node(s) matching" in out
+    assert writes(cluster) == []
+
+
+def test_more_gpus_per_node_than_any_node_has_fails_at_the_gate_naming_the_field_before_any_write(
+    cluster, bucket, run_dag, capfd
+):
+    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "too-wide", gpus_per_node=16))
+
+    assert dag_run.state == "failed"
+    assert task_instances(dag_run)["health_gate"].state == "failed"
+    assert "gpus_per_node: 16 asked, but no node matching" in capfd.readouterr().out
     assert writes(cluster) == []
 
 
 def test_an_unknown_policy_row_that_reaches_the_gate_fails_naming_the_row_before_any_write(cluster, capfd):
     """A caller that skips the form (the operator used from code) still gets the check, in the gate."""
-    from airflow.sdk.exceptions import AirflowFailException
-    from trainops.operators.lifecycle import LifecycleGateOperator
+    from trainops.operators.health import NodeHealthGateOperator
 
-    gate = LifecycleGateOperator(task_id="gate", policy_overrides={"no_such_row": {"threshold": 1}})
-    with pytest.raises(
-        AirflowFailException, match="health_policy_overrides: unknown health policy row 'no_such_row'"
-    ):
-        gate.execute({"params": {"nodes": 1, "spare_nodes": 0, "gpus_per_node": 8}})
+    gate = NodeHealthGateOperator(task_id="gate", policy_overrides={"no_such_row": {"threshold": 1}})
+    with pytest.raises(ValueError, match="unknown health policy row 'no_such_row'"):
+        gate.execute({})
     assert writes(cluster) == []

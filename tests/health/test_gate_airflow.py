@@ -49,7 +49,7 @@ def test_gate_waits_deferred_until_enough_nodes_pass(devcluster, run_dag):
 
     fixed.join(timeout=5)
     assert run.state == "success"
-    assert len(xcom_value(run, "gate")["nodes"]) == 16 and SLOW in xcom_value(run, "chosen")
+    assert len(xcom_value(run, "gate")["node_names"]) == 16 and SLOW in xcom_value(run, "chosen")
 
 
 def test_gate_fails_at_the_deadline_naming_what_is_missing(devcluster, run_dag):
@@ -93,8 +93,8 @@ def test_sensors_wait_on_their_own_side(devcluster, run_dag):
 
     run = run_dag("health_sensors", {"gpu_nodes": [B, OTHER], "fabric_nodes": [A, OTHER]})
     assert run.state == "success"
-    assert sorted(xcom_value(run, "gpus")["nodes"]) == [B, OTHER]
-    assert sorted(xcom_value(run, "fabric")["nodes"]) == [A, OTHER]
+    assert sorted(xcom_value(run, "gpus")["node_names"]) == [B, OTHER]
+    assert sorted(xcom_value(run, "fabric")["node_names"]) == [A, OTHER]
 
     run = run_dag("health_sensors", {"gpu_nodes": [A, OTHER], "fabric_nodes": [B]})
     assert task_state(run, "gpus") == "failed" and task_state(run, "fabric") == "failed"

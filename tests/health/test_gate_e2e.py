@@ -122,7 +122,7 @@ def test_operator_in_a_dag_quarantines_and_pushes_the_chosen_nodes(cluster, core
     assert run.state == "success"
     gate = xcom_value(run, "gate")
     healthy = sorted(set(cluster.telemetry) - {A, B, C, D})
-    assert sorted(gate["nodes"]) == healthy and xcom_value(run, "chosen") == healthy
+    assert sorted(gate["node_names"]) == healthy and xcom_value(run, "chosen") == healthy
     verdicts = {v["name"]: v["verdict"] for v in gate["verdicts"]}
     assert (verdicts[A], verdicts[B], verdicts[C], verdicts[D]) == (
         "quarantine",

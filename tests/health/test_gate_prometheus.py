@@ -92,4 +92,4 @@ def test_operator_fails_on_unreachable_prometheus_and_passes_probe_only(
     run = run_dag("health_gate", {**conf, "on_prometheus_unavailable": "probe-only"})
     assert run.state == "success"
     gate = xcom_value(run, "gate")
-    assert len(gate["nodes"]) == 16 and "Prometheus unavailable" in gate["warnings"][0]
+    assert len(gate["node_names"]) == 16 and "Prometheus unavailable" in gate["warnings"][0]

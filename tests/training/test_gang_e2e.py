@@ -24,7 +24,7 @@ TRAIN = ["--steps", "300", "--checkpoint-every", "20", "--step-seconds", "0.02",
 
 
 def conf(nodes, run_uri, args=TRAIN, **extra):
-    return {"nodes": nodes, "run_uri": run_uri, "args": list(args), "size": 2, **extra}
+    return {"node_names": nodes, "run_uri": run_uri, "args": list(args), "size": 2, **extra}
 
 
 def running_pod(api, attempt: str):

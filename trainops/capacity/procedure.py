@@ -21,9 +21,10 @@ from trainops.capacity.drain import drain, list_pods
 from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
 from trainops.capacity.loans import get_path
 from trainops.capacity.quota import set_grant
+from trainops.capacity.ranking import least_disruptive
 from trainops.conventions import GPU_RESOURCE, MODE_TAINT
 from trainops.errors import TemporaryError
-from trainops.kube.nodes import NodeState, edit_node, list_nodes
+from trainops.kube.nodes import NodeState, allocatable_gpus, edit_node, list_nodes
 from trainops.kube.retry import Deadline, DeadlineExceeded, call
 
 module_log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class ReturnIncomplete(TemporaryError):
 @dataclass
 class ClaimSummary:
     run: str
-    nodes: list[str]
+    node_names: list[str]
     gpus: int
     newly_claimed: list[str] = field(default_factory=list)
     workloads_shrunk: list[str] = field(default_factory=list)
@@ -77,32 +78,29 @@ class ClaimSummary:
 @dataclass
 class ReturnSummary:
     run: str
-    nodes: list[str] = field(default_factory=list)
+    node_names: list[str] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
     workloads_restored: list[str] = field(default_factory=list)
     gpus_returned: int = 0
     cluster_queue: str = ""
 
 
-def node_gpus(node: dict) -> int:
-    return int((node.get("status") or {}).get("allocatable", {}).get(GPU_RESOURCE, 0))
-
-
-def _check_nodes(nodes: Sequence[str]) -> list[str]:
-    if isinstance(nodes, str) or not nodes or not all(isinstance(n, str) and n for n in nodes):
-        raise ValueError(f"nodes must be a non-empty list of node names, got {nodes!r}")
-    if len(set(nodes)) != len(nodes):
+def _check_node_names(names: Sequence[str]) -> list[str]:
+    if isinstance(names, str) or not names or not all(isinstance(n, str) and n for n in names):
+        raise ValueError(f"node_names must be a non-empty list of node names, got {names!r}")
+    if len(set(names)) != len(names):
         raise ValueError(
-            f"nodes lists a node more than once: {sorted(n for n in set(nodes) if nodes.count(n) > 1)}"
+            f"node_names lists a node more than once: {sorted(n for n in set(names) if names.count(n) > 1)}"
         )
-    return list(nodes)
+    return list(names)
 
 
 def claim(
     apis: Apis,
     run: str,
-    nodes: Sequence[str],
+    node_names: Sequence[str],
     *,
+    count: int | None = None,
     cluster_queue: str,
     gpus_per_node: int | None = None,
     deployments: Sequence[str] = (),
@@ -111,14 +109,15 @@ def claim(
     deadlines: Deadlines = Deadlines(),
     log: logging.Logger = module_log,
 ) -> ClaimSummary:
-    """Claim ``nodes`` for ``run`` (``<dag_id>/<run_id>``); see the module docstring.
+    """Claim ``node_names`` for ``run`` (``<dag_id>/<run_id>``); see the module docstring.
 
-    ``gpus_per_node``: GPUs each node adds to the quota (default: the node's allocatable
-    ``nvidia.com/gpu``).  ``deployments``/``inference_services``: ``namespace/name`` of the inference
+    ``count``: claim only this many of ``node_names``, the least disruptive first (see
+    ``ranking.least_disruptive``); default: all of them.  ``gpus_per_node``: GPUs each node adds to
+    the quota (default: the node's allocatable ``nvidia.com/gpu``).  ``deployments``/``inference_services``: ``namespace/name`` of the inference
     workloads to shrink.  Raises ``NodesHeld`` (nothing changed) when another run holds a node.
     """
     parse_run(run)
-    nodes = _check_nodes(nodes)
+    candidates = _check_node_names(node_names)
     if gpus_per_node is not None and (not isinstance(gpus_per_node, int) or gpus_per_node < 1):
         raise ValueError(f"gpus_per_node must be a positive integer or None, got {gpus_per_node!r}")
     refs = [WorkloadRef.parse(DEPLOYMENT, d, "inference_deployments") for d in deployments]
@@ -126,13 +125,16 @@ def claim(
 
     step = Deadline(deadlines.api_s)
     by_name = {n["metadata"]["name"]: n for n in call(lambda: list_nodes(apis.core), step, "list nodes")}
-    missing = [n for n in nodes if n not in by_name]
+    missing = [n for n in candidates if n not in by_name]
     if missing:
-        raise ValueError(f"nodes not in the cluster: {missing}")
+        raise ValueError(f"node_names: not in the cluster: {missing}")
+    holders = {n: holder_of(by_name[n]["metadata"].get("annotations")) for n in candidates}
+    others = {n for n, holder in holders.items() if holder not in (None, run)}
+    # one pod list serves the ranking and the inference shrink (the drain follows the pods itself)
+    pods = list_pods(apis.core, step) if count is not None or refs else []
+    nodes = candidates if count is None else least_disruptive(candidates, pods, count, held=others)
     states = {n: NodeState.of(by_name[n]) for n in nodes}
-    held = {
-        n: holder_of(s.annotations) for n, s in states.items() if holder_of(s.annotations) not in (None, run)
-    }
+    held = {n: holders[n] for n in nodes if n in others}
     if held:
         raise NodesHeld(held)
     quarantined = [n for n, s in states.items() if is_quarantined(s) and holder_of(s.annotations) != run]
@@ -144,7 +146,7 @@ def claim(
     for name in sorted(nodes):  # one global order: of two overlapping claims, the first to a node wins all
         # NodesHeld from the change: another run won the race for this node after the check above
         edited = edit_node(apis.core, name, change, Deadline(deadlines.api_s), current=by_name[name])
-        gpus = gpus_per_node or node_gpus(edited.object)
+        gpus = gpus_per_node or allocatable_gpus(edited.object)
         summary.gpus += gpus
         if edited.wrote:
             summary.newly_claimed.append(name)
@@ -155,7 +157,7 @@ def claim(
         else:
             log.info("node %s: already claimed by this run", name)
 
-    summary.workloads_shrunk = _shrink_inference(apis, run, set(nodes), refs, deadlines, log)
+    summary.workloads_shrunk = _shrink_inference(apis, run, set(nodes), refs, pods, deadlines, log)
     summary.evictions = drain(apis.core, set(nodes), Deadline(deadlines.drain_s), deadlines.drain_stall_s)
     log.info("drained %d node(s): %d pod(s) evicted", len(nodes), summary.evictions)
     if set_grant(apis.custom, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
@@ -164,14 +166,20 @@ def claim(
 
 
 def _shrink_inference(
-    apis: Apis, run: str, nodes: set[str], refs: list[WorkloadRef], deadlines: Deadlines, log: logging.Logger
+    apis: Apis,
+    run: str,
+    nodes: set[str],
+    refs: list[WorkloadRef],
+    pods: list[dict],
+    deadlines: Deadlines,
+    log: logging.Logger,
 ) -> list[str]:
     """Lend the capacity of every workload that has pods on ``nodes`` (a loan is recorded even when
     nothing is scaled down, so the return waits for the workload to be Ready); returns what was shrunk."""
     if not refs:
         return []
     step = Deadline(deadlines.api_s)
-    pods = [p for p in list_pods(apis.core, step) if not p["metadata"].get("deletionTimestamp")]
+    pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     shrunk = []
     for ref in refs:
         obj = call(lambda ref=ref: ref.get(apis.custom), step, f"read {ref}")
@@ -246,8 +254,8 @@ def give_back(
         except Exception as error:  # return the other nodes
             failures.append(f"node {name}: {error}")
             continue
-        summary.nodes.append(name)
-        summary.gpus_returned += node_gpus(edited.object)
+        summary.node_names.append(name)
+        summary.gpus_returned += allocatable_gpus(edited.object)
         if is_quarantined(NodeState.of(edited.object)):
             summary.quarantined.append(name)
             log.warning("node %s: returned to inference mode but stays quarantined", name)

@@ -26,7 +26,7 @@ from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports
 from trainops.health.report import HealthReport, merge_reports
 from trainops.health.stragglers import USABLE, Selection, choose_nodes, node_speed
-from trainops.kube.nodes import NodeState, json_of
+from trainops.kube.nodes import NodeState, allocatable_gpus, json_of
 from trainops.kube.retry import Deadline, call
 
 DEFAULT_SELECTOR = f"{GPU_POOL_LABEL}=true"
@@ -45,7 +45,10 @@ class GateError(TemporaryError):
 class GateConfig:
     """What to gate and how.
 
-    ``nodes``: only these nodes (each read by name; for large fleets use ``selector``).
+    ``node_names``: only these nodes (each read by name; for large fleets use ``selector``).
+    ``gpus_per_node``: a node with fewer allocatable GPUs is excluded; when no candidate has that
+    many, or fewer nodes than ``min_nodes`` match ``selector``, the gate raises ValueError at once
+    (waiting for repairs cannot help).
     ``on_unavailable``: when Prometheus is given but cannot be read, ``fail`` raises GateError,
     ``probe-only`` gates on the probe reports alone and says so in ``GateResult.warnings``.
     ``speed_tiers``: choose nodes of like measured speed (needs the probe's GEMM speed; a node
@@ -53,8 +56,9 @@ class GateConfig:
     """
 
     selector: str = DEFAULT_SELECTOR
-    nodes: tuple[str, ...] = ()
+    node_names: tuple[str, ...] = ()
     min_nodes: int = 1
+    gpus_per_node: int | None = None
     policy: Policy = DEFAULT_POLICY
     speed_tiers: bool = True
     on_unavailable: str = "fail"
@@ -62,15 +66,21 @@ class GateConfig:
     api_deadline_s: float = 60.0
 
     def __post_init__(self) -> None:
-        if self.min_nodes < 1:
-            raise ValueError(f"min_nodes must be >= 1, got {self.min_nodes}")
+        if not _is_count(self.min_nodes):
+            raise ValueError(f"min_nodes must be an integer >= 1, got {self.min_nodes!r}")
+        if self.gpus_per_node is not None and not _is_count(self.gpus_per_node):
+            raise ValueError(f"gpus_per_node must be an integer >= 1 or None, got {self.gpus_per_node!r}")
         if self.on_unavailable not in ON_UNAVAILABLE:
             raise ValueError(
                 f"on_unavailable must be one of {', '.join(ON_UNAVAILABLE)}, got {self.on_unavailable!r}"
             )
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
-        object.__setattr__(self, "nodes", tuple(self.nodes))
+        object.__setattr__(self, "node_names", tuple(self.node_names))
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def side_policy(policy: Policy, side: str) -> Policy:
@@ -174,7 +184,9 @@ def run_gate(
     now = time.time() if now is None else now
     deadline = Deadline(config.api_deadline_s)
     listed = {node["metadata"]["name"]: node for node in candidate_nodes(core_v1, config, deadline)}
-    names = list(config.nodes) or sorted(listed)
+    if not config.node_names:
+        check_fleet(list(listed.values()), config)
+    names = list(config.node_names) or sorted(listed)
     reports = {name: published_report(listed.get(name), name, now) for name in names}
     sources, warnings = ["probe"], []
     if prometheus is not None:
@@ -189,7 +201,7 @@ def run_gate(
                     "alone, set on_unavailable='probe-only' (CLI: --prometheus-optional)."
                 ) from err
             warnings.append(f"Prometheus unavailable, gated on the node probe's reports alone: {err}")
-    results = [_judge(name, listed.get(name), reports[name], config.policy, now) for name in names]
+    results = [_judge(name, listed.get(name), reports[name], config, now) for name in names]
     speeds = {r.name: r.speed for r in results if r.verdict in USABLE} if config.speed_tiers else {}
     verdicts = [NodeVerdict(r.name, r.verdict, r.reasons) for r in results]
     selection = choose_nodes(verdicts, speeds, config.min_nodes)
@@ -200,8 +212,24 @@ def run_gate(
     return GateResult(results, selection, config.min_nodes, config.selector, sources, warnings)
 
 
-def _judge(name: str, node: dict | None, report: HealthReport, policy: Policy, now: float) -> NodeResult:
-    verdict = evaluate(report, policy, now=now)
+def check_fleet(nodes: list[dict], config: GateConfig) -> None:
+    """Raise ValueError, naming the field, when the candidates can never hold the run however healthy
+    they become: fewer than ``min_nodes``, or none with ``gpus_per_node`` allocatable GPUs."""
+    if len(nodes) < config.min_nodes:
+        raise ValueError(
+            f"min_nodes: {config.min_nodes} node(s) needed, but the cluster has {len(nodes)} node(s) "
+            f"matching {config.selector!r}; ask for fewer nodes"
+        )
+    most = max((allocatable_gpus(node) for node in nodes), default=0)
+    if config.gpus_per_node is not None and most < config.gpus_per_node:
+        raise ValueError(
+            f"gpus_per_node: {config.gpus_per_node} asked, but no node matching {config.selector!r} "
+            f"has more than {most} GPUs"
+        )
+
+
+def _judge(name: str, node: dict | None, report: HealthReport, config: GateConfig, now: float) -> NodeResult:
+    verdict = evaluate(report, config.policy, now=now)
     speed = node_speed(report)
     result = NodeResult(
         name,
@@ -222,6 +250,10 @@ def _judge(name: str, node: dict | None, report: HealthReport, policy: Policy, n
         if verdict.verdict != "quarantine":
             held = f"quarantined ({QUARANTINE_TAINT}={taint.get('value', '')}); `trainops health release {name}` re-checks it"
             result.verdict, result.reasons = "exclude", [held, *verdict.reasons]
+    gpus = allocatable_gpus(node)
+    if result.verdict in USABLE and config.gpus_per_node is not None and gpus < config.gpus_per_node:
+        short = f"{gpus} allocatable GPUs, the run needs {config.gpus_per_node} per node"
+        result.verdict, result.reasons = "exclude", [short, *verdict.reasons]
     return result
 
 
@@ -229,10 +261,10 @@ def candidate_nodes(core_v1: Any, config: GateConfig, deadline: Deadline) -> lis
     """The named nodes (one GET each), or every node matching the selector (paginated list)."""
     from kubernetes.client.exceptions import ApiException
 
-    if not config.nodes:
+    if not config.node_names:
         return list_nodes_paginated(core_v1, config.selector, config.page_size, deadline)
     found = []
-    for name in config.nodes:
+    for name in config.node_names:
         try:
             found.append(
                 call(

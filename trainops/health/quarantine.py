@@ -112,7 +112,7 @@ def release(
 
     Raises ReleaseRefused (naming why) otherwise, GateError when Prometheus is required and unreachable.
     """
-    config = GateConfig(nodes=(name,), policy=policy, speed_tiers=False, on_unavailable=on_unavailable)
+    config = GateConfig(node_names=(name,), policy=policy, speed_tiers=False, on_unavailable=on_unavailable)
     checked = run_gate(core_v1, config, prometheus=prometheus, now=now).nodes[0]
     if checked.node is None:
         raise ReleaseRefused(f"node {name} not found")

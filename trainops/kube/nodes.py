@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from trainops.conventions import GPU_RESOURCE
 from trainops.kube.guarded import Edited, edit, merge_patch_of
 from trainops.kube.retry import Deadline
 
@@ -92,6 +93,11 @@ def json_of(response) -> dict:
 def read_node(core_v1, name: str) -> dict:
     """The node as a plain dict (as the API serves it)."""
     return json_of(core_v1.read_node(name, _preload_content=False))
+
+
+def allocatable_gpus(node: dict) -> int:
+    """The node's allocatable ``nvidia.com/gpu`` (0 when it has none)."""
+    return int((node.get("status") or {}).get("allocatable", {}).get(GPU_RESOURCE, 0))
 
 
 def list_nodes(core_v1, label_selector: str = "") -> list[dict]:

@@ -168,12 +168,12 @@ class Watcher:
             ]
             self.timeline.say(
                 f"health gate: {len(value['verdicts'])} nodes checked ({dict(counts)}); "
-                f"{len(value['nodes'])} healthy chosen; quarantined: {', '.join(value['quarantined']) or 'none'}"
+                f"{len(value['node_names'])} healthy chosen; quarantined: {', '.join(value['quarantined']) or 'none'}"
                 + ("\n" + "\n".join(lines) if lines else "")
             )
         elif task_id == "claim_nodes":
             self.timeline.say(
-                f"claimed {', '.join(value['nodes'])} ({value['gpus']} GPUs) for training; inference shrunk: "
+                f"claimed {', '.join(value['node_names'])} ({value['gpus']} GPUs) for training; inference shrunk: "
                 f"{', '.join(value['workloads_shrunk']) or 'none'}; pods evicted: {value['evictions']}"
             )
         elif task_id == "train":
@@ -187,7 +187,7 @@ class Watcher:
             )
         elif task_id == "return_capacity":
             self.timeline.say(
-                f"capacity returned: {len(value['nodes'])} node(s), {value['gpus_returned']} GPUs back to inference; "
+                f"capacity returned: {len(value['node_names'])} node(s), {value['gpus_returned']} GPUs back to inference; "
                 f"inference restored: {', '.join(value['workloads_restored']) or 'none'}; "
                 f"still quarantined: {', '.join(value['quarantined']) or 'none'}"
             )

@@ -1,0 +1,76 @@
+"""What the Airflow UI shows for a lifecycle DAG and each of its tasks (``doc_md``), in Markdown."""
+
+LIFECYCLE_DOC = """
+# GPU training lifecycle
+
+One DAG run is one training run on the Kubernetes GPU cluster that serves inference the rest of the time:
+
+1. **health_gate** reads every GPU node's health report and quarantines the failing ones.
+2. **claim_nodes** (setup) borrows `nodes + spare_nodes` healthy nodes from inference: drains them
+   (PodDisruptionBudgets honoured), flips their mode taint to training, raises the Kueue quota.
+3. **train** submits the run to Kueue as one gang and follows it. A crash on bad hardware quarantines
+   the node and resumes from the last *verified* checkpoint on the spare; each retry is a resume.
+4. **verify_checkpoint** verifies the final checkpoint and publishes it as an Asset for evaluation or serving.
+5. **return_capacity** (teardown) always gives the nodes back to inference, even when a task failed or
+   the run was marked failed by hand.
+
+Checkpoints live under `<checkpoint_uri>/<run_name>/`. A "Clear" on **train** resumes from the
+latest verified checkpoint. If **return_capacity** itself failed, run
+`trainops capacity return --run <dag_id>/<run_id>`.
+"""
+
+GATE_DOC = """
+Reads the health report the node probe published on each GPU node (NVML, XIDs, ECC, NVLink, InfiniBand),
+applies the health policy (plus `health_policy_overrides`), quarantines failing nodes with the evidence
+on the node, and chooses at least `nodes + spare_nodes` healthy nodes of like speed, each with
+`gpus_per_node` allocatable GPUs. When the cluster cannot ever hold the run (fewer GPU nodes than asked
+for, or none with `gpus_per_node` GPUs) it fails at once and writes nothing.
+
+**When it fails:** the log has one line per node with its verdict and reason. Too few healthy nodes:
+wait for repairs, lower `nodes`/`spare_nodes`, or set `health_wait_s` so the gate waits (deferred).
+A quarantined node is released with `trainops health release <node>` after repair.
+"""
+
+CLAIM_DOC = """
+Setup task. Takes `nodes + spare_nodes` of the gate's nodes, the least disruptive first (idle ones, then
+those running the fewest inference pods), checks no other run holds them, flips their `trainops.io/mode`
+taint to `training`, scales down `inference_workloads` that ran there and evicts what is left through the
+Eviction API (PodDisruptionBudgets honoured), and raises the training ClusterQueue's GPU quota. Every
+change is recorded on the objects so the teardown undoes exactly it.
+
+**When it fails:** it gives back whatever it took before failing. Nodes held by another run are named in
+the log; wait for that run or choose other nodes.
+"""
+
+TRAIN_DOC = """
+Submits the run as one Kueue gang (an Indexed Job, one pod per node) and follows the Workload, the Job,
+its pods and the run's heartbeat without polling blindly. Each try is one attempt:
+
+- infrastructure failure (XID, node lost, NCCL timeout, eviction) or a hang: the culprit node is
+  quarantined with evidence and the task fails so Airflow retries it: the retry resumes from the latest
+  verified checkpoint on the other claimed nodes, at most `max_resumes` times;
+- user code failure (non-zero exit, no hardware evidence): fails at once, no resume used;
+- preemption by a higher-priority Workload: Kueue requeues it; it keeps waiting, no resume used.
+
+**When it fails:** the log says attempt n of m, where each attempt resumed from and why it ended.
+Fix the code (user error) or the nodes, then "Clear" this task to resume from the latest verified checkpoint.
+Marking it failed stops the Job; the teardown still returns the nodes.
+"""
+
+VERIFY_DOC = """
+Verifies the newest complete checkpoint under the run path by its metadata (manifest and `_COMMITTED`
+marker, or the format's own index) without downloading it, and publishes it as this DAG's
+`final-checkpoint` Asset: the event's extra holds `uri`, `step` and `format` for evaluation or serving DAGs.
+
+**When it fails:** no checkpoint under the run path verifies; the log lists each one skipped and why.
+"""
+
+RETURN_DOC = """
+Teardown: runs whatever happened before, also after a user marks the run failed. Lowers the training
+quota, flips the nodes this run claimed back to inference (quarantined nodes keep their quarantine),
+repays the inference replicas it borrowed and waits until inference is Ready again. It works from what
+the cluster records, so it is safe to run twice.
+
+**When it fails:** run `trainops capacity return --run <dag_id>/<run_id>` (the log shows the exact
+command) or clear this task.
+"""

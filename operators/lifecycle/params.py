@@ -1,0 +1,178 @@
+"""The trigger form of a lifecycle DAG: every param with its default and JSON schema, in one table.
+
+To change the form, edit ``PARAM_SPECS``; the Airflow UI renders it and refuses a run whose conf
+does not validate, naming the field. ``lifecycle_params(**defaults)`` hands it to ``DAG(params=...)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Param
+
+from trainops.health.policy import DEFAULT_POLICY
+from trainops.training.naming import DNS_1123_LABEL
+
+MAX_RESUMES = 10  # the training task's Airflow retries; the max_resumes param lowers it per run
+DEMO_BUCKET = "trainops-demo"
+LOCAL_IMAGE = "devcluster.trainops.io/local"  # the devcluster runs this image's command as a local process
+DEMO_COMMAND = [
+    "python",
+    "-m",
+    "trainops_devcluster.demo.trainer",
+    "--steps",
+    "200",
+    "--checkpoint-every",
+    "20",
+    "--step-seconds",
+    "0.05",
+]
+S3_RUN_PREFIX = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$"
+WORKLOAD_REF = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+def lifecycle_params(**defaults: Any) -> dict[str, Param]:
+    """The trigger-form params of a lifecycle DAG; ``defaults`` replaces default values by name."""
+    unknown = set(defaults) - set(PARAM_SPECS)
+    if unknown:
+        raise ValueError(f"lifecycle_params: unknown params {sorted(unknown)}; known: {sorted(PARAM_SPECS)}")
+    return {
+        name: Param(defaults.get(name, default), **schema) for name, (default, schema) in PARAM_SPECS.items()
+    }
+
+
+def _dns(title: str, description: str) -> dict[str, Any]:
+    return {
+        "type": "string",
+        "pattern": DNS_1123_LABEL.pattern,
+        "maxLength": 63,
+        "title": title,
+        "description": description + " (DNS-1123 label: lower-case letters, digits and '-').",
+    }
+
+
+PARAM_SPECS: dict[str, tuple[Any, dict[str, Any]]] = {
+    "run_name": (
+        "demo-run",
+        _dns("Run name", "Names the run: its checkpoints go under checkpoint_uri/run_name/"),
+    ),
+    "image": (
+        LOCAL_IMAGE,
+        {
+            "type": "string",
+            "minLength": 1,
+            "title": "Training image",
+            "description": f"Container image of the trainer. {LOCAL_IMAGE} runs the command as a local "
+            "process on the devcluster.",
+        },
+    ),
+    "command": (
+        DEMO_COMMAND,
+        {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "title": "Command",
+            "description": "The trainer's command and arguments. It gets TRAINOPS_RUN_URI and "
+            "TRAINOPS_RESUME_FROM (empty on a fresh start).",
+        },
+    ),
+    "nodes": (
+        2,
+        {
+            "type": "integer",
+            "minimum": 1,
+            "title": "Nodes",
+            "description": "How many GPU nodes the run trains on (one pod per node).",
+        },
+    ),
+    "spare_nodes": (
+        1,
+        {
+            "type": "integer",
+            "minimum": 0,
+            "title": "Spare nodes",
+            "description": "How many extra healthy nodes are claimed so a resume after a node fault has "
+            "somewhere to run.",
+        },
+    ),
+    "gpus_per_node": (
+        8,
+        {"type": "integer", "minimum": 1, "title": "GPUs per node", "description": "GPUs each pod asks for."},
+    ),
+    "kueue_queue": (
+        "training",
+        _dns("Kueue LocalQueue", "The LocalQueue in namespace 'training' to submit to"),
+    ),
+    "cluster_queue": (
+        "training",
+        _dns(
+            "Kueue ClusterQueue", "The ClusterQueue behind the LocalQueue; its GPU quota grows by the claim"
+        ),
+    ),
+    "priority_class": (
+        "training-standard",
+        _dns("Priority class", "Kueue WorkloadPriorityClass of the run"),
+    ),
+    "checkpoint_uri": (
+        f"s3://{DEMO_BUCKET}/runs/",
+        {
+            "type": "string",
+            "pattern": S3_RUN_PREFIX,
+            "title": "Checkpoint URI",
+            "description": "s3://bucket/prefix under which the run's checkpoints and heartbeat live, as "
+            "<prefix>/<run_name>/. The bucket is required.",
+        },
+    ),
+    "max_resumes": (
+        2,
+        {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": MAX_RESUMES,
+            "title": "Max resumes",
+            "description": "How many times an infrastructure failure may resume the run from its last "
+            "verified checkpoint.",
+        },
+    ),
+    "hang_timeout_s": (
+        None,
+        {
+            "type": ["null", "number"],
+            "exclusiveMinimum": 0,
+            "title": "Hang timeout (s)",
+            "description": "Seconds without progress that count as a hang. Empty: learned from the run's "
+            "own step times.",
+        },
+    ),
+    "health_wait_s": (
+        0,
+        {
+            "type": "number",
+            "minimum": 0,
+            "title": "Wait for healthy nodes (s)",
+            "description": "With too few healthy nodes, the gate waits (deferred) this long; 0 fails at once.",
+        },
+    ),
+    "inference_workloads": (
+        ["inference/llm-chat", "inference/embeddings"],
+        {
+            "type": "array",
+            "items": {"type": "string", "pattern": WORKLOAD_REF},
+            "title": "Inference workloads to borrow from",
+            "description": "namespace/name of the inference Deployments that may shrink while the run "
+            "holds their nodes; restored by the teardown.",
+        },
+    ),
+    "health_policy_overrides": (
+        {},
+        {
+            "type": "object",
+            "propertyNames": {"enum": [row.name for row in DEFAULT_POLICY.rows]},
+            "additionalProperties": {"type": "object"},
+            "title": "Health policy overrides",
+            "description": 'Policy rows to change, e.g. {"xid_warn": {"verdict": "quarantine"}} '
+            "(fields: threshold, verdict, if_unknown).",
+        },
+    ),
+}
