@@ -301,3 +301,39 @@ def test_pod_template_conflicts_are_refused_naming_the_field(template, field):
 def test_bad_multi_node_fields_name_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
         spec(**changes)
+
+
+def test_gang_training_operator_hands_its_multi_node_parameters_to_the_job():
+    from trainops.operators.training import GangTrainingOperator
+
+    def operator(**changes):
+        values = dict(
+            task_id="train",
+            image="registry.example/trainer:1",
+            command=["torchrun", "train.py"],
+            run_uri="s3://b/runs/r1/",
+            nodes=2,
+            procs_per_node=8,
+            master_port=23456,
+            shm_size="32Gi",
+            extra_resources={"rdma/rdma_shared_device_a": 1},
+            capabilities=["IPC_LOCK"],
+            node_selector={"network.example/fabric": "ib"},
+            volumes=[{"name": "data", "emptyDir": {}}],
+            volume_mounts=[{"name": "data", "mountPath": "/data"}],
+            pod_template={"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": "rdma-net"}}},
+        )
+        return GangTrainingOperator(**{**values, **changes})
+
+    job = build_job(operator().spec(), name="j", dag_id="d", run_id="r", attempt=1, resume_from=None)
+    template, container = job["spec"]["template"], trainer(job)
+    assert env_of(job)["WORLD_SIZE"]["value"] == "16" and env_of(job)["MASTER_PORT"]["value"] == "23456"
+    assert container["resources"]["limits"]["rdma/rdma_shared_device_a"] == "1"
+    assert container["securityContext"]["capabilities"]["add"] == ["IPC_LOCK"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}} in template["spec"][
+        "volumes"
+    ]
+    assert template["spec"]["nodeSelector"]["network.example/fabric"] == "ib"
+    assert template["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
+    with pytest.raises(ValueError, match=r"pod_template\.spec\.restartPolicy"):
+        operator(pod_template={"spec": {"restartPolicy": "Always"}}).spec()
