@@ -108,6 +108,7 @@ class GangRun:
                 self.log.info(
                     "reattaching to Job %s of attempt %d: it is still running", live.job, live.number
                 )
+                self.cluster.create_service(build_service(self.spec, job))  # gone if a try died mid-submit
                 return live, True
             if job is None and live.phase == SUBMITTING:
                 self.log.info(
