@@ -1,8 +1,10 @@
-"""``PrometheusHook``: the fleet's dcgm-exporter metrics through Prometheus, from an Airflow ``http`` connection.
+"""``PrometheusHook``: the fleet's dcgm-exporter metrics through Prometheus, from a ``trainops_prometheus`` connection.
 
-The http provider's ``HttpHook`` reads the connection (host, schema, port, login/password, extra
-headers) into a ``requests`` session; this hook hands that session to the Airflow-free
-:class:`~trainops.health.prometheus.PrometheusClient`, which the health gate queries.
+The connection type has its own form in the Airflow UI (declared in ``trainops.provider``): the
+Prometheus URL, basic auth, extra HTTP headers as JSON (e.g. a bearer token), TLS verification and
+a query timeout.  The http provider's ``HttpHook`` reads it into a ``requests`` session; this hook
+hands that session to the Airflow-free :class:`~trainops.health.prometheus.PrometheusClient`,
+which the health gate queries.
 """
 
 from __future__ import annotations
@@ -11,19 +13,27 @@ from airflow.providers.http.hooks.http import HttpHook
 
 from trainops.health.prometheus import PrometheusClient
 
+DEFAULT_TIMEOUT_S = 30.0
+
 
 class PrometheusHook(HttpHook):
-    """Connection type ``http``: host (and port/schema) of the Prometheus server, auth as ``HttpHook``."""
+    """Queries a Prometheus server; ``client()`` is what the health gate uses.
+
+    :param prometheus_conn_id: the ``trainops_prometheus`` connection (an ``http`` one works too).
+    :param timeout_s: seconds each query may take; default: the connection's ``timeout``, else 30.
+    """
 
     conn_name_attr = "prometheus_conn_id"
     default_conn_name = "prometheus_default"
+    conn_type = "trainops_prometheus"
     hook_name = "Prometheus (trainops)"
 
-    def __init__(self, prometheus_conn_id: str = default_conn_name, timeout_s: float = 30.0) -> None:
+    def __init__(self, prometheus_conn_id: str = default_conn_name, timeout_s: float | None = None) -> None:
         super().__init__(method="GET", http_conn_id=prometheus_conn_id)
         self.timeout_s = timeout_s
 
     def client(self) -> PrometheusClient:
-        """A query client on the connection's base URL, with its authentication and headers."""
+        """A query client on the connection's base URL, with its authentication, headers and TLS settings."""
         session = self.get_conn()
-        return PrometheusClient(self.base_url, session=session, timeout=self.timeout_s)
+        timeout = self.timeout_s or self.merged_extra.get("timeout") or DEFAULT_TIMEOUT_S
+        return PrometheusClient(self.base_url, session=session, timeout=float(timeout))
