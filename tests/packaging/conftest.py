@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -16,8 +17,12 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     top = tmp_path_factory.mktemp("packaging")
     clone, dist = top / "clone", top / "dist"
     run(["git", "clone", "--quiet", str(REPO), str(clone)])
-    for project in PROJECTS.values():
-        run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(clone / project)])
+    with ThreadPoolExecutor(len(PROJECTS)) as pool:  # each build mostly waits for its build environment
+        commands = [
+            [sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(clone / project)]
+            for project in PROJECTS.values()
+        ]
+        list(pool.map(run, commands))
     wheels = {}
     for name in PROJECTS:
         (path,) = dist.glob(f"{name.replace('-', '_')}-*.whl")
