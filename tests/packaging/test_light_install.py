@@ -3,14 +3,20 @@ in training images, brings no Airflow and still runs the probe, the CLI and the 
 
 from __future__ import annotations
 
+import ast
+
 from tests.packaging.installs import Build, Venv, airflow_distributions, import_every_module, wheel_modules
 
 CORE_AREAS = ("probe", "health", "checkpoints", "capacity")
+TORCH_EXAMPLE = "examples/torch_trainer/train.py"
 
 
 def test_installs_no_airflow(light_install: Venv) -> None:
-    assert "trainops-core" in light_install.distributions()
+    installed = light_install.distributions()
+    assert "trainops-core" in installed
     assert airflow_distributions(light_install) == []
+    # Nothing that a training stack pins for itself.
+    assert installed & {"torch", "numpy", "protobuf"} == set()
 
 
 def test_full_install_still_gives_everything(full_install: Venv) -> None:
@@ -41,3 +47,14 @@ def test_every_core_module_imports_without_airflow(build: Build, light_install: 
     assert result["failed"] == {}
     assert result["airflow"] == []
     assert set(result["modules"]) == wheel_modules(build.wheels["trainops-core"]) - {"trainops"}
+
+
+def test_torch_example_needs_only_the_light_install(build: Build, light_install: Venv) -> None:
+    tree = ast.parse((build.clone / TORCH_EXAMPLE).read_text())
+    imports = [
+        f"from {node.module} import {', '.join(alias.name for alias in node.names)}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "trainops"
+    ]
+    assert imports, f"{TORCH_EXAMPLE} no longer imports the trainops helper"
+    light_install.run("python", "-c", "; ".join(imports))
