@@ -17,6 +17,12 @@ class CheckpointVerifyOperator(BaseOperator):
     why.  Fails when the checkpoint, or every checkpoint under the run, does not verify.  Each Asset
     in ``outlets`` gets an event whose extra holds the checkpoint's ``uri``, ``step``, ``format`` and
     the ``dag_run`` (``<dag_id>/<run_id>``), for evaluation or serving DAGs.
+
+    :param uri: one checkpoint to verify (``s3://bucket/runs/<run>/step-<N>/``). Templated.
+    :param run_uri: a run path (``s3://bucket/runs/<run>/``): find its newest checkpoint that verifies. Templated.
+    :param level: how deep to check: ``structural`` (the listing), ``metadata`` (default: also the small
+        metadata objects, sizes and ETags; no request per shard) or ``deep`` (re-reads every object). Templated.
+    :param aws_conn_id: Airflow ``aws`` connection of the S3 store (endpoint, credentials, region).
     """
 
     template_fields: Sequence[str] = ("uri", "run_uri", "level")

@@ -31,6 +31,24 @@ LEDGER_KEY = "trainops.gang_training"
 class GangTrainingOperator(BaseOperator):
     """Run ``command`` in ``image`` on ``nodes`` GPU nodes as one Kueue gang, resuming after crashes.
 
+    :param image: the trainer's container image. Templated.
+    :param command: the trainer's command (a list of strings). Templated.
+    :param nodes: how many nodes the run trains on: one pod per node, started together as one gang. Templated.
+    :param gpus_per_node: GPUs each pod asks for (``nvidia.com/gpu``). Templated.
+    :param args: arguments after ``command``. Templated.
+    :param env: more environment variables for the trainer (``TRAINOPS_*`` are set by trainops). Templated.
+    :param namespace: namespace of the Job (and of ``local_queue``).
+    :param priority_class: the Kueue WorkloadPriorityClass of the run (preemption order). Templated.
+    :param cpu: CPU request of each pod, e.g. ``"32"`` (None: none set).
+    :param memory: memory request of each pod, e.g. ``"512Gi"`` (None: none set).
+    :param termination_grace_seconds: seconds a stopped pod gets to save and exit before it is killed.
+    :param heartbeat_poll: seconds between reads of the run's heartbeat while it trains.
+    :param fail_fast_on_user_error: a failure with no infrastructure evidence fails the task at once (no
+        resume used); False retries it like an infrastructure failure.
+    :param quarantine_culprits: quarantine (taint, label, evidence) the nodes blamed for a failure.
+    :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
+    :param retries: Airflow retries of this task, each one a resume (see ``max_resumes``).
+    :param retry_delay: wait before a resume; keep it short (seconds or a ``timedelta``).
     :param run_uri: the run path in S3 (``s3://bucket/runs/<run>/``): checkpoints and heartbeat.
     :param local_queue: the Kueue LocalQueue in ``namespace`` (``queue`` is Airflow's executor queue).
     :param node_names: run only on these nodes (e.g. the claim task's XCom); default: the GPU pool.

@@ -18,6 +18,16 @@ class CheckpointSensor(BaseSensorOperator):
 
     With ``deferrable=True`` it waits in the triggerer (no worker slot).  XCom: the checkpoint's
     ``uri``, ``step``, ``format``, ``level``, ``bytes``, ``files``.
+
+    :param run_uri: the run path (``s3://bucket/runs/<run>/``) whose checkpoints are watched. Templated.
+    :param newer_than_step: succeed once a verified checkpoint has a step above this. Templated.
+    :param max_age: succeed once a verified checkpoint was written within this long (a freshness alarm
+        when it times out).
+    :param level: how deep to check: ``structural`` (the listing), ``metadata`` (default: also the small
+        metadata objects, sizes and ETags; no request per shard) or ``deep`` (re-reads every object). Templated.
+    :param aws_conn_id: Airflow ``aws`` connection of the S3 store (endpoint, credentials, region).
+    :param deferrable: wait in the triggerer between checks instead of holding a worker slot (default:
+        ``[operators] default_deferrable``).
     """
 
     template_fields: Sequence[str] = ("run_uri", "newer_than_step", "level")

@@ -32,6 +32,7 @@ class _SideHealthSensor(BaseSensorOperator):
     :param prometheus_conn_id: ``http`` connection of Prometheus (optional).
     :param on_prometheus_unavailable: ``fail`` or ``probe-only``.
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
+    :param deferrable: wait in the triggerer between checks instead of holding a worker slot (default).
     """
 
     side = "all"
