@@ -1,7 +1,8 @@
 """Benchmark: the health gate over 4,096 devcluster nodes against the floor of reading its inputs.
 
 The floor is what any gate must at least do: one paginated list of the candidate nodes (with
-their published reports) plus one Prometheus query per dcgm-exporter metric, fetched and decoded.
+their published reports) plus one query per dcgm-exporter metric to the devcluster's real
+Prometheus (scraping every node's exporter at the real 15 s interval), fetched and decoded.
 The gate adds parsing the reports, merging in the metrics, the policy, stragglers and tiers.
 Both run against the same devcluster in the same process, alternately; the best of each counts.
 Prints ``bench health_gate: ... ratio=<gate/floor> target<=1.5 PASS|FAIL``; exits 1 on FAIL.
@@ -14,6 +15,7 @@ import time
 
 from kubernetes import client, config
 from trainops_devcluster.cluster import DevCluster
+from trainops_devcluster.prometheus import REAL_SCRAPE_INTERVAL_S
 
 from trainops.health.gate import GateConfig, list_nodes_paginated, run_gate
 from trainops.health.policy import load_policy
@@ -33,11 +35,19 @@ def floor(core_v1, prometheus: PrometheusClient) -> int:
 
 
 def main() -> int:
-    with DevCluster(nodes=NODES, inference=[], probe_interval_s=3600) as cluster:
+    with DevCluster(
+        nodes=NODES,
+        inference=[],
+        probe_interval_s=3600,
+        prometheus=True,
+        scrape_interval_s=REAL_SCRAPE_INTERVAL_S,
+    ) as cluster:
         cluster.probe_daemon.wait_rounds(1, timeout=1800)  # every node has published its report
+        cluster.wait_until_scraped(timeout=1800)  # twice: increase() needs two samples
+        cluster.wait_until_scraped(timeout=1800)
         api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         core_v1 = client.CoreV1Api(api_client)
-        prometheus = PrometheusClient(f"{cluster.url}/devcluster/prometheus", timeout=600)
+        prometheus = PrometheusClient(cluster.prometheus_url, timeout=600)
         # Reports are published once, at setup; on a busy machine setup plus the rounds outlast the
         # policy's 300 s staleness bound, which would make every node unknown (and the gate cheaper).
         fresh = load_policy({"report_age": {"threshold": 24 * 3600}})

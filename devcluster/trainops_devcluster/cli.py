@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import signal
 import sys
 import threading
 from pathlib import Path
+
+from trainops_devcluster.prometheus import REAL_SCRAPE_INTERVAL_S
 
 FAULT_OPTIONS = {
     "--exit-code": int,
@@ -41,6 +44,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--kubeconfig", type=Path, default=Path("devcluster.kubeconfig"), help="kubeconfig to write"
     )
     up.add_argument("--seed", type=int, default=0, help="seed for the simulated telemetry")
+    up.add_argument(
+        "--log-file", type=Path, help="the devcluster's log (default: devcluster.log beside the kubeconfig)"
+    )
+    up.add_argument(
+        "--no-prometheus", action="store_true", help="do not start Prometheus (Debian's prometheus binary)"
+    )
+    up.add_argument(
+        "--prometheus-port", type=int, default=0, help="Prometheus port; 0 picks a free one (default)"
+    )
+    up.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=REAL_SCRAPE_INTERVAL_S,
+        help=f"Prometheus scrape interval in seconds (default {REAL_SCRAPE_INTERVAL_S:g})",
+    )
     up.set_defaults(func=run_up)
 
     inject = commands.add_parser(
@@ -61,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run_up(args: argparse.Namespace) -> int:
     from trainops_devcluster.cluster import DevCluster
+    from trainops_devcluster.prometheus import PrometheusUnavailable
 
     try:
         cluster = DevCluster(
@@ -71,19 +90,36 @@ def run_up(args: argparse.Namespace) -> int:
             kubeconfig=args.kubeconfig.resolve(),
             seed=args.seed,
             system_nodes=args.system_nodes,
+            prometheus=not args.no_prometheus,
+            scrape_interval_s=args.scrape_interval,
+            prometheus_port=args.prometheus_port,
         )
     except ValueError as error:
         print(f"trainops devcluster up: {error}", file=sys.stderr)
         return 2
+    log_file = (args.log_file or args.kubeconfig.resolve().with_name("devcluster.log")).resolve()
+    logging.basicConfig(
+        filename=log_file, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    with cluster:
+    try:
+        cluster.start()
+    except PrometheusUnavailable as error:
+        print(f"trainops devcluster up: {error}", file=sys.stderr)
+        return 1
+    try:
         print(f"devcluster API listening on {cluster.url}", flush=True)
         print(f"kubeconfig written to {cluster.kubeconfig}", flush=True)
-        try:
-            stop.wait()
-        except KeyboardInterrupt:
-            pass
+        print(f"devcluster log: {log_file}", flush=True)
+        if cluster.prometheus_url:
+            print(f"prometheus: {cluster.prometheus_url}", flush=True)
+            print(f"prometheus log: {cluster.prometheus.log_file}", flush=True)
+        stop.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
     return 0
 
 

@@ -3,8 +3,8 @@
 It wires the object store, the API server, the simulated controllers (scheduler, kubelet,
 Job, Deployment, disruption, node lifecycle, Kueue) and per-node GPU telemetry, seeds the
 objects of ``topology``, writes a kubeconfig, and serves the devcluster-only endpoints under
-``/devcluster/``: fault injection, the audit log, dcgm-exporter metrics per node and a
-Prometheus-style query API for the fleet.
+``/devcluster/``: fault injection, the audit log and dcgm-exporter metrics per node.  With
+``prometheus=True`` a real Prometheus scrapes those exporters (``prometheus_url``).
 
     with DevCluster(nodes=16) as cluster:
         kubernetes.config.load_kube_config(str(cluster.kubeconfig))
@@ -27,9 +27,10 @@ from trainops_devcluster.controllers import start_controllers
 from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admission
 from trainops_devcluster.logs import PodLogs
 from trainops_devcluster.probe_daemon import ProbeDaemon
+from trainops_devcluster.prometheus import Prometheus, ScrapeTargets
 from trainops_devcluster.server import ApiServer
 from trainops_devcluster.store import Store
-from trainops_devcluster.telemetry import NodeTelemetry, prometheus_query, render_dcgm
+from trainops_devcluster.telemetry import NodeTelemetry, render_dcgm
 
 TOKEN = "devcluster-admin-token"
 
@@ -55,6 +56,9 @@ class DevCluster:
         kueue_config: KueueConfig | None = None,
         probe_interval_s: float = 1.0,
         system_nodes: int = 2,
+        prometheus: bool = False,
+        scrape_interval_s: float = 1.0,
+        prometheus_port: int = 0,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("nodes and gpus_per_node must be at least 1")
@@ -90,6 +94,18 @@ class DevCluster:
         self._controllers = None
         self._kueue = None
         self.probe_daemon = ProbeDaemon(self.store, self.telemetry, interval_s=probe_interval_s)
+        self._prometheus_dir = (
+            tempfile.TemporaryDirectory(prefix="devcluster-prometheus-") if prometheus else None
+        )
+        self.prometheus = (
+            Prometheus(
+                Path(self._prometheus_dir.name), scrape_interval_s=scrape_interval_s, port=prometheus_port
+            )
+            if self._prometheus_dir
+            else None
+        )
+        self.prometheus_url = ""
+        self._scrape_targets: ScrapeTargets | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> DevCluster:
@@ -101,9 +117,50 @@ class DevCluster:
         self.probe_daemon.start()
         self.url = self.server.start()
         self.write_kubeconfig(self.kubeconfig)
+        if self.prometheus is not None:
+            try:
+                self._start_prometheus()
+            except BaseException:
+                self.stop()
+                raise
         return self
 
+    def _start_prometheus(self) -> None:
+        hostport = self.url.removeprefix("http://")
+        self._scrape_targets = ScrapeTargets(self.store, self.prometheus, hostport, self.telemetry)
+        self._scrape_targets.start()
+        self._scrape_targets.mark("nodes")  # the first targets file, before Prometheus reads it
+        deadline = time.monotonic() + 10
+        while not self.prometheus.targets_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.prometheus_url = self.prometheus.start()
+
+    def wait_until_scraped(self, timeout: float = 120.0) -> None:
+        """Block until Prometheus has scraped every exporting node once since now (or TimeoutError)."""
+        import requests
+
+        exporting = sum(1 for t in self.telemetry.values() if not t.missing)
+        since = time.time()
+        up = 'up{job="dcgm-exporter"}'
+        query = f"count((timestamp({up}) > {since:.3f}) and ({up} == 1))"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            body = requests.get(
+                f"{self.prometheus_url}/api/v1/query", params={"query": query}, timeout=10
+            ).json()
+            result = body["data"]["result"]
+            if result and int(float(result[0]["value"][1])) >= exporting:
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"Prometheus did not scrape all {exporting} exporters within {timeout:g}s")
+
     def stop(self) -> None:
+        if self.prometheus is not None:
+            self.prometheus.stop()
+        if self._scrape_targets:
+            self._scrape_targets.stop()
+        if self._prometheus_dir:
+            self._prometheus_dir.cleanup()
         self.server.stop()
         self.probe_daemon.stop()
         if self._kueue:
@@ -236,19 +293,9 @@ class DevCluster:
                 if parts[1] not in self.telemetry:
                     return _json(404, {"error": f"no node {parts[1]!r}"})
                 return 200, "text/plain; version=0.0.4", render_dcgm(self.telemetry[parts[1]]).encode()
-            if method == "GET" and parts == ["prometheus", "api", "v1", "query"]:
-                promql, at = _first(query.get("query")), _first(query.get("time"))
-                answer = prometheus_query(
-                    self.telemetry, promql or "", time.time() if at is None else float(at)
-                )
-                return _json(200 if answer["status"] == "success" else 400, answer)
         except (FaultError, ValueError, KeyError) as error:
             return _json(400, {"error": str(error)})
         return _json(404, {"error": f"no devcluster endpoint {method} {path}"})
-
-
-def _first(value):
-    return value[0] if isinstance(value, list) else value
 
 
 def _json(status: int, payload: dict) -> tuple[int, str, bytes]:

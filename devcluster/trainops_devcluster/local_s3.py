@@ -1,14 +1,18 @@
 """A real local S3 server (moto's server mode) on a free loopback port, for tests, benchmarks and the demo.
 
 moto is a test/demo extra (`pip install airflow-provider-trainops[test]`); it is imported only here.
+Its request log (werkzeug's) goes to a file, never to the terminal.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 ACCESS_KEY = "trainops-test"
 SECRET_KEY = "trainops-test-secret"
@@ -64,9 +68,16 @@ class LocalS3:
 
 
 @contextlib.contextmanager
-def local_s3() -> Iterator[LocalS3]:
+def local_s3(log_file: Path | None = None) -> Iterator[LocalS3]:
+    """Run the server; its request log is appended to ``log_file`` (default: ``local-s3.log`` in the
+    temporary directory)."""
     from moto.server import ThreadedMotoServer
 
+    requests_log = logging.getLogger("werkzeug")  # moto serves through werkzeug, which logs each request
+    handler = logging.FileHandler(log_file or Path(tempfile.gettempdir()) / "local-s3.log")
+    requests_log.addHandler(handler)
+    requests_log.setLevel(logging.INFO)
+    requests_log.propagate = False
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -74,3 +85,5 @@ def local_s3() -> Iterator[LocalS3]:
         yield LocalS3(f"http://127.0.0.1:{port}")
     finally:
         server.stop()
+        requests_log.removeHandler(handler)
+        handler.close()

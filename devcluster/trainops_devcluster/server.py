@@ -818,7 +818,7 @@ class _HttpServer(ThreadingHTTPServer):
     def handle_error(self, request, client_address) -> None:
         if isinstance(sys.exc_info()[1], ConnectionError):
             return  # a client that went away is not a server error
-        super().handle_error(request, client_address)
+        log.exception("connection from %s failed", client_address)  # to the log, not the terminal
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -3,7 +3,7 @@
 One :class:`NodeTelemetry` per node holds HGX-H100-like state. It is served through the same
 interfaces production reads: :class:`FakeNvml` (a pynvml-like module for the node probe),
 :class:`TelemetryIbReader` (the InfiniBand reader interface), :func:`render_dcgm` (one node's
-dcgm-exporter ``/metrics`` text) and :func:`prometheus_query` (the fleet's ``/api/v1/query``).
+dcgm-exporter ``/metrics`` text, which the devcluster's real Prometheus scrapes).
 State changes and reads take the node's lock, so a server thread and a controller thread can
 share a node.
 """
@@ -11,17 +11,16 @@ share a node.
 from __future__ import annotations
 
 import random
-import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 from trainops.health.ib_reader import IbUnavailable, port_signals
-from trainops.health.prometheus import GAUGES, XID_COUNT, XID_LAST
+from trainops.health.prometheus import XID_COUNT, XID_LAST
 from trainops.health.report import Signal, Signals
 
 MODEL = "NVIDIA H100 80GB HBM3"
@@ -39,8 +38,6 @@ IB_COUNTERS = (
     "port_rcv_remote_physical_errors",
 )
 PCI_BUS_IDS = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")
-SCRAPE_INTERVAL_S = 15.0
-LOOKBACK_S = 300.0  # Prometheus drops series whose last sample is older than this
 XID_WINDOW_S = 300.0  # dcgm-exporter's default --xid-count-window-size
 GPU_IDLE, HW_SLOWDOWN = 0x1, 0x8
 GPU_COUNTERS = ("nvlink_replay", "nvlink_recovery", "nvlink_crc_flit", "nvlink_crc_data", "pcie_replay")
@@ -106,6 +103,7 @@ class NodeTelemetry:
         self.missing = False
         self.training_active = False
         self.stale_since: float | None = None
+        self.disabled_metrics: set[str] = set()  # not in the exporter's counters CSV
         self.boot_id = 0  # bumped by repair(): a node probe restarts (and re-opens NVML) after a reboot
 
     @classmethod
@@ -185,7 +183,7 @@ class NodeTelemetry:
             self._gpu(gpu).recovery_action = int(action)
 
     def set_stale(self, since: float | None) -> None:
-        """The exporter stopped being scraped at ``since`` (None: scraped normally again)."""
+        """The exporter serves the values it read at ``since``, stamped with that time (None: fresh again)."""
         with self.lock:
             self.stale_since = since
 
@@ -554,110 +552,25 @@ def _series(telemetry: NodeTelemetry, now: float) -> list[tuple[str, dict[str, s
 
 
 def render_dcgm(telemetry: NodeTelemetry) -> str:
-    """One node's dcgm-exporter ``/metrics`` text (empty while the node's telemetry is missing)."""
+    """One node's dcgm-exporter ``/metrics`` text (empty while the node's telemetry is missing; the
+    values read at ``stale_since``, stamped with that time, while the exporter is stale)."""
+    with telemetry.lock:
+        stale_since, disabled = telemetry.stale_since, set(telemetry.disabled_metrics)
+    at = telemetry.clock() if stale_since is None else stale_since
+    stamp = "" if stale_since is None else f" {int(stale_since * 1000)}"
     lines: list[str] = []
     seen: set[str] = set()
-    for metric, labels, value in sorted(_series(telemetry, telemetry.clock()), key=lambda s: s[0]):
+    for metric, labels, value in sorted(_series(telemetry, at), key=lambda s: s[0]):
+        if metric in disabled:
+            continue
         if metric not in seen:
             seen.add(metric)
             lines += [f"# HELP {metric} {metric} (trainops devcluster).", f"# TYPE {metric} gauge"]
         rendered = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        lines.append(f"{metric}{{{rendered}}} {_number(value)}")
+        lines.append(f"{metric}{{{rendered}}} {_number(value)}{stamp}")
     return "\n".join(lines) + ("\n" if lines else "")
-
-
-_FUNCTION = re.compile(r"^(timestamp|increase)\((.*)\)$", re.S)
-_RANGE = re.compile(r"^(.*)\[(\d+)([smh])\]$", re.S)
-_SELECTOR = re.compile(r"^([A-Za-z_:][\w:]*)?\s*(?:\{(.*)\})?$", re.S)
-_MATCHER = re.compile(r'\s*(\w+)\s*(=~|!=|=)\s*"([^"]*)"\s*(?:,|$)')
-_UNITS = {"s": 1, "m": 60, "h": 3600}
-
-
-def prometheus_query(fleet: Mapping[str, NodeTelemetry], query: str, now: float) -> dict[str, Any]:
-    """The JSON body Prometheus's ``/api/v1/query`` gives for an instant ``query`` at ``now``.
-
-    Understands ``NAME``, ``NAME{label="v",other=~"a|b"}``, ``{__name__=~"A|B"}``,
-    ``timestamp(SELECTOR)`` and ``increase(SELECTOR[5m])``. A body with ``"status": "error"``
-    should be served with HTTP 400, as Prometheus does.
-    """
-    query = query.strip()
-    function, window = None, 0.0
-    if match := _FUNCTION.match(query):
-        function, query = match.group(1), match.group(2).strip()
-        if function == "increase":
-            if not (ranged := _RANGE.match(query)):
-                return _error(f"increase() needs a range selector like NAME[5m], got {query!r}")
-            query, window = ranged.group(1).strip(), float(ranged.group(2)) * _UNITS[ranged.group(3)]
-    selector = _SELECTOR.match(query)
-    if not selector or not (selector.group(1) or selector.group(2)):
-        return _error(f"cannot parse selector {query!r}")
-    matchers = _parse_matchers(selector.group(2) or "")
-    if matchers is None:
-        return _error(f"cannot parse label matchers in {query!r}")
-    if selector.group(1):
-        matchers.append(("__name__", "=", selector.group(1)))
-
-    result = []
-    for telemetry in fleet.values():
-        sampled_at = _sample_time(telemetry, now)
-        if sampled_at is None:
-            continue
-        for metric, labels, value in _series(telemetry, sampled_at):
-            full = {"__name__": metric, **labels}
-            if not all(_matches(full.get(name, ""), op, want) for name, op, want in matchers):
-                continue
-            if function == "timestamp":
-                value = sampled_at
-            elif function == "increase":
-                value = _increase(telemetry, metric, labels["gpu"], sampled_at - window)
-            shown = labels if function else full
-            result.append({"metric": shown, "value": [now, _number(value)]})
-    return {"status": "success", "data": {"resultType": "vector", "result": result}}
-
-
-def _sample_time(telemetry: NodeTelemetry, now: float) -> float | None:
-    """When Prometheus last scraped the node, or None once that is beyond its lookback."""
-    with telemetry.lock:
-        stale_since = telemetry.stale_since
-    last = (now // SCRAPE_INTERVAL_S) * SCRAPE_INTERVAL_S if stale_since is None else min(stale_since, now)
-    return None if now - last > LOOKBACK_S else last
-
-
-# dcgm-exporter counter metric -> GpuState counter name ("counter_nvlink_replay" -> "nvlink_replay")
-_COUNTER_METRICS = {m: s.removeprefix("counter_") for m, (s, _) in GAUGES.items() if s.startswith("counter_")}
-
-
-def _increase(telemetry: NodeTelemetry, metric: str, gpu: str, since: float) -> float:
-    """Counter growth since ``since``; gauges (not counters) grow by 0 here."""
-    if metric not in _COUNTER_METRICS:
-        return 0.0
-    with telemetry.lock:
-        return float(telemetry.gpus[int(gpu)].increase(_COUNTER_METRICS[metric], since))
-
-
-def _parse_matchers(body: str) -> list[tuple[str, str, str]] | None:
-    matchers, position = [], 0
-    while position < len(body.strip()):
-        match = _MATCHER.match(body, position)
-        if not match:
-            return None
-        matchers.append(match.groups())
-        position = match.end()
-    return matchers
-
-
-def _matches(value: str, op: str, want: str) -> bool:
-    if op == "=":
-        return value == want
-    if op == "!=":
-        return value != want
-    return re.fullmatch(want, value) is not None
 
 
 def _number(value: float) -> str:
     """A sample value as Prometheus writes it: shortest exact form, integers without a fraction."""
     return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def _error(message: str) -> dict[str, Any]:
-    return {"status": "error", "errorType": "bad_data", "error": message}

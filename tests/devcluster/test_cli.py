@@ -6,6 +6,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
@@ -17,19 +18,38 @@ TRAINOPS = [sys.executable, "-m", "trainops.cli"]
 def running(tmp_path):
     kubeconfig = tmp_path / "kubeconfig"
     server = subprocess.Popen(
-        [*TRAINOPS, "devcluster", "up", "--nodes", "4", "--port", "0", "--kubeconfig", str(kubeconfig)],
+        [
+            *TRAINOPS,
+            "devcluster",
+            "up",
+            "--nodes",
+            "4",
+            "--scrape-interval",
+            "1",
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
-    first = server.stdout.readline()
-    assert first.startswith("devcluster API listening on http://127.0.0.1:"), first
-    yield first.rsplit(" ", 1)[1].strip(), kubeconfig
+    lines = [server.stdout.readline() for _ in range(5)]
+    assert lines[0].startswith("devcluster API listening on http://127.0.0.1:"), lines
+    assert lines[2] == f"devcluster log: {tmp_path / 'devcluster.log'}\n", lines
+    assert lines[3].startswith("prometheus: http://127.0.0.1:"), lines
+    yield {
+        "url": lines[0].rsplit(" ", 1)[1].strip(),
+        "kubeconfig": kubeconfig,
+        "prometheus": lines[3].split()[1],
+    }
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=30) == 0
+    terminal = server.stderr.read() + server.stdout.read()
+    assert "HTTP/1.1" not in terminal and "level=" not in terminal  # no request or Prometheus log lines
 
 
 def test_up_serves_kubectl_and_inject_reaches_the_node_telemetry(running):
-    url, kubeconfig = running
+    url, kubeconfig = running["url"], running["kubeconfig"]
     nodes = subprocess.run(
         ["kubectl", "--kubeconfig", str(kubeconfig), "get", "nodes", "-o", "name"],
         capture_output=True,
@@ -61,8 +81,23 @@ def test_up_serves_kubectl_and_inject_reaches_the_node_telemetry(running):
     )
 
 
+def test_up_starts_a_real_prometheus_scraping_the_nodes_quietly(running):
+    build = requests.get(f"{running['prometheus']}/api/v1/status/buildinfo", timeout=10).json()
+    assert build["status"] == "success" and build["data"]["version"].startswith("2.")
+    query = f"{running['prometheus']}/api/v1/query"
+    deadline = time.monotonic() + 60
+    nodes: list[str] = []
+    while sorted(nodes) != [f"gpu-node-00{i}" for i in range(4)] and time.monotonic() < deadline:
+        time.sleep(0.5)
+        body = requests.get(
+            query, params={"query": "count by (Hostname) (DCGM_FI_DEV_GPU_TEMP)"}, timeout=10
+        ).json()
+        nodes = [r["metric"]["Hostname"] for r in body["data"]["result"]]
+    assert sorted(nodes) == [f"gpu-node-00{i}" for i in range(4)]
+
+
 def test_inject_names_the_known_faults_when_given_an_unknown_one(running):
-    _, kubeconfig = running
+    kubeconfig = running["kubeconfig"]
     result = subprocess.run(
         [*TRAINOPS, "devcluster", "inject", "--kubeconfig", str(kubeconfig), "meteor", "gpu-node-001"],
         capture_output=True,

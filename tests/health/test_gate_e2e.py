@@ -26,7 +26,7 @@ WRITES = ("create", "update", "patch", "delete")
 @pytest.fixture
 def cluster(monkeypatch):
     """12 nodes; D's telemetry is missing from the start, then A, B and C get their faults."""
-    cluster = DevCluster(nodes=12, gpus_per_node=8)
+    cluster = DevCluster(nodes=12, gpus_per_node=8, prometheus=True)
     cluster.telemetry[D].set_missing()
     with cluster:
         cluster.wait_until_settled()
@@ -34,10 +34,11 @@ def cluster(monkeypatch):
         cluster.inject("ib-down", B)
         cluster.inject("slow-gpu", C, factor=0.7)
         cluster.probe_daemon.wait_rounds(2)
+        cluster.wait_until_scraped()
         monkeypatch.setenv(
             "AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(cluster.kubeconfig)
         )
-        prometheus = {"conn_type": "http", "host": f"{cluster.url}/devcluster/prometheus"}
+        prometheus = {"conn_type": "http", "host": cluster.prometheus_url}
         monkeypatch.setenv("AIRFLOW_CONN_PROMETHEUS", json.dumps(prometheus))
         yield cluster
 
@@ -65,7 +66,7 @@ def assert_quarantined(core_v1, name: str, rows: set[str]) -> None:
 
 
 def test_gate_quarantines_a_and_b_keeps_c_out_excludes_d_and_returns_the_rest(cluster, core_v1):
-    prometheus = PrometheusClient(f"{cluster.url}/devcluster/prometheus")
+    prometheus = PrometheusClient(cluster.prometheus_url)
     result = run_gate(core_v1, GateConfig(min_nodes=6), prometheus=prometheus)
     verdicts = {n.name: n for n in result.nodes}
     healthy = sorted(set(cluster.telemetry) - {A, B, C, D})

@@ -1,13 +1,15 @@
-"""Prometheus in the gate: fleet-wide queries from the devcluster, and never a silent pass when it is down."""
+"""Prometheus in the gate: fleet-wide queries to the devcluster's real Prometheus, and never a silent
+pass when it is down."""
 
 from __future__ import annotations
 
 import json
 import socket
+import time
 
 import pytest
 import requests
-from kubernetes import client
+from kubernetes import client, config
 from trainops_devcluster.airflow_home import xcom_value
 
 from trainops.cli import main
@@ -31,16 +33,27 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-def test_prometheus_fills_what_the_probe_lacks_with_a_few_fleet_queries(devcluster, core_v1):
-    devcluster.probe_daemon.wait_rounds(2)
-    prometheus = PrometheusClient(f"{devcluster.url}/devcluster/prometheus")
-    devcluster.server.audit.clear()
-    result = run_gate(core_v1, GateConfig(speed_tiers=False), prometheus=prometheus)
+@pytest.fixture
+def scraped(make_devcluster):
+    """The 16-node devcluster with Prometheus, once every exporter has been scraped twice."""
+    cluster = make_devcluster(prometheus=True)
+    cluster.wait_until_scraped()
+    cluster.wait_until_scraped()
+    return cluster
+
+
+def test_prometheus_fills_what_the_probe_lacks_with_a_few_fleet_queries(scraped):
+    scraped.probe_daemon.wait_rounds(2)
+    prometheus = PrometheusClient(scraped.prometheus_url)
+    before = len(scraped.prometheus.query_log.read_text().splitlines())
+    api_client = config.new_client_from_config(config_file=str(scraped.kubeconfig))
+    result = run_gate(client.CoreV1Api(api_client), GateConfig(speed_tiers=False), prometheus=prometheus)
+    api_client.close()
     assert result.sources == ["probe", "prometheus"] and len(result.selected) == 16
     report = result.nodes[0].report
     assert report.gpus["0"]["tensor_active"].known  # only dcgm-exporter has it
-    queries = [e for e in devcluster.server.audit.entries() if "/devcluster/prometheus" in e["path"]]
-    assert 0 < len(queries) <= 8  # for 16 nodes, as for 4,096
+    queries = len(scraped.prometheus.query_log.read_text().splitlines()) - before
+    assert 0 < queries <= 8  # for 16 nodes, as for 4,096
 
 
 def test_unreachable_prometheus_fails_the_gate_with_a_clear_error(devcluster, core_v1, dead_url, capsys):
@@ -69,14 +82,17 @@ def test_probe_only_gates_on_the_probe_reports_and_says_so(devcluster, core_v1, 
     assert out["warnings"][0].startswith("Prometheus unavailable") and "gpu-node-007" not in out["selected"]
 
 
-def test_devcluster_prometheus_honours_time_and_answers_400_on_errors(devcluster):
-    url = f"{devcluster.url}/devcluster/prometheus/api/v1/query"
-    at = 1_700_000_000.0
+def test_devcluster_prometheus_is_real_honours_time_and_answers_400_on_errors(scraped):
+    build = requests.get(f"{scraped.prometheus_url}/api/v1/status/buildinfo", timeout=10).json()
+    assert build["data"]["version"].startswith("2.")
+    url = f"{scraped.prometheus_url}/api/v1/query"
+    at = time.time() - 0.5
     body = requests.get(
         url, params={"query": "timestamp(DCGM_FI_DEV_GPU_TEMP)", "time": at}, timeout=10
     ).json()
     samples = body["data"]["result"]
-    assert samples and all(s["value"][0] == at and float(s["value"][1]) <= at for s in samples)
+    assert len(samples) == 16 * 8
+    assert all(s["value"][0] == pytest.approx(at) and float(s["value"][1]) <= at for s in samples)
     bad = requests.get(url, params={"query": "increase(DCGM_FI_DEV_GPU_TEMP)"}, timeout=10)
     assert bad.status_code == 400 and bad.json()["errorType"] == "bad_data"
 

@@ -1,155 +1,165 @@
-"""Fleet signals from the devcluster's Prometheus answers, over real HTTP with requests."""
+"""Fleet signals from a real Prometheus scraping the devcluster's dcgm-exporter endpoints."""
 
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import parse_qs, urlparse
+import socket
+import time
 
 import pytest
-from trainops_devcluster.telemetry import NodeTelemetry, prometheus_query
+import requests
+from trainops_devcluster.cluster import DevCluster
+from trainops_devcluster.telemetry import NodeTelemetry
 
-from tests.health.conftest import NOW, two_sample_report
+from tests.health.conftest import Clock, two_sample_report
 from trainops.health.policy import evaluate
 from trainops.health.prometheus import COUNTERS, PrometheusClient, PrometheusError, fleet_reports
 from trainops.health.report import merge_reports
 
-
-class FleetPrometheus:
-    """A local HTTP server answering /api/v1/query from simulated telemetry, recording queries."""
-
-    def __init__(self, fleet: dict[str, NodeTelemetry]):
-        self.fleet = fleet
-        self.queries: list[str] = []
-        self.drop_metric: str | None = None
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                url = urlparse(self.path)
-                params = {k: v[0] for k, v in parse_qs(url.query).items()}
-                outer.queries.append(params["query"])
-                body = prometheus_query(outer.fleet, params["query"], float(params["time"]))
-                if outer.drop_metric and body["status"] == "success":
-                    result = body["data"]["result"]
-                    body["data"]["result"] = [
-                        r for r in result if r["metric"].get("__name__") != outer.drop_metric
-                    ]
-                payload = json.dumps(body).encode()
-                self.send_response(200 if body["status"] == "success" else 400)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+NODES = [f"gpu-node-{i:03d}" for i in range(6)]
 
 
 @pytest.fixture
-def fleet(clock):
-    nodes = {
-        f"gpu-node-{i}": NodeTelemetry.healthy(f"gpu-node-{i}", 8, seed=i, clock=clock) for i in range(6)
-    }
-    return nodes
+def start_fleet():
+    """``start_fleet(prepare)``: a 6-node devcluster with Prometheus; ``prepare(telemetry)`` runs
+    before anything is scraped.  Returns the cluster once every exporter has been scraped twice
+    (``increase()`` needs two samples)."""
+    clusters: list[DevCluster] = []
+
+    def start(prepare=lambda telemetry: None) -> DevCluster:
+        cluster = DevCluster(nodes=6, inference=[], system_nodes=0, prometheus=True, probe_interval_s=3600)
+        prepare(cluster.telemetry)
+        clusters.append(cluster.start())
+        cluster.wait_until_scraped()
+        cluster.wait_until_scraped()
+        return cluster
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()
 
 
-@pytest.fixture
-def prometheus(fleet):
-    server = FleetPrometheus(fleet)
-    yield server
-    server.close()
+def logged_queries(cluster: DevCluster) -> list[str]:
+    """Every query Prometheus answered, from its query log."""
+    lines = cluster.prometheus.query_log.read_text().splitlines()
+    return [json.loads(line)["params"]["query"] for line in lines]
 
 
-def test_healthy_fleet_in_a_fixed_number_of_queries(prometheus, fleet):
-    reports = fleet_reports(PrometheusClient(prometheus.url), now=NOW)
-    assert sorted(reports) == sorted(fleet)
-    assert len(prometheus.queries) == 2 + len(COUNTERS)  # whatever the fleet size
-    report = reports["gpu-node-0"]
-    assert report.signals["gpu_count"].value == 8 and sorted(report.gpus, key=int) == [
-        str(i) for i in range(8)
-    ]
+def test_healthy_fleet_in_a_fixed_number_of_queries(start_fleet):
+    cluster = start_fleet()
+    before = len(logged_queries(cluster))
+    reports = fleet_reports(PrometheusClient(cluster.prometheus_url))
+    assert sorted(reports) == NODES
+    assert len(logged_queries(cluster)) - before == 2 + len(COUNTERS)  # whatever the fleet size
+    report = reports["gpu-node-000"]
+    assert report.signals["gpu_count"].value == 8
+    assert sorted(report.gpus, key=int) == [str(i) for i in range(8)]
     gpu = report.gpus["0"]
     assert gpu["xid_events"].value == [] and gpu["ecc_uncorrected_volatile"].value == 0
     assert gpu["recovery_action"].value == "NONE" and gpu["tensor_active"].value == 0.0
     assert gpu["nvlink_replay_per_min"].value == 0.0 and gpu["row_remap_failure"].value is False
 
 
-def test_faults_show_up_per_node(prometheus, fleet, clock):
-    fleet["gpu-node-1"].inject_xid(79, gpu=3)
-    clock.now += 30
-    fleet["gpu-node-2"].nvlink_errors(replay=10, gpu=0)
-    fleet["gpu-node-3"].set_training_active(True)
-    clock.now += 30
-    reports = fleet_reports(PrometheusClient(prometheus.url), now=clock.now)
+def test_faults_show_up_per_node(start_fleet):
+    cluster = start_fleet()
+    cluster.inject("xid", "gpu-node-001", code=79, gpu=3)
+    cluster.inject("nvlink-errors", "gpu-node-002", replay=10, gpu=0)
+    cluster.telemetry["gpu-node-003"].set_training_active(True)
+    cluster.wait_until_scraped()
+    reports = fleet_reports(PrometheusClient(cluster.prometheus_url))
 
-    lost = reports["gpu-node-1"]
+    lost = reports["gpu-node-001"]
     assert lost.signals["gpu_count"].value == 7 and lost.gpus["3"]["xid_events"].value == [79]
-    assert lost.gpus["3"]["temperature_c"].reason == "no DCGM_FI_DEV_GPU_TEMP series"
-    assert {r.split(" ")[0] for r in evaluate(lost, now=clock.now).reasons} >= {"gpu_count", "xid_fatal"}
+    assert lost.gpus["3"]["temperature_c"].reason == "no DCGM_FI_DEV_GPU_TEMP series"  # gone at once
+    assert {r.split(" ")[0] for r in evaluate(lost).reasons} >= {"gpu_count", "xid_fatal"}
 
-    assert reports["gpu-node-2"].gpus["0"]["nvlink_replay_per_min"].value == 2.0  # 10 in the 5 min window
-    assert reports["gpu-node-2"].gpus["0"]["counter_nvlink_replay"].value == 10
-    assert reports["gpu-node-3"].gpus["5"]["tensor_active"].value == pytest.approx(0.58)
+    replay = reports["gpu-node-002"].gpus["0"]
+    assert replay["counter_nvlink_replay"].value == 10
+    # 10 replays in the 5 min window is 2/min; increase() extrapolates over a few seconds of history
+    assert 2.0 <= replay["nvlink_replay_per_min"].value < 5.0
+    assert reports["gpu-node-002"].gpus["1"]["nvlink_replay_per_min"].value == 0.0
+    assert reports["gpu-node-003"].gpus["5"]["tensor_active"].value == pytest.approx(0.58)
 
 
-def test_stale_and_missing_nodes_are_unknown(prometheus, fleet, clock):
-    fleet["gpu-node-1"].set_stale(NOW - 200)  # still within Prometheus' lookback, but older than the bound
-    fleet["gpu-node-2"].set_stale(NOW - 400)  # beyond the lookback: Prometheus returns no series
-    fleet["gpu-node-3"].set_missing()
+def test_stale_and_missing_nodes_are_unknown(start_fleet):
+    now = time.time()
+
+    def prepare(telemetry: dict[str, NodeTelemetry]) -> None:
+        telemetry["gpu-node-001"].set_stale(now - 200)  # within Prometheus' 5 min lookback, beyond the bound
+        telemetry["gpu-node-002"].set_stale(now - 400)  # beyond the lookback: no series at all
+        telemetry["gpu-node-003"].set_missing()
+
+    cluster = start_fleet(prepare)
     reports = fleet_reports(
-        PrometheusClient(prometheus.url), nodes=[*fleet, "gpu-node-99"], now=NOW, max_age_s=120
+        PrometheusClient(cluster.prometheus_url), nodes=[*NODES, "gpu-node-099"], max_age_s=120
     )
-    assert reports["gpu-node-1"].signals["gpu_count"].reason == (
-        "dcgm-exporter data stale: last sample 200s old (bound 120s)"
+    reason = reports["gpu-node-001"].signals["gpu_count"].reason
+    assert reason.startswith("dcgm-exporter data stale: last sample 2") and reason.endswith(
+        "s old (bound 120s)"
     )
-    for node in ("gpu-node-2", "gpu-node-3", "gpu-node-99"):
+    for node in ("gpu-node-002", "gpu-node-003", "gpu-node-099"):
         assert reports[node].signals["gpu_count"].reason == "no dcgm-exporter series for this node"
         assert reports[node].gpus == {}
-        assert evaluate(reports[node], now=NOW).verdict == "exclude"
-    assert reports["gpu-node-0"].signals["gpu_count"].value == 8
+        assert evaluate(reports[node]).verdict == "exclude"
+    assert reports["gpu-node-000"].signals["gpu_count"].value == 8
 
 
-def test_missing_metric_is_unknown_per_signal(prometheus):
-    prometheus.drop_metric = "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
-    reports = fleet_reports(PrometheusClient(prometheus.url), now=NOW)
-    gpu = reports["gpu-node-0"].gpus["2"]
+def test_missing_metric_is_unknown_per_signal(start_fleet):
+    cluster = start_fleet(lambda t: t["gpu-node-000"].disabled_metrics.add("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"))
+    reports = fleet_reports(PrometheusClient(cluster.prometheus_url))
+    gpu = reports["gpu-node-000"].gpus["2"]
     assert gpu["ecc_uncorrected_volatile"].reason == "no DCGM_FI_DEV_ECC_DBE_VOL_TOTAL series"
-    verdict = evaluate(reports["gpu-node-0"], now=NOW)
+    verdict = evaluate(reports["gpu-node-000"])
     assert "ecc_uncorrectable [gpu 0, gpu 1, gpu 2, gpu 3, gpu 4, gpu 5, gpu 6, gpu 7]" in " ".join(
         verdict.reasons
     )
+    assert reports["gpu-node-001"].gpus["2"]["ecc_uncorrected_volatile"].value == 0
 
 
-def test_probe_report_filled_from_prometheus(prometheus, fleet, clock):
-    node = fleet["gpu-node-0"]
-    probe = two_sample_report(node, clock)
-    prom = fleet_reports(PrometheusClient(prometheus.url), now=clock.now)["gpu-node-0"]
+def test_probe_report_filled_from_prometheus(start_fleet):
+    cluster = start_fleet()
+    clock = Clock(time.time() - 60)  # the probe's second sample lands now
+    probe = two_sample_report(NodeTelemetry.healthy("gpu-node-000", 8, seed=0, clock=clock), clock)
+    prom = fleet_reports(PrometheusClient(cluster.prometheus_url))["gpu-node-000"]
     merged = merge_reports(probe, prom)
     assert merged.gpus["0"]["tensor_active"].value == 0.0  # only Prometheus has it
     assert merged.gpus["0"]["nvlink_active_links"].value == 18  # only the probe has it
     assert merged.source == "probe+prometheus"
-    assert evaluate(merged, now=clock.now).verdict == "ok"
+    assert evaluate(merged).verdict == "ok"
+
+
+def test_nodes_that_come_and_go_are_scraped_or_dropped(start_fleet):
+    cluster = start_fleet()
+    url = f"{cluster.prometheus_url}/api/v1/query"
+
+    def scraped() -> list[str]:
+        body = requests.get(url, params={"query": 'up{job="dcgm-exporter"} == 1'}, timeout=10).json()
+        return sorted(r["metric"]["node"] for r in body["data"]["result"])
+
+    assert scraped() == NODES
+    node = cluster.store.get("nodes", "", "gpu-node-004")
+    cluster.store.delete("nodes", "", "gpu-node-004")
+    until(lambda: scraped() == [n for n in NODES if n != "gpu-node-004"])
+    cluster.store.create("nodes", node)
+    until(lambda: scraped() == NODES)
+
+
+def until(predicate, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "Prometheus did not follow the nodes"
+        time.sleep(0.5)
 
 
 def test_unreachable_prometheus_is_a_clear_error():
-    server = FleetPrometheus({})
-    url = server.url
-    server.close()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with pytest.raises(PrometheusError, match=f"Prometheus at {url} unreachable"):
-        fleet_reports(PrometheusClient(url, timeout=5), now=NOW)
+        fleet_reports(PrometheusClient(url, timeout=5))
 
 
-def test_refused_query_is_a_clear_error(prometheus):
-    with pytest.raises(PrometheusError, match="refused 'rate\\(x\\)': bad_data: cannot parse selector"):
-        PrometheusClient(prometheus.url).query("rate(x)", at=NOW)
+def test_refused_query_is_a_clear_error(start_fleet):
+    cluster = start_fleet()
+    with pytest.raises(PrometheusError, match=r"refused 'rate\(x\)': bad_data: .*expected type range vector"):
+        PrometheusClient(cluster.prometheus_url).query("rate(x)")
