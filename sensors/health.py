@@ -112,7 +112,7 @@ class _SideHealthSensor(BaseSensorOperator):
 
 
 def _xcom(result: GateResult) -> dict[str, Any]:
-    return {"node_names": result.selection.nodes, "verdicts": result.to_dict()["nodes"]}
+    return {"node_names": result.selection.node_names, "verdicts": result.to_dict()["nodes"]}
 
 
 class GpuHealthSensor(_SideHealthSensor):

@@ -24,7 +24,7 @@ def test_modified_z_and_percent_below_on_fixed_numbers():
 def test_thirty_percent_slow_node_is_left_out_of_the_tier():
     speeds = {"a": 100.0, "b": 101.0, "c": 99.0, "d": 100.0, "e": 70.0}
     selection = choose_nodes(ok(*speeds), speeds, min_nodes=3)
-    assert selection.nodes == ["b", "a", "d", "c"]
+    assert selection.node_names == ["b", "a", "d", "c"]
     assert selection.enough and selection.tier == (99.0, 101.0)
     assert selection.excluded == {"e": "exclude: straggler, 30.0% below fleet median (z=-20.2)"}
 
@@ -34,33 +34,41 @@ def test_zero_mad_falls_back_to_mean_absolute_deviation():
     # MAD is 0; mean absolute deviation 2.5 -> z(d) = -10 / (1.253314 * 2.5)
     assert modified_z_scores(speeds)["d"] == pytest.approx(-10 / (1.253314 * 2.5))
     selection = choose_nodes(ok(*speeds), speeds, min_nodes=2)
-    assert selection.nodes == ["a", "b", "c"] and "straggler, 10.0% below" in selection.excluded["d"]
+    assert selection.node_names == ["a", "b", "c"] and "straggler, 10.0% below" in selection.excluded["d"]
 
 
 def test_ties_are_all_kept_in_name_order():
     speeds = dict.fromkeys(["n3", "n1", "n2"], 95.0)
     assert modified_z_scores(speeds) == {"n3": 0.0, "n1": 0.0, "n2": 0.0}
     selection = choose_nodes(ok(*speeds), speeds, min_nodes=3)
-    assert (selection.nodes, selection.tier, selection.excluded) == (["n1", "n2", "n3"], (95.0, 95.0), {})
+    assert (selection.node_names, selection.tier, selection.excluded) == (
+        ["n1", "n2", "n3"],
+        (95.0, 95.0),
+        {},
+    )
 
 
 def test_small_slowdown_in_a_tight_fleet_is_not_a_straggler():
     speeds = {"a": 100.0, "b": 100.1, "c": 99.9, "d": 100.0, "e": 98.0}  # e: z << -2 but only 2% slow
     selection = choose_nodes(ok(*speeds), speeds, min_nodes=5)
-    assert selection.nodes == ["b", "a", "d", "c", "e"] and selection.excluded == {}
+    assert selection.node_names == ["b", "a", "d", "c", "e"] and selection.excluded == {}
 
 
 def test_fastest_tier_that_is_large_enough():
     speeds = {"a": 100.0, "b": 99.0, "c": 98.0, "d": 90.0, "e": 89.0, "f": 88.0}
     first = choose_nodes(ok(*speeds), speeds, min_nodes=3)
-    assert first.nodes == ["a", "b", "c"] and first.tier == (98.0, 100.0)
+    assert first.node_names == ["a", "b", "c"] and first.tier == (98.0, 100.0)
     assert first.excluded["d"] == "exclude: speed 90.0 outside the chosen tier"
 
 
 def test_too_few_for_any_tier_gives_all_untiered():
     speeds = {"a": 100.0, "b": 99.0, "c": 98.0, "d": 90.0, "e": 89.0, "f": 88.0}
     selection = choose_nodes(ok(*speeds), speeds, min_nodes=4)
-    assert (selection.nodes, selection.tier, selection.enough) == (["a", "b", "c", "d", "e", "f"], None, True)
+    assert (selection.node_names, selection.tier, selection.enough) == (
+        ["a", "b", "c", "d", "e", "f"],
+        None,
+        True,
+    )
     assert not choose_nodes(ok(*speeds), speeds, min_nodes=7).enough
 
 
@@ -74,7 +82,7 @@ def test_bad_verdicts_and_unknown_speeds_are_excluded_with_reasons():
     selection = choose_nodes(
         verdicts, {"a": 100.0, "b": 100.0, "w": 100.0, "q": 100.0, "u": None}, min_nodes=3
     )
-    assert selection.nodes == ["a", "b", "w"]
+    assert selection.node_names == ["a", "b", "w"]
     assert selection.excluded == {
         "q": "quarantine: xid_fatal [gpu 0] fatal XID",
         "u": "exclude: speed unknown",
@@ -83,7 +91,7 @@ def test_bad_verdicts_and_unknown_speeds_are_excluded_with_reasons():
 
 def test_without_speeds_every_usable_node_is_chosen():
     selection = choose_nodes([*ok("b", "a"), NodeVerdict("c", "exclude", ["x"])], {}, min_nodes=3)
-    assert (selection.nodes, selection.enough, selection.tier) == (["a", "b"], False, None)
+    assert (selection.node_names, selection.enough, selection.tier) == (["a", "b"], False, None)
     with pytest.raises(ValueError, match="min_nodes must be >= 1"):
         choose_nodes([], {}, min_nodes=0)
 

@@ -116,7 +116,7 @@ class GateResult:
 
     @property
     def selected(self) -> list[str]:
-        return self.selection.nodes if self.selection.enough else []
+        return self.selection.node_names if self.selection.enough else []
 
     @property
     def enough(self) -> bool:
@@ -131,7 +131,7 @@ class GateResult:
         """Why the run cannot have ``min_nodes`` nodes (None when it can)."""
         if self.enough:
             return None
-        usable = self.selection.nodes
+        usable = self.selection.node_names
         left_out = [n for n in self.nodes if n.name not in usable]
         listed = "; ".join(
             f"{n.name}: {n.verdict}: {n.reasons[0] if n.reasons else ''}" for n in left_out[:20]

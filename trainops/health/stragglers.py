@@ -56,7 +56,7 @@ def percent_below_median(speeds: Mapping[str, float]) -> dict[str, float]:
 class Selection:
     """The nodes given to a run (fastest first) and why every other candidate was left out."""
 
-    nodes: list[str]
+    node_names: list[str]
     enough: bool
     tier: tuple[float, float] | None  # (slowest, fastest) speed of the chosen tier; None if untiered
     excluded: dict[str, str] = field(default_factory=dict)
