@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -33,6 +34,11 @@ def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
             f"{' '.join(map(str, command))} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
     return result
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without what points at this checkout's own setup."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(INHERITED_PREFIXES)}
 
 
 @dataclass(frozen=True)
@@ -63,12 +69,8 @@ class Venv:
     root: Path
     home: Path  # AIRFLOW_HOME and HOME-like scratch space for commands run in it
 
-    @property
-    def python(self) -> Path:
-        return self.root / "bin" / "python"
-
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(INHERITED_PREFIXES)}
+        env = clean_env()
         env["PATH"] = f"{self.root / 'bin'}{os.pathsep}{env.get('PATH', '')}"
         env["AIRFLOW_HOME"] = str(self.home)
         return env
@@ -87,6 +89,11 @@ class Venv:
         return set(json.loads(self.run("python", "-c", script).stdout))
 
 
+def cli_areas(venv: Venv) -> set[str]:
+    """The subcommands ``trainops --help`` offers in a venv."""
+    return set(re.findall(r"^ {4}(\w[\w-]*)", venv.run("trainops", "--help").stdout, re.MULTILINE))
+
+
 def airflow_distributions(venv: Venv) -> list[str]:
     """The Airflow distributions (Airflow itself, its providers, ours) installed in a venv."""
     return sorted(name for name in venv.distributions() if name.startswith(AIRFLOW_DISTRIBUTIONS))
@@ -98,7 +105,7 @@ def make_venv(root: Path, wheels: list[Wheel]) -> Venv:
     run(
         [sys.executable, "-m", "pip", "--python", str(root / "bin" / "python"), "install", "--quiet"]
         + ["--no-compile", *(str(wheel.path) for wheel in wheels)],
-        env={k: v for k, v in os.environ.items() if not k.startswith(INHERITED_PREFIXES)},
+        env=clean_env(),
     )
     home = root.parent / f"{root.name}-home"
     home.mkdir()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import json
 
-from tests.packaging.installs import Build, Venv, import_every_module, run, wheel_modules
+from tests.packaging.installs import Build, Venv, cli_areas, import_every_module, run, wheel_modules
 
 PRODUCT = ("trainops-core", "airflow-provider-trainops")
 
@@ -78,9 +78,7 @@ def test_every_product_module_imports(build: Build, full_install: Venv) -> None:
 
 
 def test_cli_offers_every_area(full_install: Venv) -> None:
-    usage = full_install.run("trainops", "--help").stdout
-    for area in ("probe", "health", "checkpoints", "capacity", "devcluster"):
-        assert f"\n    {area}" in usage, f"`trainops --help` does not offer {area}:\n{usage}"
+    assert {"probe", "health", "checkpoints", "capacity", "devcluster"} <= cli_areas(full_install)
 
 
 def test_airflow_lists_the_provider(full_install: Venv) -> None:
