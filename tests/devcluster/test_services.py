@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 from trainops_devcluster.runtime import LOCAL_IMAGE
 
@@ -50,7 +51,6 @@ def test_headless_service_owned_by_a_job_lists_its_pods_by_hostname_and_goes_awa
         )
         return sorted(e.hostname for s in slices.items for e in s.endpoints or [] if e.hostname)
 
-    wait = _waiter()
     assert wait(lambda: hostnames() == ["gang-0", "gang-1"])
     (found,) = discovery.list_namespaced_endpoint_slice(NS).items
     assert found.metadata.owner_references[0].kind == "Service" and found.ports[0].port == 29500
@@ -123,7 +123,10 @@ def test_process_pods_reach_rank_zero_by_its_dns_name_on_a_port_of_their_job():
     )  # no such Service: left to fail as DNS would
 
 
-def _waiter():
-    from tests.devcluster.ctrl_support import Plane
-
-    return lambda what: Plane.wait(None, what)
+def wait(what, timeout: float = 60.0):
+    """Poll until ``what()`` is truthy (the timeout only stops a broken test hanging)."""
+    deadline = time.monotonic() + timeout
+    while not (value := what()):
+        assert time.monotonic() < deadline, f"condition not reached: {what}"
+        time.sleep(0.05)
+    return value
