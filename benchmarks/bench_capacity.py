@@ -10,11 +10,11 @@ from __future__ import annotations
 import sys
 import time
 
-from kubernetes import config
 from trainops_devcluster.cluster import DevCluster
 from trainops_devcluster.topology import InferenceWorkload
 
-from trainops.capacity.procedure import Apis, claim, give_back
+from trainops.capacity.procedure import claim, give_back
+from trainops.kube.client import Kube
 from trainops.kube.nodes import json_of
 
 NODES = 512
@@ -43,7 +43,7 @@ def main() -> int:
         nodes=NODES, gpus_per_node=8, inference=inference, probe_interval_s=PROBE_INTERVAL_S
     ) as cluster:
         cluster.wait_until_settled(timeout=300)
-        apis = Apis.from_api_client(config.new_client_from_config(str(cluster.kubeconfig)))
+        apis = Kube.from_kubeconfig(str(cluster.kubeconfig))
         names = [n["metadata"]["name"] for n in cluster.store.list("nodes")[0]]
 
         cluster.server.audit.clear()

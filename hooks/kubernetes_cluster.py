@@ -1,19 +1,33 @@
-"""The cluster API clients trainops needs, from an Airflow ``kubernetes`` connection.
+"""The one Airflow way to reach the cluster: ``KubernetesClusterHook``, from a ``kubernetes`` connection.
 
 The cncf provider's ``KubernetesHook`` reads the connection (kubeconfig path or content,
-in-cluster, context); it has no node or cluster-scoped custom-object calls, so trainops uses its
-official clients (``core_v1_client``, ``custom_object_client``) through the Airflow-free core.
+in-cluster, context; ``config_file`` overrides the path).  ``kube()`` hands the Airflow-free core
+its sync clients (``trainops.kube.client.Kube``); ``async_client()`` is the same connection for
+``kubernetes_asyncio`` (the watches of a deferred task).  Every trainops operator, sensor and
+trigger gets its clients here.
 """
 
 from __future__ import annotations
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-from trainops.capacity.procedure import Apis
+from trainops.kube.client import Kube
 
 
 class KubernetesClusterHook(KubernetesHook):
-    """``KubernetesHook`` plus ``apis()``: the clients the capacity claim and return use."""
+    """``KubernetesHook`` plus ``kube()`` (sync) and ``async_client()`` (async) for the trainops core."""
 
-    def apis(self) -> Apis:
-        return Apis(core=self.core_v1_client, custom=self.custom_object_client)
+    def kube(self) -> Kube:
+        """The official sync clients on this connection's ApiClient."""
+        return Kube(self.api_client)
+
+    def async_client(self):
+        """An async context manager yielding a ``kubernetes_asyncio`` ApiClient on this connection."""
+        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
+
+        return AsyncKubernetesHook(
+            conn_id=self.conn_id,
+            config_file=self.config_file,
+            cluster_context=self.cluster_context,
+            in_cluster=self.in_cluster,
+        ).get_conn()

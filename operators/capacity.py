@@ -17,8 +17,10 @@ from dataclasses import asdict
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from trainops.operators._errors import translate_errors
 
-from trainops.capacity.procedure import Deadlines, NodesHeld, claim, give_back
+from trainops.capacity.claims import NodesHeld
+from trainops.capacity.procedure import Deadlines, claim, give_back
 
 DEFAULT_CONN_ID = "kubernetes_default"
 
@@ -92,14 +94,16 @@ class ClaimNodesOperator(BaseOperator):
         self.poll_interval_s = poll_interval_s
         self.deadlines = Deadlines(api_s=api_deadline_s, drain_s=drain_deadline_s)
 
+    @translate_errors
     def execute(self, context) -> dict:
         deadline = time.time() + self.wait_for_nodes_s
         return self._claim_or_wait(context, deadline)
 
+    @translate_errors
     def execute_complete(self, context, event: dict) -> dict:
         # The deadline rides in the event: dag.test() drops defer(kwargs=...) when a trigger fires.
         if event["status"] != "free":
-            raise RuntimeError(f"claim of {run_key(context)}: {event['message']}")
+            raise NodesHeld(event["holders"])
         return self._claim_or_wait(context, event["deadline"])
 
     def _claim_or_wait(self, context, deadline: float) -> dict:
@@ -107,11 +111,11 @@ class ClaimNodesOperator(BaseOperator):
         from trainops.triggers.capacity import NodesFreeTrigger
 
         run = run_key(context)
-        apis = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).apis()
-        self._run, self._apis = run, apis
+        kube = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube()
+        self._run, self._kube = run, kube
         try:
             summary = claim(
-                apis,
+                kube,
                 run,
                 self.node_names,
                 count=self.count,
@@ -146,12 +150,12 @@ class ClaimNodesOperator(BaseOperator):
     def _give_back_partial_claim(self) -> None:
         """Undo a claim that did not finish: Airflow does not run a teardown whose only setup failed,
         so a failed or killed claim gives back itself what it took (nothing, if it took nothing)."""
-        run, apis = getattr(self, "_run", None), getattr(self, "_apis", None)
+        run, kube = getattr(self, "_run", None), getattr(self, "_kube", None)
         if run is None:
             return
         self.log.warning("claim of %s did not finish; giving back what it took", run)
         try:
-            give_back(apis, run, cluster_queue=self.cluster_queue, deadlines=self.deadlines, log=self.log)
+            give_back(kube, run, cluster_queue=self.cluster_queue, deadlines=self.deadlines, log=self.log)
         except Exception as error:  # the claim's own error matters more; the records stay for a retry
             self.log.error(
                 "giving back %s failed (%s); run `trainops capacity return --run %s`", run, error, run
@@ -186,13 +190,14 @@ class ReturnCapacityOperator(BaseOperator):
         self.kubernetes_conn_id = kubernetes_conn_id
         self.deadlines = Deadlines(api_s=api_deadline_s, ready_s=ready_deadline_s)
 
+    @translate_errors
     def execute(self, context) -> dict:
         from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
 
         run = run_key(context)
-        apis = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).apis()
+        kube = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube()
         summary = give_back(
-            apis, run, cluster_queue=self.cluster_queue, deadlines=self.deadlines, log=self.log
+            kube, run, cluster_queue=self.cluster_queue, deadlines=self.deadlines, log=self.log
         )
         self.log.info(
             "returned %d node(s) and %d GPUs of %s; still quarantined: %s",

@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
+from trainops.operators._errors import translate_errors
 
 
 class CheckpointVerifyOperator(BaseOperator):
@@ -43,6 +44,7 @@ class CheckpointVerifyOperator(BaseOperator):
             )
         self.uri, self.run_uri, self.level, self.aws_conn_id = uri, run_uri, level, aws_conn_id
 
+    @translate_errors
     def execute(self, context: Any) -> dict[str, Any]:
         from trainops.hooks.checkpoint_store import CheckpointStoreHook
 

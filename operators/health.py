@@ -16,6 +16,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
+from trainops.operators._errors import translate_errors
 from trainops.triggers.health import GateSpec, HealthGateTrigger
 
 from trainops.health.gate import DEFAULT_SELECTOR, GateResult
@@ -103,11 +104,13 @@ class NodeHealthGateOperator(BaseOperator):
         spec.config()  # bad input fails here, before anything is changed
         return spec
 
+    @translate_errors
     def execute(self, context: Any) -> dict[str, Any]:
         spec = self._spec()
         waits = float(self.wait_timeout_s) > 0
         return self._gate(context, spec, time.time() + float(self.wait_timeout_s), may_wait=waits)
 
+    @translate_errors
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event["status"] == "timeout":
             raise AirflowException(
@@ -120,17 +123,13 @@ class NodeHealthGateOperator(BaseOperator):
 
     def _gate(self, context: Any, spec: GateSpec, deadline: float, may_wait: bool) -> dict[str, Any]:
         """Evaluate, quarantine, and return the XCom; defer when too few pass and it may wait."""
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+        from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
 
-        from trainops.health.gate import GateError
         from trainops.health.quarantine import apply_quarantine
         from trainops.kube.retry import Deadline
 
-        try:
-            result = spec.evaluate()
-        except GateError as err:
-            raise AirflowException(f"health gate: {err}") from err
-        core_v1 = KubernetesHook(conn_id=self.kubernetes_conn_id).core_v1_client
+        result = spec.evaluate()
+        core_v1 = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube().core
         quarantined = apply_quarantine(core_v1, result, Deadline(self.api_deadline_s))
         self.log.info("health gate:\n%s", result.table())
         if quarantined:

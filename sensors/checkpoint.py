@@ -9,6 +9,7 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
+from trainops.operators._errors import translate_errors
 from trainops.triggers.checkpoint import CheckpointTrigger
 
 
@@ -60,12 +61,14 @@ class CheckpointSensor(BaseSensorOperator):
             deadline=deadline,
         )
 
+    @translate_errors
     def poke(self, context: Any) -> PokeReturnValue:
         found = self._trigger().check()
         if found:
             self.log.info("Verified checkpoint %s (step %s)", found["uri"], found["step"])
         return PokeReturnValue(is_done=found is not None, xcom_value=found)
 
+    @translate_errors
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
@@ -78,6 +81,7 @@ class CheckpointSensor(BaseSensorOperator):
             timeout=timedelta(seconds=self.timeout),
         )
 
+    @translate_errors
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event.get("status") == "timeout":
             raise AirflowSensorTimeout(f"Timed out after {self.timeout}s: {event['message']}")

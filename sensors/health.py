@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
+from trainops.operators._errors import translate_errors
 from trainops.triggers.health import GateSpec, HealthGateTrigger
 
 from trainops.health.gate import DEFAULT_SELECTOR, GateResult
@@ -76,19 +77,16 @@ class _SideHealthSensor(BaseSensorOperator):
         return spec
 
     def _check(self) -> GateResult:
-        from trainops.health.gate import GateError
-
-        try:
-            result = self._spec().evaluate()
-        except GateError as err:
-            raise AirflowException(f"{self.side} health: {err}") from err
+        result = self._spec().evaluate()
         self.log.info("%s health:\n%s", self.side, result.table())
         return result
 
+    @translate_errors
     def poke(self, context: Any) -> PokeReturnValue:
         result = self._check()
         return PokeReturnValue(is_done=result.enough, xcom_value=_xcom(result))
 
+    @translate_errors
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
@@ -101,6 +99,7 @@ class _SideHealthSensor(BaseSensorOperator):
             timeout=timedelta(seconds=self.timeout + self.poke_interval + 60),
         )
 
+    @translate_errors
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event["status"] == "timeout":
             raise AirflowSensorTimeout(

@@ -11,6 +11,8 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from trainops.capacity.claims import holder_of
 
+API_DEADLINE_S = 60.0
+
 
 class NodesFreeTrigger(BaseTrigger):
     """Fires ``{"status": "free"}`` once none of ``node_names`` is claimed by a run other than ``run``,
@@ -45,12 +47,17 @@ class NodesFreeTrigger(BaseTrigger):
         )
 
     async def holders(self) -> dict[str, str]:
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import AsyncKubernetesHook
         from kubernetes_asyncio import client
+        from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
+
+        from trainops.kube.retry import Deadline, acall
 
         wanted = set(self.node_names)
-        async with AsyncKubernetesHook(conn_id=self.kubernetes_conn_id).get_conn() as api_client:
-            nodes = (await client.CoreV1Api(api_client).list_node()).items
+        async with KubernetesClusterHook(conn_id=self.kubernetes_conn_id).async_client() as api_client:
+            listed = await acall(
+                client.CoreV1Api(api_client).list_node, Deadline(API_DEADLINE_S), "list nodes"
+            )
+        nodes = listed.items
         held = {
             n.metadata.name: holder_of(n.metadata.annotations) for n in nodes if n.metadata.name in wanted
         }

@@ -61,12 +61,12 @@ class GateSpec:
 
     def evaluate(self) -> GateResult:
         """Run the gate once through the Airflow connections (reads only)."""
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
+        from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
         from trainops.hooks.prometheus import PrometheusHook
 
         config = self.config()
         prometheus = PrometheusHook(self.prometheus_conn_id).client() if self.prometheus_conn_id else None
-        core_v1 = KubernetesHook(conn_id=self.kubernetes_conn_id).core_v1_client
+        core_v1 = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube().core
         return run_gate(core_v1, config, prometheus=prometheus)
 
     def to_dict(self) -> dict[str, Any]:

@@ -6,17 +6,15 @@ import copy
 import json
 import threading
 
-from kubernetes import config
-
-from trainops.capacity.procedure import Apis
 from trainops.conventions import HEALTH_REPORT_ANNOTATION
+from trainops.kube.client import Kube
 
 MANAGED = ("resourceVersion", "generation", "managedFields")
 DEPLOYMENTS = ["inference/llm-chat", "inference/embeddings"]
 
 
-def apis_for(cluster) -> Apis:
-    return Apis.from_api_client(config.new_client_from_config(str(cluster.kubeconfig)))
+def kube_for(cluster) -> Kube:
+    return Kube.from_kubeconfig(str(cluster.kubeconfig))
 
 
 def _object(obj: dict) -> dict:
@@ -38,7 +36,7 @@ def default_seeded_objects(cluster) -> None:
     The devcluster seeds its store directly, so it lacks the defaults the API server fills in on
     every write (``queueingStrategy``...); a real cluster never serves it so.  (Deployments are
     compared without their pod template for the same reason: defaulting it would roll them out.)"""
-    custom = apis_for(cluster).custom
+    custom = kube_for(cluster).custom
     custom.patch_cluster_custom_object(
         "kueue.x-k8s.io",
         "v1beta2",
@@ -51,14 +49,14 @@ def default_seeded_objects(cluster) -> None:
 
 def snapshot(cluster) -> dict:
     """Nodes, Deployments, PDBs and ClusterQueues as the API serves them, for exact before/after comparison."""
-    custom = apis_for(cluster).custom
+    custom = kube_for(cluster).custom
     kinds = {
         "nodes": ("", "v1", "nodes"),
         "deployments": ("apps", "v1", "deployments"),
         "poddisruptionbudgets": ("policy", "v1", "poddisruptionbudgets"),
         "clusterqueues": ("kueue.x-k8s.io", "v1beta2", "clusterqueues"),
     }
-    found = {"nodes": apis_for(cluster).core.list_node(_preload_content=False)}
+    found = {"nodes": kube_for(cluster).core.list_node(_preload_content=False)}
     out = {"nodes": {o["metadata"]["name"]: _object(o) for o in json.loads(found["nodes"].data)["items"]}}
     for name, (group, version, plural) in kinds.items():
         if group:

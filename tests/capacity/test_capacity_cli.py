@@ -2,7 +2,7 @@
 
 import json
 
-from tests.capacity.helpers import DEPLOYMENTS, apis_for, default_seeded_objects, nodes_by_app, snapshot
+from tests.capacity.helpers import DEPLOYMENTS, default_seeded_objects, kube_for, nodes_by_app, snapshot
 from trainops.capacity.procedure import claim
 from trainops.cli import main
 
@@ -14,7 +14,7 @@ def test_status_lists_claimed_nodes_and_return_gives_them_back(devcluster, capsy
     where = nodes_by_app(devcluster)
     nodes = where["llm-chat"][:1] + where["idle"][:1]
     before = snapshot(devcluster)
-    claim(apis_for(devcluster), RUN, nodes, cluster_queue="training", deployments=DEPLOYMENTS)
+    claim(kube_for(devcluster), RUN, nodes, cluster_queue="training", deployments=DEPLOYMENTS)
     kubeconfig = str(devcluster.kubeconfig)
 
     assert main(["capacity", "status", "--kubeconfig", kubeconfig, "--json"]) == 0

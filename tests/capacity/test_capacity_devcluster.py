@@ -9,8 +9,8 @@ import pytest
 from tests.capacity.helpers import (
     DEPLOYMENTS,
     HealthSampler,
-    apis_for,
     default_seeded_objects,
+    kube_for,
     nodes_by_app,
     snapshot,
     writes,
@@ -43,7 +43,7 @@ def gpu_quota(cluster) -> str:
 
 
 def test_flip_and_return_keep_inference_within_pdbs_and_restore_everything(devcluster):
-    apis, nodes = apis_for(devcluster), claim_nodes(devcluster)
+    apis, nodes = kube_for(devcluster), claim_nodes(devcluster)
     before = snapshot(devcluster)
     sampler = HealthSampler(devcluster)
 
@@ -79,7 +79,7 @@ def test_flip_and_return_keep_inference_within_pdbs_and_restore_everything(devcl
 
 
 def test_repeated_claim_and_repeated_return_write_nothing(devcluster):
-    apis, nodes = apis_for(devcluster), claim_nodes(devcluster)
+    apis, nodes = kube_for(devcluster), claim_nodes(devcluster)
     do_claim(apis, RUN, nodes)
     devcluster.server.audit.clear()
     do_claim(apis, RUN, nodes)
@@ -91,7 +91,7 @@ def test_repeated_claim_and_repeated_return_write_nothing(devcluster):
 
 
 def test_foreign_taints_added_during_the_claim_survive_the_return(devcluster):
-    apis, nodes = apis_for(devcluster), claim_nodes(devcluster)
+    apis, nodes = kube_for(devcluster), claim_nodes(devcluster)
     before = snapshot(devcluster)
     do_claim(apis, RUN, nodes)
     cordon = {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}
@@ -115,7 +115,7 @@ def test_foreign_taints_added_during_the_claim_survive_the_return(devcluster):
 
 
 def test_claim_killed_halfway_then_return_leaves_the_cluster_as_before(devcluster):
-    apis, nodes = apis_for(devcluster), claim_nodes(devcluster)
+    apis, nodes = kube_for(devcluster), claim_nodes(devcluster)
     before = snapshot(devcluster)
     third = sorted(nodes)[2]
     devcluster.inject("api-fault", path=f"/api/v1/nodes/{third}$", status=500, count=1)
@@ -135,7 +135,7 @@ def test_claim_killed_halfway_then_return_leaves_the_cluster_as_before(devcluste
 
 
 def test_conflict_storms_and_throttling_bursts_still_finish_correctly(devcluster):
-    apis, nodes = apis_for(devcluster), claim_nodes(devcluster)
+    apis, nodes = kube_for(devcluster), claim_nodes(devcluster)
     before = snapshot(devcluster)
     stop = threading.Event()
 
@@ -171,14 +171,14 @@ def test_conflict_storms_and_throttling_bursts_still_finish_correctly(devcluster
 
 
 def test_two_overlapping_claims_exactly_one_holds_each_node(devcluster):
-    apis = apis_for(devcluster)
+    apis = kube_for(devcluster)
     idle, chat = nodes_by_app(devcluster)["idle"], nodes_by_app(devcluster)["llm-chat"]
     first, second = idle[:3] + chat[:1], idle[1:4] + chat[1:2]
     outcomes: dict[str, object] = {}
 
     def run(key, nodes):
         try:
-            outcomes[key] = do_claim(apis_for(devcluster), key, nodes)
+            outcomes[key] = do_claim(kube_for(devcluster), key, nodes)
         except NodesHeld as error:
             outcomes[key] = error
 
@@ -209,7 +209,7 @@ def test_two_overlapping_claims_exactly_one_holds_each_node(devcluster):
 def test_a_drain_that_cannot_finish_fails_early_naming_the_stuck_workload(devcluster):
     """Every idle node is claimed too, so evicted llm-chat pods have nowhere to go and its budget
     (minAvailable 6 of 8) holds the rest: the claim says so instead of waiting out the drain deadline."""
-    apis, where = apis_for(devcluster), nodes_by_app(devcluster)
+    apis, where = kube_for(devcluster), nodes_by_app(devcluster)
     before = snapshot(devcluster)
     nodes = where["idle"] + where["llm-chat"][:3]
 

@@ -4,7 +4,7 @@ import threading
 
 from trainops_devcluster.airflow_home import xcom_value
 
-from tests.capacity.helpers import apis_for, default_seeded_objects, nodes_by_app, snapshot
+from tests.capacity.helpers import default_seeded_objects, kube_for, nodes_by_app, snapshot
 from trainops.capacity.procedure import claim, give_back
 
 DAG_ID = "test_capacity_operators"
@@ -59,10 +59,10 @@ def test_a_claim_failing_halfway_gives_back_what_it_took(run_dag, devcluster):
 
 def test_claim_waits_deferred_until_another_run_returns_its_node(run_dag, devcluster):
     nodes = nodes_to_claim(devcluster)
-    apis = apis_for(devcluster)
+    apis = kube_for(devcluster)
     claim(apis, "other_dag/run_1", nodes[-1:], cluster_queue="training")
     release = threading.Timer(
-        2.0, lambda: give_back(apis_for(devcluster), "other_dag/run_1", cluster_queue="training")
+        2.0, lambda: give_back(kube_for(devcluster), "other_dag/run_1", cluster_queue="training")
     )
     release.start()
 
@@ -75,7 +75,7 @@ def test_claim_waits_deferred_until_another_run_returns_its_node(run_dag, devclu
 
 def test_claim_waits_for_nodes_held_by_another_run_then_fails_naming_it(run_dag, devcluster):
     nodes = nodes_to_claim(devcluster)
-    apis = apis_for(devcluster)
+    apis = kube_for(devcluster)
     claim(apis, "other_dag/run_1", nodes[-1:], cluster_queue="training")
 
     run = run_dag(DAG_ID, conf={"node_names": nodes})

@@ -33,13 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     give.set_defaults(func=run_return)
 
 
-def _apis(args: argparse.Namespace):
-    from kubernetes import config
+def _kube(args: argparse.Namespace):
+    from trainops.kube.client import Kube
 
-    from trainops.capacity.procedure import Apis
-
-    path = str(args.kubeconfig) if args.kubeconfig else None
-    return Apis.from_api_client(config.new_client_from_config(config_file=path))
+    return Kube.from_kubeconfig(str(args.kubeconfig) if args.kubeconfig else None)
 
 
 def claimed_nodes(nodes: list[dict], now: datetime) -> list[dict]:
@@ -74,13 +71,14 @@ def claimed_nodes(nodes: list[dict], now: datetime) -> list[dict]:
 def run_status(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
 
-    from trainops.capacity.quota import KUEUE_GROUP, KUEUE_VERSION, grants_of
+    from trainops.capacity.quota import grants_of
+    from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION
     from trainops.kube.nodes import list_nodes
 
-    apis = _apis(args)
-    rows = claimed_nodes(list_nodes(apis.core), datetime.now(UTC))
+    kube = _kube(args)
+    rows = claimed_nodes(list_nodes(kube.core), datetime.now(UTC))
     try:
-        queue = apis.custom.get_cluster_custom_object(
+        queue = kube.custom.get_cluster_custom_object(
             KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", args.cluster_queue
         )
         grants = grants_of(queue)
@@ -119,11 +117,12 @@ def run_return(args: argparse.Namespace) -> int:
     from kubernetes.client.exceptions import ApiException
 
     from trainops.capacity.procedure import Deadlines, give_back
+    from trainops.errors import TrainopsError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
         summary = give_back(
-            _apis(args),
+            _kube(args),
             args.run,
             cluster_queue=args.cluster_queue,
             deadlines=Deadlines(ready_s=args.ready_deadline),
@@ -131,7 +130,7 @@ def run_return(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (RuntimeError, TimeoutError, ApiException) as error:
+    except (TrainopsError, ApiException) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(

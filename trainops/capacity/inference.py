@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 
 from trainops.capacity.loans import LOANS_ANNOTATION, Path, lend_patch, repay_patch
+from trainops.kube.client import MERGE_PATCH
 from trainops.kube.guarded import Edited, edit
-from trainops.kube.nodes import MERGE_PATCH
 from trainops.kube.retry import Deadline, call
 
 KSERVE_STOP = "serving.kserve.io/stop"

@@ -24,24 +24,11 @@ from trainops.capacity.quota import set_grant
 from trainops.capacity.ranking import least_disruptive
 from trainops.conventions import GPU_RESOURCE, MODE_TAINT
 from trainops.errors import TemporaryError
+from trainops.kube.client import Kube
 from trainops.kube.nodes import NodeState, allocatable_gpus, edit_node, list_nodes
 from trainops.kube.retry import Deadline, DeadlineExceeded, call
 
 module_log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Apis:
-    """The official API clients the procedures use (``kubernetes.client.CoreV1Api``, ``CustomObjectsApi``)."""
-
-    core: object
-    custom: object
-
-    @classmethod
-    def from_api_client(cls, api_client) -> Apis:
-        from kubernetes import client
-
-        return cls(client.CoreV1Api(api_client), client.CustomObjectsApi(api_client))
 
 
 @dataclass(frozen=True)
@@ -96,7 +83,7 @@ def _check_node_names(names: Sequence[str]) -> list[str]:
 
 
 def claim(
-    apis: Apis,
+    kube: Kube,
     run: str,
     node_names: Sequence[str],
     *,
@@ -124,14 +111,14 @@ def claim(
     refs += [WorkloadRef.parse(INFERENCE_SERVICE, s, "inference_services") for s in inference_services]
 
     step = Deadline(deadlines.api_s)
-    by_name = {n["metadata"]["name"]: n for n in call(lambda: list_nodes(apis.core), step, "list nodes")}
+    by_name = {n["metadata"]["name"]: n for n in call(lambda: list_nodes(kube.core), step, "list nodes")}
     missing = [n for n in candidates if n not in by_name]
     if missing:
         raise ValueError(f"node_names: not in the cluster: {missing}")
     holders = {n: holder_of(by_name[n]["metadata"].get("annotations")) for n in candidates}
     others = {n for n, holder in holders.items() if holder not in (None, run)}
     # one pod list serves the ranking and the inference shrink (the drain follows the pods itself)
-    pods = list_pods(apis.core, step) if count is not None or refs else []
+    pods = list_pods(kube.core, step) if count is not None or refs else []
     nodes = candidates if count is None else least_disruptive(candidates, pods, count, held=others)
     states = {n: NodeState.of(by_name[n]) for n in nodes}
     held = {n: holders[n] for n in nodes if n in others}
@@ -145,7 +132,7 @@ def claim(
     change = claims.claim(run, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     for name in sorted(nodes):  # one global order: of two overlapping claims, the first to a node wins all
         # NodesHeld from the change: another run won the race for this node after the check above
-        edited = edit_node(apis.core, name, change, Deadline(deadlines.api_s), current=by_name[name])
+        edited = edit_node(kube.core, name, change, Deadline(deadlines.api_s), current=by_name[name])
         gpus = gpus_per_node or allocatable_gpus(edited.object)
         summary.gpus += gpus
         if edited.wrote:
@@ -157,16 +144,16 @@ def claim(
         else:
             log.info("node %s: already claimed by this run", name)
 
-    summary.workloads_shrunk = _shrink_inference(apis, run, set(nodes), refs, pods, deadlines, log)
-    summary.evictions = drain(apis.core, set(nodes), Deadline(deadlines.drain_s), deadlines.drain_stall_s)
+    summary.workloads_shrunk = _shrink_inference(kube, run, set(nodes), refs, pods, deadlines, log)
+    summary.evictions = drain(kube.core, set(nodes), Deadline(deadlines.drain_s), deadlines.drain_stall_s)
     log.info("drained %d node(s): %d pod(s) evicted", len(nodes), summary.evictions)
-    if set_grant(apis.custom, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
+    if set_grant(kube.custom, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
         log.info("ClusterQueue %s: %s quota of this run set to %d", cluster_queue, GPU_RESOURCE, summary.gpus)
     return summary
 
 
 def _shrink_inference(
-    apis: Apis,
+    kube: Kube,
     run: str,
     nodes: set[str],
     refs: list[WorkloadRef],
@@ -182,7 +169,7 @@ def _shrink_inference(
     pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     shrunk = []
     for ref in refs:
-        obj = call(lambda ref=ref: ref.get(apis.custom), step, f"read {ref}")
+        obj = call(lambda ref=ref: ref.get(kube.custom), step, f"read {ref}")
         selector = inference.pod_selector(ref.kind, obj)
         mine = [
             p
@@ -195,7 +182,7 @@ def _shrink_inference(
             log.info("%s: no pods on the claimed nodes, left as is", ref)
             continue
         pdbs = call(
-            lambda ref=ref: apis.custom.list_namespaced_custom_object(
+            lambda ref=ref: kube.custom.list_namespaced_custom_object(
                 "policy", "v1", ref.namespace, "poddisruptionbudgets"
             ),
             step,
@@ -204,13 +191,13 @@ def _shrink_inference(
         target, target_obj, pod_labels = ref, obj, selector.get("matchLabels") or {}
         if ref.kind is DEPLOYMENT:
             pod_labels = obj["spec"]["template"]["metadata"].get("labels") or {}
-            hpa = inference.hpa_for(apis.custom, ref, step)
+            hpa = inference.hpa_for(kube.custom, ref, step)
             if hpa:
                 target, target_obj = hpa
         expected = obj["spec"].get("replicas", len(mine)) if ref.kind is DEPLOYMENT else len(mine)
         floor = inference.pdb_floor(pdbs, pod_labels, expected)
         fields = inference.shrink_fields(target.kind, target_obj, len(mine), displaced, floor)
-        inference.lend(apis.custom, target, run, fields, Deadline(deadlines.api_s), target_obj)
+        inference.lend(kube.custom, target, run, fields, Deadline(deadlines.api_s), target_obj)
         changes = ", ".join(
             f"{'.'.join(path)}={value}"
             for path, value in fields.items()
@@ -224,7 +211,7 @@ def _shrink_inference(
 
 
 def give_back(
-    apis: Apis,
+    kube: Kube,
     run: str,
     *,
     cluster_queue: str,
@@ -238,19 +225,19 @@ def give_back(
     failures: list[str] = []
 
     try:
-        before = set_grant(apis.custom, cluster_queue, run, 0, Deadline(deadlines.api_s))
+        before = set_grant(kube.custom, cluster_queue, run, 0, Deadline(deadlines.api_s))
         if before.wrote:
             log.info("ClusterQueue %s: %s quota of this run taken back", cluster_queue, GPU_RESOURCE)
     except Exception as error:  # the nodes must still be returned
         failures.append(f"ClusterQueue {cluster_queue}: {error}")
 
     step = Deadline(deadlines.api_s)
-    for node in call(lambda: list_nodes(apis.core), step, "list nodes"):
+    for node in call(lambda: list_nodes(kube.core), step, "list nodes"):
         name = node["metadata"]["name"]
         if holder_of(node["metadata"].get("annotations")) != run:
             continue
         try:
-            edited = edit_node(apis.core, name, claims.release(run), Deadline(deadlines.api_s), current=node)
+            edited = edit_node(kube.core, name, claims.release(run), Deadline(deadlines.api_s), current=node)
         except Exception as error:  # return the other nodes
             failures.append(f"node {name}: {error}")
             continue
@@ -263,9 +250,9 @@ def give_back(
             log.info("node %s: returned to inference", name)
 
     repaid = []
-    for ref, obj in inference.find_loans(apis.custom, run, step):
+    for ref, obj in inference.find_loans(kube.custom, run, step):
         try:
-            inference.repay(apis.custom, ref, run, Deadline(deadlines.api_s), obj)
+            inference.repay(kube.custom, ref, run, Deadline(deadlines.api_s), obj)
         except Exception as error:  # repay the others
             failures.append(f"{ref}: {error}")
             continue
@@ -274,7 +261,7 @@ def give_back(
         summary.workloads_restored.append(str(ref))
 
     try:
-        _wait_ready(apis, repaid, Deadline(deadlines.ready_s), log)
+        _wait_ready(kube, repaid, Deadline(deadlines.ready_s), log)
     except DeadlineExceeded as error:
         failures.append(str(error))
     if failures:
@@ -282,11 +269,11 @@ def give_back(
     return summary
 
 
-def _wait_ready(apis: Apis, refs: list[WorkloadRef], deadline: Deadline, log: logging.Logger) -> None:
+def _wait_ready(kube: Kube, refs: list[WorkloadRef], deadline: Deadline, log: logging.Logger) -> None:
     pending = {ref: "not checked yet" for ref in refs}
     while True:
         for ref in list(pending):
-            obj = call(lambda ref=ref: ref.get(apis.custom), deadline, f"read {ref}")
+            obj = call(lambda ref=ref: ref.get(kube.custom), deadline, f"read {ref}")
             reason = inference.not_ready_reason(ref.kind, obj)
             if reason is None:
                 log.info("%s: Ready", ref)

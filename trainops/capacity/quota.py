@@ -15,12 +15,11 @@ import json
 
 from trainops.conventions import GPU_RESOURCE
 from trainops.errors import PermanentError
+from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH
 from trainops.kube.guarded import Edited, edit
-from trainops.kube.nodes import MERGE_PATCH
 from trainops.kube.retry import Deadline
 
 GRANTS_ANNOTATION = "trainops.io/quota-grants"
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 
 
 class QuotaError(PermanentError, ValueError):

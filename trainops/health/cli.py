@@ -120,16 +120,9 @@ def _publish_loop(args: argparse.Namespace, nvml: NvmlReader, ib_reader: SysfsIb
 
 
 def _core_api(kubeconfig: str | None) -> Any:
-    from kubernetes import client, config
+    from trainops.kube.client import Kube
 
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig)
-    else:
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-    return client.CoreV1Api()
+    return Kube.from_kubeconfig(kubeconfig).core
 
 
 def _register_health(subparsers: Any) -> None:

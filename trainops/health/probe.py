@@ -16,10 +16,10 @@ from trainops.health.ib_reader import IbReader, IbUnavailable
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.report import HealthReport, Signal, Signals
+from trainops.kube.client import MERGE_PATCH
 
 ANNOTATION = "trainops.io/health-report"
 CONDITION_TYPE = "GPUHealthy"
-MERGE_PATCH = "application/merge-patch+json"
 MAX_CONFLICTS = 5
 
 SpeedProbe = Callable[[int], list[Signal]]

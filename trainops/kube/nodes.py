@@ -23,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from trainops.conventions import GPU_RESOURCE
+from trainops.kube.client import MERGE_PATCH
 from trainops.kube.guarded import Edited, edit, merge_patch_of
 from trainops.kube.retry import Deadline
-
-MERGE_PATCH = "application/merge-patch+json"
 
 
 @dataclass(frozen=True)
