@@ -85,9 +85,10 @@ class Crash:
 def crash_first_attempt(dev, timeline: Timeline, run_uri: str, since: float) -> Crash:
     """On a thread: once the run's heartbeat reaches CRASH_AT_STEP, XID 79 on the node of rank 0 of
     the first Job created after ``since``; then read the step the next attempt's rank 0 starts from."""
+    from trainops.checkpoints.store import CheckpointStore
     from trainops.training.follow import read_heartbeat
 
-    crash = Crash()
+    crash, store = Crash(), CheckpointStore()
 
     def rank0(since: float, phase: str | None = "Running"):
         jobs = timeline.jobs_after(since)
@@ -111,7 +112,7 @@ def crash_first_attempt(dev, timeline: Timeline, run_uri: str, since: float) -> 
 
     def loop():
         while True:
-            beat = read_heartbeat(run_uri) or {}
+            beat = read_heartbeat(store, run_uri) or {}
             pod = rank0(since) if beat.get("step", 0) >= CRASH_AT_STEP else None
             if pod is not None:
                 break
@@ -195,7 +196,8 @@ def measure(home: Path) -> list[tuple[str, str, float, str, bool]]:
     from trainops_devcluster.cluster import DevCluster
     from trainops_devcluster.local_s3 import local_s3
 
-    from trainops.capacity.procedure import Apis, claim
+    from trainops.capacity.procedure import claim
+    from trainops.kube.client import Kube
 
     with local_s3() as s3, DevCluster(nodes=16, gpus_per_node=8, process_env=s3.env()) as dev:
         os.environ.update(s3.env())
@@ -215,7 +217,7 @@ def measure(home: Path) -> list[tuple[str, str, float, str, bool]]:
         busy = {p.spec.node_name for p in core.list_pod_for_all_namespaces().items}
         idle = sorted(n.metadata.name for n in core.list_node().items if n.metadata.name not in busy)
         # both sides get the same quota and nodes (the provider's operator cannot claim capacity)
-        claim(Apis.from_api_client(api), "bench/training", idle, cluster_queue="training")
+        claim(Kube(api), "bench/training", idle, cluster_queue="training")
         timeline = Timeline()
         dev.store.add_listener(timeline)
 

@@ -17,13 +17,12 @@ the latest verified checkpoint.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException, AirflowFailException
+from trainops.operators._errors import translate_errors
 
 LEDGER_KEY = "trainops.gang_training"
 
@@ -130,6 +129,7 @@ class GangTrainingOperator(BaseOperator):
         quarantine_culprits: bool = True,
         kubernetes_conn_id: str = "kubernetes_default",
         kubeconfig: str | None = None,
+        aws_conn_id: str | None = "aws_default",
         retries: int = 3,
         retry_delay: timedelta | float = timedelta(seconds=5),
         **kwargs: Any,
@@ -153,6 +153,7 @@ class GangTrainingOperator(BaseOperator):
         )
         self.fail_fast_on_user_error, self.quarantine_culprits = fail_fast_on_user_error, quarantine_culprits
         self.kubernetes_conn_id, self.kubeconfig = kubernetes_conn_id, kubeconfig
+        self.aws_conn_id = aws_conn_id
 
     # ---- parts -------------------------------------------------------------------------
     def spec(self):
@@ -200,39 +201,26 @@ class GangTrainingOperator(BaseOperator):
             start_timeout=self.start_timeout,
             heartbeat_poll=self.heartbeat_poll,
         )
-        return GangRunTrigger(config.to_dict(), self.kubernetes_conn_id, self.kubeconfig)
-
-    def _clients(self):
-        if self.kubeconfig:
-            from kubernetes import client, config
-
-            api = config.new_client_from_config(config_file=self.kubeconfig)
-            return client.CoreV1Api(api), client.BatchV1Api(api)
-        from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
-
-        hook = KubernetesHook(conn_id=self.kubernetes_conn_id)
-        return hook.core_v1_client, hook.batch_v1_client
+        return GangRunTrigger(config.to_dict(), self.kubernetes_conn_id, self.kubeconfig, self.aws_conn_id)
 
     def gang_run(self, context):
+        from trainops.hooks.checkpoint_store import CheckpointStoreHook
+        from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
+
         from trainops.training.attempts import RunLedger
-        from trainops.training.blame import quarantine_node
         from trainops.training.cluster import GangCluster
-        from trainops.training.follow import stop
         from trainops.training.runner import GangRun
 
-        store = context["task_state_store"]
-        core, batch = self._clients()
+        state = context["task_state_store"]
+        kube = KubernetesClusterHook(conn_id=self.kubernetes_conn_id, config_file=self.kubeconfig).kube()
         return GangRun(
             self.spec(),
             context["dag_run"].dag_id,
             context["dag_run"].run_id,
-            GangCluster(core, batch),
-            RunLedger.from_dict(store.get(LEDGER_KEY)),
-            save=lambda ledger: store.set(LEDGER_KEY, ledger),
-            stop=lambda job: asyncio.run(stop(self.trigger(job).client, self.namespace, job)),
-            quarantine=lambda node, reason, evidence, current: quarantine_node(
-                core, node, reason, evidence, current
-            ),
+            GangCluster(kube),
+            CheckpointStoreHook(aws_conn_id=self.aws_conn_id).get_store(),
+            RunLedger.from_dict(state.get(LEDGER_KEY)),
+            save=lambda ledger: state.set(LEDGER_KEY, ledger),
             fail_fast_on_user_error=self.fail_fast_on_user_error,
             quarantine_culprits=self.quarantine_culprits,
             logger=self.log,
@@ -248,15 +236,15 @@ class GangTrainingOperator(BaseOperator):
         return lambda number: (number - 1) + (last + 2 - ti.try_number)
 
     # ---- Airflow -----------------------------------------------------------------------
+    @translate_errors
     def execute(self, context):
-        try:
-            run = self.gang_run(context)
-        except ValueError as error:
-            raise AirflowFailException(str(error)) from error
+        run = self.gang_run(context)
         record, _ = run.start(self._attempts_possible(context))
         self.defer(trigger=self.trigger(record.job), method_name="execute_complete")
 
+    @translate_errors
     def execute_complete(self, context, event: dict):
+        from trainops.errors import PermanentError, TemporaryError
         from trainops.training.runner import Decision
 
         run = self.gang_run(context)
@@ -264,8 +252,8 @@ class GangTrainingOperator(BaseOperator):
         if verdict.decision is Decision.SUCCEEDED:
             return verdict.result
         if verdict.decision is Decision.FAIL:
-            raise AirflowFailException(verdict.message)
+            raise PermanentError(verdict.message)
         ti = context["ti"]
         if ti.try_number > self._last_retry(ti):
-            raise AirflowFailException(run.exhausted_message(verdict))
-        raise AirflowException(f"attempt failed, resuming on the next try: {verdict.message}")
+            raise PermanentError(run.exhausted_message(verdict))
+        raise TemporaryError(f"attempt failed, resuming on the next try: {verdict.message}")

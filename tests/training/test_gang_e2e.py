@@ -258,13 +258,15 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
     from kubernetes import client
     from trainops.operators.training import GangTrainingOperator
 
-    from trainops.capacity.procedure import Apis, claim
+    from trainops.capacity.procedure import claim
+    from trainops.checkpoints.store import CheckpointStore
+    from trainops.kube.client import Kube
     from trainops.training.attempts import RunLedger
     from trainops.training.cluster import GangCluster
     from trainops.training.runner import GangRun
 
     nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/killed-by-user/"
-    claim(Apis.from_api_client(api), "tests/kill", nodes, cluster_queue="training")
+    claim(Kube(api), "tests/kill", nodes, cluster_queue="training")
     operator = GangTrainingOperator(
         task_id="train",
         image="devcluster.trainops.io/local",
@@ -274,16 +276,8 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
         nodes=2,
         kubeconfig=str(cluster.kubeconfig),
     )
-    cluster_calls = GangCluster(client.CoreV1Api(api), client.BatchV1Api(api))
     run = GangRun(
-        operator.spec(),
-        "dag",
-        "run",
-        cluster_calls,
-        RunLedger(),
-        lambda ledger: None,
-        lambda job: "",
-        lambda *a: False,
+        operator.spec(), "dag", "run", GangCluster(Kube(api)), CheckpointStore(), RunLedger(), print
     )
     record, _ = run.start(lambda n: n)
     trigger = operator.trigger(record.job)

@@ -10,20 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
-SUBMITTING, SUBMITTED, ENDED = "submitting", "submitted", "ended"
+
+class Phase(StrEnum):
+    SUBMITTING = "submitting"
+    SUBMITTED = "submitted"
+    ENDED = "ended"
 
 
 @dataclass
 class AttemptRecord:
+    """One attempt; ``kind``: how it ended (``succeeded`` or a ``FailureKind``), ``ended``: why."""
+
     number: int
     job: str
-    phase: str
+    phase: Phase
     resume_from: str | None = None
     resume_step: int | None = None
     resume_verified: str | None = None
     ended: str | None = None
     kind: str | None = None
+
+    def __post_init__(self) -> None:
+        self.phase = Phase(self.phase)
 
 
 @dataclass
@@ -55,14 +65,16 @@ class RunLedger:
     def live(self) -> AttemptRecord | None:
         """The last attempt when it has not ended: its Job may still be running (or about to be created)."""
         current = self.current
-        return current if current is not None and current.phase != ENDED else None
+        return current if current is not None and current.phase is not Phase.ENDED else None
 
     def begin(
         self, job: str, resume_from: str | None, resume_step: int | None, verified: str | None
     ) -> AttemptRecord:
         if self.live is not None:
             raise RuntimeError(f"attempt {self.live.number} (Job {self.live.job}) has not ended")
-        record = AttemptRecord(len(self.attempts) + 1, job, SUBMITTING, resume_from, resume_step, verified)
+        record = AttemptRecord(
+            len(self.attempts) + 1, job, Phase.SUBMITTING, resume_from, resume_step, verified
+        )
         self.attempts.append(record)
         return record
 
@@ -72,7 +84,7 @@ class RunLedger:
     def end(self, kind: str, why: str) -> None:
         current = self.current
         if current is not None:
-            current.phase, current.kind, current.ended = ENDED, kind, why
+            current.phase, current.kind, current.ended = Phase.ENDED, str(kind), why
 
     def exclude(self, node: str, why: str) -> None:
         self.excluded.setdefault(node, why)

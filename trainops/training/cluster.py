@@ -1,39 +1,40 @@
-"""Synchronous cluster calls of the operator (``kubernetes`` client): submit, find and inspect Jobs,
-and blame nodes.  Transient API errors are retried until a deadline (``trainops.kube.retry``)."""
+"""The training run's calls to the cluster, on ``Kube``'s sync clients: submit, find, inspect and stop
+Jobs.  Transient API errors are retried until a deadline (``trainops.kube.retry``).  Async code (the
+follower in the triggerer) runs them in a thread; only the watches are async (``trainops.kube.aio``)."""
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+from trainops.errors import TemporaryError
+from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, Kube
+from trainops.kube.nodes import json_of
 from trainops.kube.retry import Deadline, call
-from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
-from trainops.training.kube import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, WORKLOADS
+from trainops.training.job import JOB_NAME_LABEL
 
 log = logging.getLogger(__name__)
 API_DEADLINE_S = 120.0
 LOG_TAIL_LINES = 100
 MAX_CONCURRENT_READS = 8
-
-
-def _json(response) -> dict:
-    return json.loads(response.data)
+WORKLOADS = "workloads"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 
 class GangCluster:
-    """``core``/``batch``: ``kubernetes.client.CoreV1Api`` / ``BatchV1Api``."""
+    """The run's Jobs, pods, Workloads and nodes through ``kube``."""
 
-    def __init__(self, core, batch) -> None:
-        self.core, self.batch = core, batch
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+        self.core, self.batch, self.custom = kube.core, kube.batch, kube.custom
 
     def read_job(self, namespace: str, name: str) -> dict | None:
         from kubernetes.client.exceptions import ApiException
 
         try:
             return call(
-                lambda: _json(self.batch.read_namespaced_job(name, namespace, _preload_content=False)),
+                lambda: json_of(self.batch.read_namespaced_job(name, namespace, _preload_content=False)),
                 Deadline(API_DEADLINE_S),
                 f"read Job {namespace}/{name}",
             )
@@ -49,7 +50,7 @@ class GangCluster:
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
         try:
             created = call(
-                lambda: _json(self.batch.create_namespaced_job(namespace, job, _preload_content=False)),
+                lambda: json_of(self.batch.create_namespaced_job(namespace, job, _preload_content=False)),
                 Deadline(API_DEADLINE_S),
                 f"create Job {namespace}/{name}",
             )
@@ -59,7 +60,7 @@ class GangCluster:
                 raise
         existing = self.read_job(namespace, name)
         if existing is None:
-            raise RuntimeError(f"Job {namespace}/{name} reported as existing but cannot be read")
+            raise TemporaryError(f"Job {namespace}/{name} reported as existing but cannot be read")
         return existing, False
 
     def create_service(self, service: dict) -> bool:
@@ -82,13 +83,11 @@ class GangCluster:
     def deactivate_workload(self, namespace: str, name: str) -> bool:
         """Stop a run through its Kueue Workload (``spec.active=false``: Kueue evicts it and does not
         requeue it); False when that Workload no longer exists."""
-        from kubernetes import client
         from kubernetes.client.exceptions import ApiException
 
-        custom = client.CustomObjectsApi(self.core.api_client)
         try:
             call(
-                lambda: custom.patch_namespaced_custom_object(
+                lambda: self.custom.patch_namespaced_custom_object(
                     KUEUE_GROUP,
                     KUEUE_VERSION,
                     namespace,
@@ -107,16 +106,44 @@ class GangCluster:
             return False
         return True
 
-    def run_jobs(self, namespace: str, run_key: str) -> list[dict]:
-        """Every Job of one DAG run (all attempts)."""
-        response = call(
-            lambda: self.batch.list_namespaced_job(
-                namespace, label_selector=f"{RUN_LABEL}={run_key}", _preload_content=False
+    def stop(self, namespace: str, job_name: str) -> str:
+        """Stop the run: deactivate its Workload (``spec.active=false``: Kueue evicts it and does not
+        requeue it), or, when Kueue made no Workload for it, delete the Job with Foreground
+        propagation.  Returns what was done."""
+        from kubernetes.client.exceptions import ApiException
+
+        job = self.read_job(namespace, job_name)
+        if job is None:
+            return f"Job {namespace}/{job_name} is already gone"
+        listed = call(
+            lambda: self.custom.list_namespaced_custom_object(
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                namespace,
+                WORKLOADS,
+                label_selector=f"{JOB_UID_LABEL}={job['metadata']['uid']}",
+                _preload_content=False,
             ),
             Deadline(API_DEADLINE_S),
-            "list the run's Jobs",
+            f"list the Workloads of Job {job_name}",
         )
-        return _json(response)["items"]
+        names = [w["metadata"]["name"] for w in json_of(listed).get("items") or []]
+        if names:
+            for name in names:
+                self.deactivate_workload(namespace, name)
+            return f"deactivated Workload {', '.join(names)} (spec.active=false)"
+        try:
+            call(
+                lambda: self.batch.delete_namespaced_job(
+                    job_name, namespace, propagation_policy="Foreground", _preload_content=False
+                ),
+                Deadline(API_DEADLINE_S),
+                f"delete Job {namespace}/{job_name}",
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+        return f"deleted Job {namespace}/{job_name} (Foreground propagation)"
 
     def job_pods(self, namespace: str, name: str) -> list[dict]:
         response = call(
@@ -126,7 +153,7 @@ class GangCluster:
             Deadline(API_DEADLINE_S),
             f"list the pods of Job {name}",
         )
-        return _json(response)["items"]
+        return json_of(response)["items"]
 
     def failure_evidence(
         self, namespace: str, pods: list[Mapping]
@@ -151,7 +178,7 @@ class GangCluster:
 
         try:
             return call(
-                lambda: _json(self.core.read_node(name, _preload_content=False)),
+                lambda: json_of(self.core.read_node(name, _preload_content=False)),
                 Deadline(API_DEADLINE_S),
                 f"read node {name}",
             )

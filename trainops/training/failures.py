@@ -29,12 +29,20 @@ class FailureKind(StrEnum):
     INFRASTRUCTURE = "infrastructure"
     USER_CODE = "user_code"
     HANG = "hang"
+    HEARTBEAT_UNREADABLE = "heartbeat_unreadable"
     START_TIMEOUT = "start_timeout"
     ADMISSION_TIMEOUT = "admission_timeout"
     STOPPED = "stopped"
 
 
-RETRYABLE = frozenset({FailureKind.INFRASTRUCTURE, FailureKind.HANG, FailureKind.START_TIMEOUT})
+RETRYABLE = frozenset(
+    {
+        FailureKind.INFRASTRUCTURE,
+        FailureKind.HANG,
+        FailureKind.HEARTBEAT_UNREADABLE,
+        FailureKind.START_TIMEOUT,
+    }
+)
 
 # XID in kernel/driver lines ("NVRM: Xid (PCI:0000:3b:00): 79, ...") and in plain "Xid 79" forms.
 _XID = re.compile(r"\bXid\b(?:\s*\([^)]*\))?[:\s]+(\d+)", re.IGNORECASE)

@@ -12,12 +12,16 @@ holds:
 - ``admission_timeout``: not admitted by Kueue within ``admission_timeout``;
 - ``deactivated``: the Workload was deactivated (``spec.active=false``) by someone else or by
   Kueue (requeuing limit);
-- ``job_missing``: the Job is gone.
+- ``job_missing``: the Job is gone;
+- ``heartbeat_unreadable``: the heartbeat could not be read (from the store of the Airflow AWS
+  connection) for longer than the hang bound; every failed read is logged and counted, and no
+  run is called hung while its heartbeat cannot be read.
 
 Preemption (Workload ``Evicted`` with reason ``Preempted``) and PodsReady timeouts are not
 outcomes: Kueue requeues the Workload, so the follower counts them, restarts the admission
-clock and keeps following the same attempt.  For ``hang`` and the timeouts the follower stops
-the run before returning.
+clock and keeps following the same attempt.  For ``hang``, ``heartbeat_unreadable`` and the
+timeouts the follower stops the run before returning.  The watches are async
+(``trainops.kube.aio``); the other cluster calls are ``GangCluster``'s, run in a thread.
 """
 
 from __future__ import annotations
@@ -27,18 +31,39 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from enum import StrEnum
 
-from trainops.training import kube
+from trainops.checkpoints.store import CheckpointStore
+from trainops.kube.aio import Resource, namespaced, watch
+from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION
+from trainops.training.cluster import JOB_UID_LABEL, WORKLOADS, GangCluster
+from trainops.training.job import JOB_NAME_LABEL
 from trainops.training.progress import HangPolicy, ProgressTracker
 
 log = logging.getLogger(__name__)
 
-SUCCEEDED, FAILED, HANG = "succeeded", "failed", "hang"
-START_TIMEOUT, ADMISSION_TIMEOUT = "start_timeout", "admission_timeout"
-DEACTIVATED, JOB_MISSING = "deactivated", "job_missing"
 FAILURE_SETTLE_S = 0.2  # gather pods that fail together (a lost node, a peer's abort)
+HEARTBEAT_LIMIT = 64 << 10
+
+
+class Status(StrEnum):
+    """How an attempt ended, as the follower saw it (see the module docstring)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    HANG = "hang"
+    HEARTBEAT_UNREADABLE = "heartbeat_unreadable"
+    START_TIMEOUT = "start_timeout"
+    ADMISSION_TIMEOUT = "admission_timeout"
+    DEACTIVATED = "deactivated"
+    JOB_MISSING = "job_missing"
+
+
+STOPPED_BY_FOLLOWER = frozenset(
+    {Status.HANG, Status.HEARTBEAT_UNREADABLE, Status.START_TIMEOUT, Status.ADMISSION_TIMEOUT}
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +89,7 @@ class FollowConfig:
 
 @dataclass
 class Outcome:
-    status: str
+    status: Status
     message: str
     job: str
     pods: list[dict] = field(default_factory=list)
@@ -73,6 +98,9 @@ class Outcome:
     seen_at: float = 0.0
     stopped: str | None = None
     workload: str | None = None  # the attempt's Kueue Workload, as the follower last saw it
+
+    def __post_init__(self) -> None:
+        self.status = Status(self.status)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -119,6 +147,9 @@ class RunState:
         self.preemptions: list[str] = []
         self._eviction_seen: str | None = None
         self.first_failure_at: float | None = None
+        self.unreadable_since: float | None = None
+        self.failed_reads = 0
+        self.last_read_error = ""
 
     # ---- updates -----------------------------------------------------------------------
     def apply(self, kind: str, event: str, obj: dict, now: float) -> None:
@@ -173,21 +204,38 @@ class RunState:
         return self.workload is None and not (self.job.get("spec") or {}).get("suspend", False)
 
     def heartbeat(self, beat: dict | None, now: float) -> None:
+        """A heartbeat read succeeded (``beat`` None: there is none yet)."""
+        self.unreadable_since = None
         self.tracker.observe(beat, now)
 
+    def heartbeat_failed(self, error: BaseException, now: float) -> None:
+        """A heartbeat read failed: logged, counted, and timed (see ``verdict``)."""
+        self.failed_reads += 1
+        self.last_read_error = f"{type(error).__name__}: {error}"
+        if self.unreadable_since is None:
+            self.unreadable_since = now
+        log.warning("heartbeat read failed (%d so far): %s", self.failed_reads, self.last_read_error)
+
+    def _unreadable_deadline(self) -> float | None:
+        """When unreadable heartbeats end the run: a hang bound after the reads began to fail, once
+        hang detection runs (all pods running)."""
+        if self.unreadable_since is None or self.tracker.deadline() is None:
+            return None
+        return self.unreadable_since + self.tracker.bound()[0]
+
     # ---- the verdict -------------------------------------------------------------------
-    def verdict(self, now: float) -> tuple[str, str] | None:
+    def verdict(self, now: float) -> tuple[Status, str] | None:
         name = self.config.job_name
         if condition(self.job, "Complete"):
-            return SUCCEEDED, f"Job {name} completed"
+            return Status.SUCCEEDED, f"Job {name} completed"
         failed = condition(self.job, "Failed")
         if failed:
-            return FAILED, f"Job {name} failed ({failed.get('reason')}: {failed.get('message', '')})"
+            return Status.FAILED, f"Job {name} failed ({failed.get('reason')}: {failed.get('message', '')})"
         if self.first_failure_at is not None and now >= self.first_failure_at + FAILURE_SETTLE_S:
             bad = sorted(n for n, p in self.pods.items() if pod_failed(p))
-            return FAILED, f"pod(s) {', '.join(bad)} of Job {name} failed"
+            return Status.FAILED, f"pod(s) {', '.join(bad)} of Job {name} failed"
         if self.job_gone:
-            return JOB_MISSING, f"Job {name} was deleted while the run was being followed"
+            return Status.JOB_MISSING, f"Job {name} was deleted while the run was being followed"
         finished = condition(self.workload, "Finished")
         evicted = condition(self.workload, "Evicted")
         if (
@@ -196,12 +244,15 @@ class RunState:
             or (self.workload and (self.workload.get("spec") or {}).get("active") is False)
         ):
             why = evicted.get("reason") if evicted else "spec.active=false"
-            return DEACTIVATED, f"Workload {self.workload['metadata']['name']} was deactivated ({why})"
+            return Status.DEACTIVATED, f"Workload {self.workload['metadata']['name']} was deactivated ({why})"
         if finished and not failed:
-            return FAILED, f"Workload finished ({finished.get('reason')}: {finished.get('message', '')})"
+            return (
+                Status.FAILED,
+                f"Workload finished ({finished.get('reason')}: {finished.get('message', '')})",
+            )
         if self.queued_since is not None and self.config.admission_timeout is not None:
             if now >= self.queued_since + self.config.admission_timeout:
-                return ADMISSION_TIMEOUT, (
+                return Status.ADMISSION_TIMEOUT, (
                     f"not admitted by Kueue within {self.config.admission_timeout:g}s "
                     f"({self._pending_reason()}); raise the queue's quota or claim nodes for it"
                 )
@@ -210,12 +261,21 @@ class RunState:
                 running = sum(
                     1 for p in self.pods.values() if (p.get("status") or {}).get("phase") == "Running"
                 )
-                return START_TIMEOUT, (
+                return Status.START_TIMEOUT, (
                     f"admitted, but only {running} of {self.config.nodes} pods running after "
                     f"{self.config.start_timeout:g}s"
                 )
+        if self.unreadable_since is not None:  # no progress can be judged without the heartbeat
+            deadline = self._unreadable_deadline()
+            if deadline is not None and now >= deadline:
+                return Status.HEARTBEAT_UNREADABLE, (
+                    f"heartbeat unreadable for {now - self.unreadable_since:.1f}s, longer than the hang "
+                    f"bound ({self.failed_reads} failed reads; last: {self.last_read_error}); check the "
+                    "AWS connection's endpoint and credentials for the run path"
+                )
+            return None
         if hung := self.tracker.hung(now):
-            return HANG, f"hang: {hung}"
+            return Status.HANG, f"hang: {hung}"
         return None
 
     def next_deadline(self, now: float) -> float:
@@ -229,6 +289,8 @@ class RunState:
             candidates.append(self.admitted_since + self.config.start_timeout)
         if (deadline := self.tracker.deadline()) is not None:
             candidates.append(deadline)
+        if (deadline := self._unreadable_deadline()) is not None:
+            candidates.append(deadline)
         return min(candidates)
 
     def _pending_reason(self) -> str:
@@ -239,56 +301,89 @@ class RunState:
         return "no Workload yet" if self.workload is None else "pending"
 
 
-def read_heartbeat(run_uri: str) -> dict | None:
-    """The run's ``heartbeat.json`` (None when absent or unreadable)."""
+def read_heartbeat(store: CheckpointStore, run_uri: str) -> dict | None:
+    """The run's ``heartbeat.json`` (None while there is none); read errors are raised."""
     from trainops.checkpoints.helper import HEARTBEAT_FILE
-    from trainops.checkpoints.store import CheckpointStore
     from trainops.checkpoints.uri import S3Uri
 
     run = S3Uri.parse(run_uri, field="run_uri")
-    try:
-        data = CheckpointStore().read(run.bucket, run.key(HEARTBEAT_FILE), limit=64 << 10)
-        return json.loads(data) if data else None
-    except Exception as error:  # a flaky bucket must not end the run; staleness is the signal
-        log.warning("heartbeat read failed: %s", error)
-        return None
+    data = store.read(run.bucket, run.key(HEARTBEAT_FILE), limit=HEARTBEAT_LIMIT)
+    return json.loads(data) if data else None
 
 
-ClientFactory = Callable[[], Any]  # () -> async context manager yielding a kubernetes_asyncio ApiClient
+def watched(api, namespace: str, job_name: str, job_uid: str) -> list[Resource]:
+    """The Job, its pods and its Kueue Workload, as watchable collections (``api``: a
+    ``kubernetes_asyncio`` ApiClient)."""
+    from kubernetes_asyncio import client
+
+    batch, core, custom = client.BatchV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api)
+    workloads = namespaced(
+        custom.list_namespaced_custom_object, namespace, KUEUE_GROUP, KUEUE_VERSION, after=(WORKLOADS,)
+    )
+    return [
+        Resource(
+            "job",
+            namespaced(batch.list_namespaced_job, namespace),
+            {"field_selector": f"metadata.name={job_name}"},
+        ),
+        Resource(
+            "pod",
+            namespaced(core.list_namespaced_pod, namespace),
+            {"label_selector": f"{JOB_NAME_LABEL}={job_name}"},
+        ),
+        Resource("workload", workloads, {"label_selector": f"{JOB_UID_LABEL}={job_uid}"}),
+    ]
+
+
+AsyncClient = Callable[[], AbstractAsyncContextManager]  # () -> a kubernetes_asyncio ApiClient
 
 
 class RunFollower:
+    """Follows one attempt: ``cluster`` for reads and the stop, ``async_client`` for the watches,
+    ``store`` for the heartbeat."""
+
     def __init__(
-        self, config: FollowConfig, client_factory: ClientFactory, clock: Callable[[], float] = time.time
+        self,
+        config: FollowConfig,
+        cluster: GangCluster,
+        async_client: AsyncClient,
+        store: CheckpointStore,
+        clock: Callable[[], float] = time.time,
     ):
-        self.config = config
-        self.client_factory = client_factory
+        self.config, self.cluster, self.async_client, self.store = config, cluster, async_client, store
         self.clock = clock
 
     async def follow(self) -> Outcome:
         config = self.config
-        async with self.client_factory() as api:
-            job = await kube.read_job(api, config.namespace, config.job_name)
-            if job is None:
-                return Outcome(
-                    JOB_MISSING, f"Job {config.namespace}/{config.job_name} does not exist", config.job_name
-                )
-            baseline = await asyncio.to_thread(read_heartbeat, config.run_uri)
-            state = RunState(config, job, baseline, self.clock())
+        job = await asyncio.to_thread(self.cluster.read_job, config.namespace, config.job_name)
+        if job is None:
+            return Outcome(
+                Status.JOB_MISSING,
+                f"Job {config.namespace}/{config.job_name} does not exist",
+                config.job_name,
+            )
+        try:
+            baseline, unread = await asyncio.to_thread(read_heartbeat, self.store, config.run_uri), None
+        except Exception as error:  # counted below; without a baseline every heartbeat counts as new
+            baseline, unread = None, error
+        state = RunState(config, job, baseline, self.clock())
+        if unread is not None:
+            state.heartbeat_failed(unread, self.clock())
+        async with self.async_client() as api:
             queue: asyncio.Queue = asyncio.Queue()
             tasks = [
                 asyncio.create_task(self._pump(resource, queue))
-                for resource in kube.resources(api, config.namespace, config.job_name, job["metadata"]["uid"])
+                for resource in watched(api, config.namespace, config.job_name, job["metadata"]["uid"])
             ]
             tasks.append(asyncio.create_task(self._beats(queue)))
             try:
-                return await self._loop(state, queue, api)
+                return await self._loop(state, queue)
             finally:
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _loop(self, state: RunState, queue: asyncio.Queue, api) -> Outcome:
+    async def _loop(self, state: RunState, queue: asyncio.Queue) -> Outcome:
         while True:
             now = self.clock()
             if verdict := state.verdict(now):
@@ -303,8 +398,10 @@ class RunFollower:
                     seen_at=state.first_failure_at or now,
                     workload=(state.workload or {}).get("metadata", {}).get("name"),
                 )
-                if status in (HANG, START_TIMEOUT, ADMISSION_TIMEOUT):
-                    outcome.stopped = await kube.stop_run(api, self.config.namespace, self.config.job_name)
+                if status in STOPPED_BY_FOLLOWER:
+                    outcome.stopped = await asyncio.to_thread(
+                        self.cluster.stop, self.config.namespace, self.config.job_name
+                    )
                 return outcome
             try:
                 item = await asyncio.wait_for(queue.get(), timeout=max(0.01, state.next_deadline(now) - now))
@@ -313,14 +410,16 @@ class RunFollower:
             if isinstance(item, BaseException):
                 raise item
             kind, event, obj = item
-            if kind == "heartbeat":
-                state.heartbeat(obj, self.clock())
-            else:
+            if kind != "heartbeat":
                 state.apply(kind, event, obj, self.clock())
+            elif event == "ERROR":
+                state.heartbeat_failed(obj, self.clock())
+            else:
+                state.heartbeat(obj, self.clock())
 
-    async def _pump(self, resource: kube.Resource, queue: asyncio.Queue) -> None:
+    async def _pump(self, resource: Resource, queue: asyncio.Queue) -> None:
         try:
-            async for event, obj in kube.watch(resource):
+            async for event, obj in watch(resource):
                 queue.put_nowait((resource.kind, event, obj))
         except asyncio.CancelledError:
             raise
@@ -328,16 +427,15 @@ class RunFollower:
             queue.put_nowait(error)
 
     async def _beats(self, queue: asyncio.Queue) -> None:
-        last = None
+        last, failing = None, False
         while True:
-            beat = await asyncio.to_thread(read_heartbeat, self.config.run_uri)
-            if beat is not None and beat != last:
-                last = beat
-                queue.put_nowait(("heartbeat", "MODIFIED", beat))
+            try:
+                beat = await asyncio.to_thread(read_heartbeat, self.store, self.config.run_uri)
+            except Exception as error:  # surfaced: RunState logs, counts and times it
+                failing = True
+                queue.put_nowait(("heartbeat", "ERROR", error))
+            else:
+                if beat != last or failing:
+                    last, failing = beat, False
+                    queue.put_nowait(("heartbeat", "MODIFIED", beat))
             await asyncio.sleep(self.config.heartbeat_poll)
-
-
-async def stop(client_factory: ClientFactory, namespace: str, job_name: str) -> str:
-    """Stop a run from outside a follow (user kill)."""
-    async with client_factory() as api:
-        return await kube.stop_run(api, namespace, job_name)

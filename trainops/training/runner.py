@@ -14,10 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from trainops.checkpoints.store import CheckpointStore
 from trainops.training import follow
-from trainops.training.attempts import SUBMITTED, SUBMITTING, AttemptRecord, RunLedger
+from trainops.training.attempts import AttemptRecord, Phase, RunLedger
+from trainops.training.blame import quarantine_node
 from trainops.training.cluster import GangCluster
 from trainops.training.failures import Failure, FailureKind, classify
+from trainops.training.follow import Status
 from trainops.training.job import build_job, build_service, master_addr
 from trainops.training.naming import job_name
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
@@ -46,11 +49,11 @@ class Checkpoint:
     how: str
 
 
-def latest_checkpoint(run_uri: str) -> tuple[Checkpoint, list[str]]:
+def latest_checkpoint(run_uri: str, store: CheckpointStore) -> tuple[Checkpoint, list[str]]:
     """Where a new attempt resumes (None: fresh start), and why newer checkpoints were skipped."""
     from trainops.checkpoints.latest import latest_verified
 
-    latest = latest_verified(run_uri)
+    latest = latest_verified(run_uri, store=store)
     skipped = [f"{r.uri}: {'; '.join(r.reasons)}" for r in latest.skipped]
     found = latest.checkpoint
     if found is None:
@@ -58,19 +61,19 @@ def latest_checkpoint(run_uri: str) -> tuple[Checkpoint, list[str]]:
     return Checkpoint(found.uri, found.step, f"verified at level {found.level} ({found.format})"), skipped
 
 
-_STATUS_KIND = {
-    follow.HANG: FailureKind.HANG,
-    follow.START_TIMEOUT: FailureKind.START_TIMEOUT,
-    follow.ADMISSION_TIMEOUT: FailureKind.ADMISSION_TIMEOUT,
-    follow.DEACTIVATED: FailureKind.STOPPED,
-    follow.JOB_MISSING: FailureKind.INFRASTRUCTURE,
+_STATUS_KIND = {  # how the follower ended an attempt -> the failure it is judged as
+    Status.HANG: FailureKind.HANG,
+    Status.HEARTBEAT_UNREADABLE: FailureKind.HEARTBEAT_UNREADABLE,
+    Status.START_TIMEOUT: FailureKind.START_TIMEOUT,
+    Status.ADMISSION_TIMEOUT: FailureKind.ADMISSION_TIMEOUT,
+    Status.DEACTIVATED: FailureKind.STOPPED,
+    Status.JOB_MISSING: FailureKind.INFRASTRUCTURE,
 }
 
 
 class GangRun:
-    """``save(ledger_dict)`` persists the ledger (Airflow: the task state store); ``stop()`` stops the
-    current attempt's run; ``quarantine(node, reason, evidence, current)`` quarantines a blamed node
-    (``current``: the node as just read, or None)."""
+    """``cluster``: the run's Jobs and nodes; ``store``: the checkpoint store of the run path (Airflow:
+    from the AWS connection); ``save(ledger_dict)`` persists the ledger (Airflow: the task state store)."""
 
     def __init__(
         self,
@@ -78,18 +81,16 @@ class GangRun:
         dag_id: str,
         run_id: str,
         cluster: GangCluster,
+        store: CheckpointStore,
         ledger: RunLedger,
         save: Callable[[dict], None],
-        stop: Callable[[str], str],
-        quarantine: Callable[[str, str, dict], bool],
         *,
         fail_fast_on_user_error: bool = True,
         quarantine_culprits: bool = True,
         logger: logging.Logger = log,
     ) -> None:
         self.spec, self.dag_id, self.run_id = spec, dag_id, run_id
-        self.cluster, self.ledger, self._save = cluster, ledger, save
-        self._stop, self._quarantine = stop, quarantine
+        self.cluster, self.store, self.ledger, self._save = cluster, store, ledger, save
         self.fail_fast_on_user_error = fail_fast_on_user_error
         self.quarantine_culprits = quarantine_culprits
         self.log = logger
@@ -110,7 +111,7 @@ class GangRun:
                 )
                 self.cluster.create_service(build_service(self.spec, job))  # gone if a try died mid-submit
                 return live, True
-            if job is None and live.phase == SUBMITTING:
+            if job is None and live.phase is Phase.SUBMITTING:
                 self.log.info(
                     "attempt %d's Job %s was never created (the try died first): creating it",
                     live.number,
@@ -119,22 +120,22 @@ class GangRun:
                 self._submit(live)
                 return live, False
             if job is None:
-                self.ledger.end(str(FailureKind.INFRASTRUCTURE), f"Job {live.job} disappeared")
+                self.ledger.end(FailureKind.INFRASTRUCTURE, f"Job {live.job} disappeared")
             else:
                 # the previous try died before it judged the attempt; judge it now
                 pods = self.cluster.job_pods(self.spec.namespace, live.job)
                 if _condition(job, "Complete"):
-                    self.ledger.end("succeeded", "completed while no try was watching")
+                    self.ledger.end(Status.SUCCEEDED, "completed while no try was watching")
                     self.save()
                     return live, True
                 self._judge_failure(
-                    follow.Outcome(follow.FAILED, "failed while no try was watching", live.job, pods)
+                    follow.Outcome(Status.FAILED, "failed while no try was watching", live.job, pods)
                 )
             self.save()
         return self._new_attempt(attempts_possible), False
 
     def _new_attempt(self, attempts_possible: Callable[[int], int]) -> AttemptRecord:
-        checkpoint, skipped = latest_checkpoint(self.spec.run_path)
+        checkpoint, skipped = latest_checkpoint(self.spec.run_path, self.store)
         number = self.ledger.next_number()
         record = self.ledger.begin(
             job_name(self.dag_id, self.run_id, number), checkpoint.uri, checkpoint.step, checkpoint.how
@@ -178,7 +179,7 @@ class GangRun:
                 record.job,
                 master_addr(record.job, self.spec.namespace),
             )
-        record.phase = SUBMITTED
+        record.phase = Phase.SUBMITTED
         self.save()
 
     # ---- finish ------------------------------------------------------------------------
@@ -188,8 +189,8 @@ class GangRun:
         for message in outcome.preemptions:
             self.ledger.preemptions += 1
             self.log.info("preempted and requeued by Kueue (no resume used): %s", message)
-        if outcome.status == follow.SUCCEEDED:
-            self.ledger.end("succeeded", outcome.message)
+        if outcome.status is Status.SUCCEEDED:
+            self.ledger.end(Status.SUCCEEDED, outcome.message)
             self.save()
             return Verdict(Decision.SUCCEEDED, outcome.message, result=self.result())
         if outcome.stopped:
@@ -201,7 +202,7 @@ class GangRun:
 
     def _judge_failure(self, outcome: follow.Outcome) -> Verdict:
         nodes: dict[str, dict | None] = {}
-        if outcome.status == follow.FAILED:
+        if outcome.status is Status.FAILED:
             nodes, logs = self.cluster.failure_evidence(self.spec.namespace, outcome.pods)
             failure = classify(outcome.pods, nodes, logs, container=CONTAINER_NAME)
         else:
@@ -211,7 +212,7 @@ class GangRun:
         if failure.kind is FailureKind.INFRASTRUCTURE:
             self._blame(failure, nodes)
             self.log.info("stopping the attempt: %s", self._stop_attempt(outcome))
-        self.ledger.end(str(failure.kind), failure.reason)
+        self.ledger.end(failure.kind, failure.reason)
         if failure.kind is FailureKind.USER_CODE and self.fail_fast_on_user_error:
             return Verdict(Decision.FAIL, f"user code failed (no resume used): {failure.reason}", failure)
         if failure.retryable or failure.kind is FailureKind.USER_CODE:
@@ -219,18 +220,19 @@ class GangRun:
         return Verdict(Decision.FAIL, f"{failure.kind}: {failure.reason}", failure)
 
     def _stop_attempt(self, outcome: follow.Outcome) -> str:
-        """Deactivate the Workload the follower saw, on this try's open client (one call); without
-        one (no Kueue Workload, or it is gone), the full ``stop``."""
+        """Deactivate the Workload the follower saw (one call); without one (no Kueue Workload, or it
+        is gone), the full ``GangCluster.stop``."""
         if outcome.workload and self.cluster.deactivate_workload(self.spec.namespace, outcome.workload):
             return f"deactivated Workload {outcome.workload} (spec.active=false)"
-        return self._stop(outcome.job)
+        return self.cluster.stop(self.spec.namespace, outcome.job)
 
     def _blame(self, failure: Failure, nodes: dict[str, dict | None]) -> None:
         """Quarantine the culprits; ``nodes``: those just read for the classification (saves a read)."""
         for node, evidence in sorted(failure.culprits.items()):
             reason = "; ".join(evidence["problems"])
             if self.quarantine_culprits:
-                wrote = self._quarantine(
+                wrote = quarantine_node(
+                    self.cluster.core,
                     node,
                     reason,
                     {"problems": evidence["problems"], "run": f"{self.dag_id}/{self.run_id}"},
@@ -242,7 +244,7 @@ class GangRun:
             self.ledger.exclude(node, reason)
 
     def result(self) -> dict:
-        checkpoint, _ = latest_checkpoint(self.spec.run_path)
+        checkpoint, _ = latest_checkpoint(self.spec.run_path, self.store)
         current = self.ledger.current
         return {
             "run_uri": self.spec.run_path,
@@ -256,7 +258,7 @@ class GangRun:
         }
 
     def exhausted_message(self, verdict: Verdict) -> str:
-        checkpoint, _ = latest_checkpoint(self.spec.run_path)
+        checkpoint, _ = latest_checkpoint(self.spec.run_path, self.store)
         where = f"{checkpoint.uri} (step {checkpoint.step})" if checkpoint.uri else "none"
         return (
             f"resumes exhausted after {len(self.ledger.attempts)} attempts; last: {verdict.message}. "

@@ -1,0 +1,63 @@
+"""Heartbeat read errors surface: logged, counted, and a run whose heartbeat stays unreadable for
+longer than the hang bound ends as ``heartbeat_unreadable``, never as a hang."""
+
+from __future__ import annotations
+
+import logging
+
+from trainops.training.follow import FollowConfig, RunState, Status
+from trainops.training.progress import HangPolicy
+
+BOUND = 30.0  # one heartbeat so far: max(floor, startup_timeout)
+
+
+def running_state() -> RunState:
+    """An admitted attempt (no Kueue Workload, Job not suspended) whose one pod runs from t=0 and
+    whose first heartbeat arrives at t=1."""
+    config = FollowConfig(
+        "training", "job-1", "s3://b/runs/r/", nodes=1, hang=HangPolicy(startup_timeout=BOUND)
+    )
+    state = RunState(config, {"metadata": {"name": "job-1"}, "spec": {}}, None, now=0.0)
+    pod = {"metadata": {"name": "job-1-0"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+    state.apply("pod", "ADDED", pod, 0.0)
+    state.heartbeat({"step": 5, "time": 1.0}, 1.0)
+    return state
+
+
+def test_unreadable_heartbeat_fails_the_run_with_that_reason_after_the_hang_bound(caplog):
+    state = running_state()
+    with caplog.at_level(logging.WARNING, logger="trainops.training.follow"):
+        state.heartbeat_failed(ConnectionRefusedError("connect to 127.0.0.1:9 refused"), 2.0)
+        state.heartbeat_failed(ConnectionRefusedError("connect to 127.0.0.1:9 refused"), 4.0)
+
+    assert state.failed_reads == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "heartbeat read failed (1 so far): ConnectionRefusedError: connect to 127.0.0.1:9 refused",
+        "heartbeat read failed (2 so far): ConnectionRefusedError: connect to 127.0.0.1:9 refused",
+    ]
+    assert state.verdict(1.0 + BOUND + 0.5) is None  # the hang bound passed, but nothing says it hung
+    status, message = state.verdict(2.0 + BOUND)
+    assert status is Status.HEARTBEAT_UNREADABLE
+    assert "heartbeat unreadable for 30.0s" in message and "2 failed reads" in message
+    assert "127.0.0.1:9 refused" in message and "AWS connection" in message
+
+
+def test_a_successful_read_ends_the_outage_and_hang_detection_resumes():
+    state = running_state()
+    state.heartbeat_failed(TimeoutError("read timed out"), 2.0)
+    state.heartbeat({"step": 5, "time": 1.0}, 20.0)  # readable again, no new progress
+
+    assert state.unreadable_since is None and state.failed_reads == 1
+    assert state.verdict(1.0 + BOUND - 0.1) is None
+    status, message = state.verdict(1.0 + BOUND)
+    assert status is Status.HANG and message.startswith("hang: no progress for 30.0s")
+
+
+def test_unreadable_heartbeat_before_the_pods_run_does_not_end_the_run():
+    config = FollowConfig(
+        "training", "job-1", "s3://b/runs/r/", nodes=2, hang=HangPolicy(startup_timeout=BOUND)
+    )
+    state = RunState(config, {"metadata": {"name": "job-1"}, "spec": {"suspend": True}}, None, now=0.0)
+    state.heartbeat_failed(OSError("no route to host"), 0.0)
+
+    assert state.verdict(10 * BOUND) is None
