@@ -17,11 +17,13 @@ import pickle
 from dataclasses import dataclass
 from typing import Any
 
+from trainops.errors import PermanentError
+
 MAX_DIMS = 64  # torch's own limit on a tensor's rank
 MAX_PATH = 4096
 
 
-class RefusedPickle(pickle.UnpicklingError):
+class RefusedPickle(PermanentError, pickle.UnpicklingError):
     """The pickle names something other than DCP metadata classes, or misuses one."""
 
 
