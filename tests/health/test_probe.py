@@ -12,6 +12,7 @@ from trainops_devcluster.telemetry import FakeNvml, TelemetryIbReader
 
 from tests.health.conftest import two_sample_report
 from trainops.cli import main
+from trainops.errors import TemporaryError
 from trainops.health.probe import ANNOTATION, collect_report, publish
 from trainops.health.report import SCHEMA_VERSION, HealthReport
 
@@ -145,7 +146,7 @@ def test_publish_retries_on_conflict_and_keeps_transition_time(node, clock, clus
 
 def test_publish_gives_up_after_repeated_conflicts(node, clock, cluster, core_api):
     racing = RacingKubelet(core_api, cluster.store, writes=100)
-    with pytest.raises(RuntimeError, match=f"node {NODE}: gave up after 5 resourceVersion conflicts"):
+    with pytest.raises(TemporaryError, match=f"node {NODE}: gave up after 5 resourceVersion conflicts"):
         publish(two_sample_report(node, clock), racing)
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from trainops.errors import TemporaryError
 from trainops.health.ib_reader import IbReader, IbUnavailable
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
@@ -150,7 +151,7 @@ def _patch_node(read: Callable, patch: Callable, name: str, build: Callable[[Any
         except ApiException as err:
             if err.status != 409:
                 raise
-    raise RuntimeError(f"node {name}: gave up after {MAX_CONFLICTS} resourceVersion conflicts in a row")
+    raise TemporaryError(f"node {name}: gave up after {MAX_CONFLICTS} resourceVersion conflicts in a row")
 
 
 def _timestamp(seconds: float) -> str:

@@ -13,6 +13,8 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from trainops.errors import PermanentError
+
 # list field name -> the key its items merge on
 _KEYED_LISTS = {
     "containers": "name",
@@ -33,7 +35,7 @@ _FORBIDDEN_SPEC = {
 }
 
 
-class TemplateConflict(ValueError):
+class TemplateConflict(PermanentError, ValueError):
     """The pod template sets a field trainops owns to something else."""
 
 
