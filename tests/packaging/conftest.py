@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -12,8 +14,9 @@ from tests.packaging.installs import PROJECTS, REPO, Build, Venv, Wheel, make_ve
 
 
 @pytest.fixture(scope="session")
-def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
-    """Wheels of the three distributions, built with ``python -m build`` from a clone of HEAD."""
+def build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Build]:
+    """Wheels of the three distributions, built with ``python -m build`` from a clone of HEAD.
+    The clone, the wheels and both virtualenvs (about 1 GB) are removed when the session ends."""
     top = tmp_path_factory.mktemp("packaging")
     clone, dist = top / "clone", top / "dist"
     run(["git", "clone", "--quiet", str(REPO), str(clone)])
@@ -27,7 +30,8 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
     for name in PROJECTS:
         (path,) = dist.glob(f"{name.replace('-', '_')}-*.whl")
         wheels[name] = Wheel(name, path)
-    return Build(clone, wheels)
+    yield Build(clone, wheels)
+    shutil.rmtree(top, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
