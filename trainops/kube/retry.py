@@ -121,9 +121,21 @@ def wait_before_retry(error: BaseException, backoff: Backoff) -> float:
     return min(retry_after(error) or backoff.next(), MAX_WAIT_S)
 
 
-def _gave_up(what: str, error: BaseException, deadline: Deadline) -> DeadlineExceeded:
-    answer = getattr(error, "status", None) or repr(error)
-    return DeadlineExceeded(f"{what}: kept failing with {answer} for {deadline.seconds:g}s")
+def _wait_or_raise(
+    error: Exception,
+    transient: Callable[[BaseException], bool],
+    deadline: Deadline,
+    backoff: Backoff,
+    what: str,
+) -> float:
+    """The wait before the next try after ``error``; raises ``error`` when it is not transient, and
+    ``DeadlineExceeded`` (naming ``what`` and the last answer) when the deadline is gone."""
+    if not transient(error):
+        raise error
+    if deadline.expired:
+        answer = getattr(error, "status", None) or repr(error)
+        raise DeadlineExceeded(f"{what}: kept failing with {answer} for {deadline.seconds:g}s") from error
+    return wait_before_retry(error, backoff)
 
 
 def call(
@@ -139,11 +151,7 @@ def call(
         try:
             return fn()
         except Exception as error:
-            if not transient(error):
-                raise
-            if deadline.expired:
-                raise _gave_up(what, error, deadline) from error
-            deadline.sleep(wait_before_retry(error, backoff), what)
+            deadline.sleep(_wait_or_raise(error, transient, deadline, backoff, what), what)
 
 
 async def acall(
@@ -159,8 +167,4 @@ async def acall(
         try:
             return await fn()
         except Exception as error:
-            if not transient(error):
-                raise
-            if deadline.expired:
-                raise _gave_up(what, error, deadline) from error
-            await deadline.asleep(wait_before_retry(error, backoff), what)
+            await deadline.asleep(_wait_or_raise(error, transient, deadline, backoff, what), what)
