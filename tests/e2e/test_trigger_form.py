@@ -58,9 +58,10 @@ def test_more_gpus_per_node_than_any_node_has_fails_at_the_gate_naming_the_field
 
 def test_an_unknown_policy_row_that_reaches_the_gate_fails_naming_the_row_before_any_write(cluster, capfd):
     """A caller that skips the form (the operator used from code) still gets the check, in the gate."""
+    from airflow.sdk.exceptions import AirflowFailException
     from trainops.operators.health import NodeHealthGateOperator
 
     gate = NodeHealthGateOperator(task_id="gate", policy_overrides={"no_such_row": {"threshold": 1}})
-    with pytest.raises(ValueError, match="unknown health policy row 'no_such_row'"):
+    with pytest.raises(AirflowFailException, match="unknown health policy row 'no_such_row'"):
         gate.execute({})
     assert writes(cluster) == []

@@ -1,0 +1,37 @@
+"""A claim of ``count`` of the gate's candidates takes the least disruptive nodes, on the devcluster."""
+
+from __future__ import annotations
+
+from tests.capacity.helpers import DEPLOYMENTS, default_seeded_objects, kube_for, nodes_by_app
+from trainops.capacity.procedure import claim, give_back
+from trainops.conventions import MODE_TAINT
+
+RUN, OTHER = "train_llm/manual__1", "train_llm/manual__2"
+
+
+def mode(cluster, name: str) -> str | None:
+    taints = cluster.store.get("nodes", "", name)["spec"].get("taints") or []
+    return next((t["value"] for t in taints if t["key"] == MODE_TAINT), None)
+
+
+def test_count_claims_idle_nodes_first_skips_held_ones_and_lists_pods_once(devcluster):
+    default_seeded_objects(devcluster)
+    where = nodes_by_app(devcluster)
+    busy, idle = where["llm-chat"][:2], where["idle"][:3]
+    kube = kube_for(devcluster)
+    claim(kube, OTHER, idle[:1], cluster_queue="training")
+    listed_before = len(devcluster.server.audit.entries())
+
+    summary = claim(kube, RUN, [*busy, *idle], count=3, cluster_queue="training", deployments=DEPLOYMENTS)
+
+    assert sorted(summary.node_names) == sorted([*idle[1:], busy[0]])
+    assert summary.workloads_shrunk == ["Deployment inference/llm-chat"] and summary.evictions >= 1
+    assert [mode(devcluster, n) for n in sorted(summary.node_names)] == ["training"] * 3
+    assert mode(devcluster, busy[1]) == "inference"
+    requests = devcluster.server.audit.entries()[listed_before:]
+    first_eviction = next(i for i, e in enumerate(requests) if e["path"].endswith("/eviction"))
+    pod_lists = [e for e in requests[:first_eviction] if e["verb"] == "list" and "/pods" in e["path"]]
+    assert len(pod_lists) == 2  # one for the ranking and the inference shrink, one as the drain starts
+    give_back(kube, RUN, cluster_queue="training")
+    give_back(kube, OTHER, cluster_queue="training")
+    assert mode(devcluster, busy[0]) == "inference"
