@@ -874,7 +874,7 @@ def _from_protobuf(body: bytes) -> bytes:
         return _dumps(protobuf.to_json(body))
     except protobuf.Unsupported as exc:
         raise UnsupportedMediaType(
-            f"the devcluster decodes protobuf only for Eviction and DeleteOptions, not {exc}: send "
+            f"the devcluster does not decode protobuf for {exc} (only {', '.join(protobuf.KINDS)}): send "
             "application/json (accepted media types include: application/json)"
         ) from None
 

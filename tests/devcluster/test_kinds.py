@@ -61,7 +61,9 @@ def test_node_probe_manifest_applies_and_runs_one_pod_per_gpu_node(kubectl, devc
     assert table[1].split()[:6] == ["trainops-node-probe", "16", "16", "16", "16", "16"]
 
     kubectl("label", "node", "gpu-node-003", "nvidia.com/gpu.present-")  # no longer a GPU node
-    wait_for(lambda: len([p for p in probe_pods(devcluster) if not p["metadata"].get("deletionTimestamp")]) == 15)
+    wait_for(
+        lambda: len([p for p in probe_pods(devcluster) if not p["metadata"].get("deletionTimestamp")]) == 15
+    )
     assert "gpu-node-003" not in {p["spec"].get("nodeName") for p in probe_pods(devcluster)}
 
     again = kubectl("apply", "-f", str(REPO / "deploy" / "node-probe.yaml")).stdout
@@ -84,12 +86,17 @@ def test_config_maps_through_the_official_client(k8s):
     )
     created = core.create_namespaced_config_map("default", body)
     assert created.data == {"lr": "0.1"} and created.kind == "ConfigMap"
-    core.create_namespaced_config_map("default", client.V1ConfigMap(metadata=client.V1ObjectMeta(name="other")))
+    core.create_namespaced_config_map(
+        "default", client.V1ConfigMap(metadata=client.V1ObjectMeta(name="other"))
+    )
     listed = core.list_namespaced_config_map("default", label_selector="app=train")
     assert [c.metadata.name for c in listed.items] == ["settings"]
 
     stream = watch.Watch().stream(
-        core.list_namespaced_config_map, "default", resource_version=listed.metadata.resource_version, timeout_seconds=10
+        core.list_namespaced_config_map,
+        "default",
+        resource_version=listed.metadata.resource_version,
+        timeout_seconds=10,
     )
     core.patch_namespaced_config_map("settings", "default", {"data": {"batch": "32"}})
     event = next(stream)
@@ -110,7 +117,9 @@ def test_secrets_are_stored_encoded_and_never_logged(k8s, devcluster, kubectl, c
     caplog.set_level(logging.DEBUG)
     password = "hunter2-never-in-a-log"
     core = client.CoreV1Api(k8s)
-    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="s3-creds"), string_data={"password": password})
+    secret = client.V1Secret(
+        metadata=client.V1ObjectMeta(name="s3-creds"), string_data={"password": password}
+    )
     created = core.create_namespaced_secret("default", secret)
     assert created.type == "Opaque" and created.string_data is None
     assert base64.b64decode(created.data["password"]).decode() == password
@@ -150,3 +159,34 @@ subjects: [{kind: ServiceAccount, name: runner, namespace: default}]
     assert role.rules[0].verbs == ["get", "list"]
     kubectl("delete", "-f", "-", stdin=manifest)
     assert devcluster.store.count("roles.rbac.authorization.k8s.io") == 0
+
+
+def test_kubectl_create_generators_send_protobuf_and_are_understood(kubectl, devcluster):
+    kubectl("create", "deployment", "web", "--image=registry.example/web:1.0", "--replicas=2", "--port=8080")
+    deployment = devcluster.store.get("deployments.apps", "default", "web")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["selector"] == {"matchLabels": {"app": "web"}}
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert (container["name"], container["image"]) == ("web", "registry.example/web:1.0")
+    assert container["ports"] == [{"containerPort": 8080, "protocol": "TCP"}]
+    kubectl("rollout", "status", "deployment/web", "--timeout=60s")
+    kubectl("scale", "deployment", "web", "--replicas=0")
+    assert devcluster.store.get("deployments.apps", "default", "web")["spec"]["replicas"] == 0
+
+    kubectl("create", "configmap", "settings", "--from-literal=lr=0.1", "--from-literal=batch=32")
+    assert devcluster.store.get("configmaps", "default", "settings")["data"] == {"lr": "0.1", "batch": "32"}
+    kubectl("create", "secret", "generic", "token", "--from-literal=key=s3cr3t")
+    secret = devcluster.store.get("secrets", "default", "token")
+    assert secret["type"] == "Opaque" and base64.b64decode(secret["data"]["key"]) == b"s3cr3t"
+    kubectl("create", "serviceaccount", "runner")
+    assert devcluster.store.find("serviceaccounts", "default", "runner") is not None
+    kubectl("create", "namespace", "team-a")
+    assert devcluster.store.get("namespaces", "", "team-a")["status"]["phase"] == "Active"
+    kubectl("create", "job", "once", "--image=registry.example/once:1.0")
+    job = devcluster.store.get("jobs.batch", "default", "once")
+    assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+    kubectl(
+        "wait", "--for=condition=Ready", "pod", "-l", "job-name=once", "--timeout=60s"
+    )  # runs until deleted
+    managers = {e["manager"] for e in job["metadata"]["managedFields"]}
+    assert managers == {"kubectl-create"}
