@@ -11,7 +11,7 @@ from __future__ import annotations
 import pickle
 
 from trainops.checkpoints.formats.base import STRUCTURAL, Checkpoint
-from trainops.checkpoints.formats.dcp_metadata import load_metadata, shard_requirements
+from trainops.checkpoints.formats.dcp_metadata import read_requirements
 
 METADATA_FILE = ".metadata"
 SHARD_SUFFIX = ".distcp"
@@ -34,7 +34,7 @@ def check(checkpoint: Checkpoint, level: str, root: str = "") -> list[str]:
     if level == STRUCTURAL:
         return []
     try:
-        requirements = shard_requirements(load_metadata(checkpoint.read(metadata_key)))
+        requirements = read_requirements(checkpoint.read(metadata_key))
     except (pickle.UnpicklingError, ValueError) as error:
         return [f"{metadata_key} was not loaded: {error}"]
     reasons = []
