@@ -26,10 +26,10 @@ AIRFLOW_DISTRIBUTIONS = ("apache-airflow", "airflow-provider-trainops")
 INHERITED_PREFIXES = ("AIRFLOW", "VIRTUAL_ENV", "PYTHON", "KUBECONFIG", "AWS_", "TRAINOPS_")
 
 
-def run(command: list[str], **kwargs) -> subprocess.CompletedProcess:
-    """Run a command, failing with its output when it exits non-zero."""
+def run(command: list[str], returncodes: tuple[int, ...] = (0,), **kwargs) -> subprocess.CompletedProcess:
+    """Run a command, failing with its output when it exits with another code than ``returncodes``."""
     result = subprocess.run(command, capture_output=True, text=True, **kwargs)
-    if result.returncode != 0:
+    if result.returncode not in returncodes:
         pytest.fail(
             f"{' '.join(map(str, command))} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
         )
@@ -75,9 +75,14 @@ class Venv:
         env["AIRFLOW_HOME"] = str(self.home)
         return env
 
-    def run(self, *command: str) -> subprocess.CompletedProcess:
+    def run(self, *command: str, returncodes: tuple[int, ...] = (0,)) -> subprocess.CompletedProcess:
         """Run one of the venv's commands (``trainops``, ``airflow``, ``python``) with a clean env."""
-        return run([str(self.root / "bin" / command[0]), *command[1:]], env=self.env(), cwd=self.home)
+        return run(
+            [str(self.root / "bin" / command[0]), *command[1:]],
+            returncodes,
+            env=self.env(),
+            cwd=self.home,
+        )
 
     def distributions(self) -> set[str]:
         """Names of every distribution installed in the venv, normalised (``apache-airflow-core``)."""

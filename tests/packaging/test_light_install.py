@@ -4,6 +4,7 @@ in training images, brings no Airflow and still runs the probe, the CLI and the 
 from __future__ import annotations
 
 import ast
+import json
 
 from tests.packaging.installs import (
     Build,
@@ -34,6 +35,14 @@ def test_full_install_still_gives_everything(full_install: Venv) -> None:
 def test_probe_runs(light_install: Venv) -> None:
     usage = light_install.run("trainops", "probe", "--help").stdout
     assert "--publish" in usage and "--once" in usage
+
+
+def test_probe_reports_once(light_install: Venv) -> None:
+    # Exit 1 where NVML finds no GPU (health unknown), 0 or 1 by the GPUs' health where it does.
+    result = light_install.run("trainops", "probe", "--once", "--json", "--node", "gpu-1", returncodes=(0, 1))
+    report = json.loads(result.stdout)
+    assert report["node"] == "gpu-1" and report["source"] == "probe"
+    assert "gpu_count" in report["signals"]
 
 
 def test_cli_offers_the_core_areas(light_install: Venv) -> None:
