@@ -68,6 +68,13 @@ class GangRunTrigger(BaseTrigger):
         yield TriggerEvent(outcome.to_dict())
 
     async def on_kill(self) -> None:
-        cluster = await self._cluster()
-        done = await asyncio.to_thread(cluster.stop, self.follow["namespace"], self.follow["job_name"])
+        # One thread does it all: the triggerer may cancel this coroutine again while it runs (it
+        # re-sends the cancel until the trigger is gone), and a cancelled await must not skip the stop.
+        from trainops.training.cluster import GangCluster
+
+        def stop() -> str:
+            cluster = GangCluster(self._hook().kube())
+            return cluster.stop(self.follow["namespace"], self.follow["job_name"])
+
+        done = await asyncio.shield(asyncio.to_thread(stop))
         self.log.info("task killed by a user: %s", done)
