@@ -4,7 +4,8 @@
 process never imports torch): one process without a process group for ``ranks=1``, else ``ranks``
 forked processes in a gloo group on CPU.  The state dict is a small deterministic model: weights
 as DTensors sharded by rows across the ranks, replicated tensors of several dtypes (a channels-last
-one, a 0-d one) and plain Python values (DCP's bytes items).  ``checkpoint(ranks, async_save)`` caches one per kind for the session.
+one, a 0-d one) and plain Python values (DCP's bytes items).  ``checkpoint(ranks, async_save)``
+writes one of each kind per test session.
 """
 
 from __future__ import annotations
