@@ -24,11 +24,11 @@ def dockerfiles(build: Build) -> list[str]:
     ]
 
 
-def installs(build: Build, path: str) -> tuple[set[str], set[str], list[str]]:
+def installs(build: Build, text: str) -> tuple[set[str], set[str], list[str]]:
     """What a Dockerfile pip-installs: the repository's distributions (from their wheels or pinned by
     name), other pinned requirements by name, and the problems found (targets that are neither)."""
     ours, pinned, problems = set(), set(), []
-    for instruction in dockerfile.parse((build.clone / path).read_text()):
+    for instruction in dockerfile.parse(text):
         if instruction.keyword != "RUN":
             continue
         try:
@@ -62,11 +62,28 @@ def test_every_dockerfile_installs_only_repository_wheels_or_pins(build: Build) 
     found = dockerfiles(build)
     assert PROBE_DOCKERFILE in found
     for path in found:
-        assert installs(build, path)[2] == [], path
+        assert installs(build, (build.clone / path).read_text())[2] == [], path
+
+
+def test_the_check_refuses_what_it_cannot_vouch_for(build: Build) -> None:
+    text = """FROM python:3.11-slim
+# a comment between continued lines is skipped
+RUN pip install --no-cache-dir -c constraints.txt "boto3==1.40.1" requests \\
+    # pinned above, unpinned here
+    /wheels/airflow_provider_trainops-*.whl /wheels/other-1.0-py3-none-any.whl && echo done
+RUN python -m pip install -r requirements.txt
+"""
+    ours, pinned, problems = installs(build, text)
+    assert ours == {"airflow-provider-trainops"} and pinned == {"boto3"}
+    assert problems == [
+        "requests: neither a repository wheel nor a pinned requirement (name==version)",
+        "/wheels/other-1.0-py3-none-any.whl matches none of the repository's wheels",
+        "pip install -r ['requirements.txt']: install built wheels instead",
+    ]
 
 
 def test_probe_image_is_the_light_install(build: Build, light_install: Venv) -> None:
-    ours, pinned, _ = installs(build, PROBE_DOCKERFILE)
+    ours, pinned, _ = installs(build, (build.clone / PROBE_DOCKERFILE).read_text())
     assert ours == {"trainops-core"}
     assert [name for name in pinned if name.startswith("apache-airflow")] == []
     # The image installs exactly what the light install's virtualenv installed from the same wheel.
