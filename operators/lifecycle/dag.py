@@ -82,6 +82,7 @@ def training_lifecycle(
         retries=MAX_RESUMES,
         retry_delay=retry_delay,
         kubernetes_conn_id=kubernetes_conn_id,
+        aws_conn_id=aws_conn_id,
         doc_md=TRAIN_DOC,
     )
     verify = CheckpointVerifyOperator(
