@@ -72,9 +72,8 @@ def pip_install_targets(instruction: Instruction) -> list[str]:
             while i < len(words) and words[i] not in SEPARATORS:
                 word = words[i]
                 if word in PIP_UNCHECKABLE_OPTIONS:
-                    raise ValueError(
-                        f"pip install {word} {words[i + 1 : i + 2]}: install built wheels instead"
-                    )
+                    value = words[i + 1] if i + 1 < len(words) else ""
+                    raise ValueError(f"pip install {word} {value}: install built wheels instead")
                 if word in PIP_VALUE_OPTIONS:
                     i += 1
                 elif not word.startswith("-"):

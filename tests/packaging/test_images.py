@@ -78,7 +78,7 @@ RUN python -m pip install -r requirements.txt
     assert problems == [
         "requests: neither a repository wheel nor a pinned requirement (name==version)",
         "/wheels/other-1.0-py3-none-any.whl matches none of the repository's wheels",
-        "pip install -r ['requirements.txt']: install built wheels instead",
+        "pip install -r requirements.txt: install built wheels instead",
     ]
 
 
