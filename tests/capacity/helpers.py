@@ -6,7 +6,7 @@ import copy
 import json
 import threading
 
-from trainops.conventions import HEALTH_REPORT_ANNOTATION
+from trainops.conventions import GPU_POOL_LABEL, HEALTH_REPORT_ANNOTATION
 from trainops.kube.client import Kube
 
 MANAGED = ("resourceVersion", "generation", "managedFields")
@@ -76,7 +76,9 @@ def nodes_by_app(cluster) -> dict[str, list[str]]:
             found.setdefault(app, []).append(pod["spec"]["nodeName"])
     busy = {n for names in found.values() for n in names}
     found["idle"] = sorted(
-        n["metadata"]["name"] for n in cluster.store.list("nodes")[0] if n["metadata"]["name"] not in busy
+        n["metadata"]["name"]
+        for n in cluster.store.list("nodes")[0]
+        if n["metadata"]["name"] not in busy and n["metadata"].get("labels", {}).get(GPU_POOL_LABEL) == "true"
     )
     return {app: sorted(names) for app, names in found.items()}
 
