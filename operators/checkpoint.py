@@ -6,8 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
 from trainops.operators._errors import translate_errors
+
+from trainops.errors import TemporaryError
 
 
 class CheckpointVerifyOperator(BaseOperator):
@@ -56,7 +57,7 @@ class CheckpointVerifyOperator(BaseOperator):
             result = verify_checkpoint(self.uri, level=self.level, store=store)
             self.log.info("%s", result.summary())
             if not result.ok:
-                raise AirflowException(f"{result.summary()}: " + "; ".join(result.reasons))
+                raise TemporaryError(f"{result.summary()}: " + "; ".join(result.reasons))
             return self._publish(context, result.to_dict())
         latest = latest_verified(self.run_uri, level=self.level, store=store)
         for skipped in latest.skipped:
@@ -64,7 +65,7 @@ class CheckpointVerifyOperator(BaseOperator):
                 "Skipped %s (step %s): %s", skipped.uri, skipped.step, "; ".join(skipped.reasons)
             )
         if latest.checkpoint is None:
-            raise AirflowException(
+            raise TemporaryError(
                 f"No checkpoint under {latest.run_uri} verifies at {self.level} level "
                 f"({len(latest.skipped)} tried, reasons logged above)"
             )

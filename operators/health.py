@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowException
 from trainops.operators._errors import translate_errors
 from trainops.triggers.health import GateSpec, HealthGateTrigger
 
+from trainops.errors import TemporaryError
 from trainops.health.gate import DEFAULT_SELECTOR, GateResult
 
 
@@ -113,11 +113,9 @@ class NodeHealthGateOperator(BaseOperator):
     @translate_errors
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
         if event["status"] == "timeout":
-            raise AirflowException(
-                f"health gate: not enough healthy nodes by the deadline: {event['message']}"
-            )
+            raise TemporaryError(f"health gate: not enough healthy nodes by the deadline: {event['message']}")
         if event["status"] != "ready":
-            raise AirflowException(f"health gate failed: {event.get('message')}")
+            raise TemporaryError(f"health gate failed: {event.get('message')}")
         deadline = event["deadline"]
         return self._gate(context, self._spec(), deadline, may_wait=time.time() < deadline)
 
@@ -137,7 +135,7 @@ class NodeHealthGateOperator(BaseOperator):
         if result.enough:
             return _xcom(result, quarantined)
         if not may_wait:
-            raise AirflowException(f"health gate: {result.missing()}")
+            raise TemporaryError(f"health gate: {result.missing()}")
         self.log.info("too few healthy nodes; waiting (deferred) until %s", time.ctime(deadline))
         self.defer(
             trigger=HealthGateTrigger(spec.to_dict(), deadline, float(self.poll_interval_s)),

@@ -8,9 +8,11 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
-from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
+from airflow.sdk.exceptions import AirflowSensorTimeout
 from trainops.operators._errors import translate_errors
 from trainops.triggers.checkpoint import CheckpointTrigger
+
+from trainops.errors import TemporaryError
 
 
 class CheckpointSensor(BaseSensorOperator):
@@ -86,7 +88,7 @@ class CheckpointSensor(BaseSensorOperator):
         if event.get("status") == "timeout":
             raise AirflowSensorTimeout(f"Timed out after {self.timeout}s: {event['message']}")
         if event.get("status") != "success":
-            raise AirflowException(f"Checkpoint check failed: {event.get('message')}")
+            raise TemporaryError(f"Checkpoint check failed: {event.get('message')}")
         self.log.info(
             "Verified checkpoint %s (step %s)", event["checkpoint"]["uri"], event["checkpoint"]["step"]
         )

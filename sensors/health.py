@@ -16,10 +16,11 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
-from airflow.sdk.exceptions import AirflowException, AirflowSensorTimeout
+from airflow.sdk.exceptions import AirflowSensorTimeout
 from trainops.operators._errors import translate_errors
 from trainops.triggers.health import GateSpec, HealthGateTrigger
 
+from trainops.errors import TemporaryError
 from trainops.health.gate import DEFAULT_SELECTOR, GateResult
 
 
@@ -106,7 +107,7 @@ class _SideHealthSensor(BaseSensorOperator):
                 f"{self.side} health: timed out after {self.timeout}s: {event['message']}"
             )
         if event["status"] != "ready":
-            raise AirflowException(f"{self.side} health check failed: {event.get('message')}")
+            raise TemporaryError(f"{self.side} health check failed: {event.get('message')}")
         return _xcom(self._check())
 
 
