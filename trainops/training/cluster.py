@@ -20,6 +20,7 @@ LOG_TAIL_LINES = 100
 MAX_CONCURRENT_READS = 8
 WORKLOADS = "workloads"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+MISSING, EXISTS = 404, 409
 
 
 class GangCluster:
@@ -29,35 +30,36 @@ class GangCluster:
         self.kube = kube
         self.core, self.batch, self.custom = kube.core, kube.batch, kube.custom
 
-    def read_job(self, namespace: str, name: str) -> dict | None:
+    def _call(self, fn, what: str, *, unless: int | None = None):
+        """``fn()`` (a raw ``_preload_content=False`` call) under the retry policy; None when the API
+        answers ``unless`` (an outcome here, not an error: the object is missing or exists)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return call(
-                lambda: json_of(self.batch.read_namespaced_job(name, namespace, _preload_content=False)),
-                Deadline(API_DEADLINE_S),
-                f"read Job {namespace}/{name}",
-            )
+            return call(fn, Deadline(API_DEADLINE_S), what)
         except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
+            if error.status != unless:
+                raise
+            return None
+
+    def read_job(self, namespace: str, name: str) -> dict | None:
+        response = self._call(
+            lambda: self.batch.read_namespaced_job(name, namespace, _preload_content=False),
+            f"read Job {namespace}/{name}",
+            unless=MISSING,
+        )
+        return None if response is None else json_of(response)
 
     def create_job(self, job: dict) -> tuple[dict, bool]:
         """Create the Job; returns it and whether this call created it (False: it already existed)."""
-        from kubernetes.client.exceptions import ApiException
-
         namespace, name = job["metadata"]["namespace"], job["metadata"]["name"]
-        try:
-            created = call(
-                lambda: json_of(self.batch.create_namespaced_job(namespace, job, _preload_content=False)),
-                Deadline(API_DEADLINE_S),
-                f"create Job {namespace}/{name}",
-            )
-            return created, True
-        except ApiException as error:
-            if error.status != 409:
-                raise
+        created = self._call(
+            lambda: self.batch.create_namespaced_job(namespace, job, _preload_content=False),
+            f"create Job {namespace}/{name}",
+            unless=EXISTS,
+        )
+        if created is not None:
+            return json_of(created), True
         existing = self.read_job(namespace, name)
         if existing is None:
             raise TemporaryError(f"Job {namespace}/{name} reported as existing but cannot be read")
@@ -65,57 +67,41 @@ class GangCluster:
 
     def create_service(self, service: dict) -> bool:
         """Create a Service; False when it already existed."""
-        from kubernetes.client.exceptions import ApiException
-
         namespace, name = service["metadata"]["namespace"], service["metadata"]["name"]
-        try:
-            call(
-                lambda: self.core.create_namespaced_service(namespace, service, _preload_content=False),
-                Deadline(API_DEADLINE_S),
-                f"create Service {namespace}/{name}",
-            )
-        except ApiException as error:
-            if error.status != 409:
-                raise
-            return False
-        return True
+        created = self._call(
+            lambda: self.core.create_namespaced_service(namespace, service, _preload_content=False),
+            f"create Service {namespace}/{name}",
+            unless=EXISTS,
+        )
+        return created is not None
 
     def deactivate_workload(self, namespace: str, name: str) -> bool:
         """Stop a run through its Kueue Workload (``spec.active=false``: Kueue evicts it and does not
         requeue it); False when that Workload no longer exists."""
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            call(
-                lambda: self.custom.patch_namespaced_custom_object(
-                    KUEUE_GROUP,
-                    KUEUE_VERSION,
-                    namespace,
-                    WORKLOADS,
-                    name,
-                    {"spec": {"active": False}},
-                    _content_type=MERGE_PATCH,
-                    _preload_content=False,
-                ),
-                Deadline(API_DEADLINE_S),
-                f"deactivate Workload {namespace}/{name}",
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            return False
-        return True
+        patched = self._call(
+            lambda: self.custom.patch_namespaced_custom_object(
+                KUEUE_GROUP,
+                KUEUE_VERSION,
+                namespace,
+                WORKLOADS,
+                name,
+                {"spec": {"active": False}},
+                _content_type=MERGE_PATCH,
+                _preload_content=False,
+            ),
+            f"deactivate Workload {namespace}/{name}",
+            unless=MISSING,
+        )
+        return patched is not None
 
     def stop(self, namespace: str, job_name: str) -> str:
         """Stop the run: deactivate its Workload (``spec.active=false``: Kueue evicts it and does not
         requeue it), or, when Kueue made no Workload for it, delete the Job with Foreground
         propagation.  Returns what was done."""
-        from kubernetes.client.exceptions import ApiException
-
         job = self.read_job(namespace, job_name)
         if job is None:
             return f"Job {namespace}/{job_name} is already gone"
-        listed = call(
+        listed = self._call(
             lambda: self.custom.list_namespaced_custom_object(
                 KUEUE_GROUP,
                 KUEUE_VERSION,
@@ -124,7 +110,6 @@ class GangCluster:
                 label_selector=f"{JOB_UID_LABEL}={job['metadata']['uid']}",
                 _preload_content=False,
             ),
-            Deadline(API_DEADLINE_S),
             f"list the Workloads of Job {job_name}",
         )
         names = [w["metadata"]["name"] for w in json_of(listed).get("items") or []]
@@ -132,25 +117,20 @@ class GangCluster:
             for name in names:
                 self.deactivate_workload(namespace, name)
             return f"deactivated Workload {', '.join(names)} (spec.active=false)"
-        try:
-            call(
-                lambda: self.batch.delete_namespaced_job(
-                    job_name, namespace, propagation_policy="Foreground", _preload_content=False
-                ),
-                Deadline(API_DEADLINE_S),
-                f"delete Job {namespace}/{job_name}",
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
+        self._call(
+            lambda: self.batch.delete_namespaced_job(
+                job_name, namespace, propagation_policy="Foreground", _preload_content=False
+            ),
+            f"delete Job {namespace}/{job_name}",
+            unless=MISSING,
+        )
         return f"deleted Job {namespace}/{job_name} (Foreground propagation)"
 
     def job_pods(self, namespace: str, name: str) -> list[dict]:
-        response = call(
+        response = self._call(
             lambda: self.core.list_namespaced_pod(
                 namespace, label_selector=f"{JOB_NAME_LABEL}={name}", _preload_content=False
             ),
-            Deadline(API_DEADLINE_S),
             f"list the pods of Job {name}",
         )
         return json_of(response)["items"]
@@ -174,18 +154,10 @@ class GangCluster:
         return dict(zip(names, results[: len(names)], strict=True)), tails
 
     def _node(self, name: str) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return call(
-                lambda: json_of(self.core.read_node(name, _preload_content=False)),
-                Deadline(API_DEADLINE_S),
-                f"read node {name}",
-            )
-        except ApiException as error:
-            if error.status != 404:
-                raise
-            return None
+        response = self._call(
+            lambda: self.core.read_node(name, _preload_content=False), f"read node {name}", unless=MISSING
+        )
+        return None if response is None else json_of(response)
 
     def _log_tail(self, namespace: str, pod: str) -> str | None:
         from kubernetes.client.exceptions import ApiException
