@@ -102,15 +102,19 @@ def up(state: Path, *, api_port: int = 8080, nodes: int = 8, admin_password: str
 
 
 def down(state: Path) -> list[str]:
-    """Stop the processes ``up`` recorded under ``state``, newest first; returns their names."""
+    """Stop the processes ``up`` recorded under ``state``; returns their names.
+
+    Everything but the databases stops together, then Redis and PostgreSQL (started first)."""
     pids = state.resolve() / "pids"
+    records = {record: json.loads(record.read_text()) for record in pids.glob("*.json")}
+    databases = {record for record in records if record.stem in ("postgres", "redis")}
     stopped = []
-    for record in sorted(pids.glob("*.json"), key=lambda p: json.loads(p.read_text())["order"], reverse=True):
-        entry = json.loads(record.read_text())
-        if _alive(entry):
-            _stop(entry)
-            stopped.append(record.stem)
-        record.unlink()
+    for stage in (set(records) - databases, databases):
+        alive = {record: records[record] for record in stage if _alive(records[record])}
+        _stop(list(alive.values()))
+        stopped += sorted(record.stem for record in alive)
+        for record in stage:
+            record.unlink()
     return stopped
 
 
@@ -149,8 +153,7 @@ def _start(state: Path, name: str, argv: list[str], env: dict | None = None, use
         start_new_session=True,  # its own process group: `down` stops it with everything it spawned
     )
     log.close()
-    order = len(list((state / "pids").glob("*.json")))
-    entry = {"pid": process.pid, "start": _start_time(process.pid), "argv": argv, "order": order}
+    entry = {"pid": process.pid, "start": _start_time(process.pid), "argv": argv}
     (state / "pids" / f"{name}.json").write_text(json.dumps(entry))
 
 
@@ -172,15 +175,18 @@ def _alive(entry: dict) -> bool:
     return entry.get("start") is not None and _start_time(entry["pid"]) == entry["start"]
 
 
-def _stop(entry: dict) -> None:
-    pid = entry["pid"]
-    # PostgreSQL: SIGINT is its fast shutdown (SIGTERM would wait for every client to leave).
-    first = signal.SIGINT if Path(entry["argv"][0]).name == "postgres" else signal.SIGTERM
-    _signal_group(pid, first)
+def _stop(entries: list[dict]) -> None:
+    """SIGTERM each process group (PostgreSQL: SIGINT, its fast shutdown; SIGTERM would wait for
+    every client to leave), then SIGKILL what is left of them (workers, trainer pods)."""
+    for entry in entries:
+        _signal_group(
+            entry["pid"], signal.SIGINT if Path(entry["argv"][0]).name == "postgres" else signal.SIGTERM
+        )
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _alive(entry) and time.monotonic() < deadline:
+    while any(_alive(entry) for entry in entries) and time.monotonic() < deadline:
         time.sleep(0.2)
-    _signal_group(pid, signal.SIGKILL)  # whatever is left of its group (workers, trainer pods)
+    for entry in entries:
+        _signal_group(entry["pid"], signal.SIGKILL)
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -305,13 +311,15 @@ def _redis_options(state: Path, at: Endpoints) -> list[str]:
 
 
 def _local_env() -> dict[str, str]:
-    """This environment, with this venv's scripts first on PATH and the checkout on PYTHONPATH.
+    """This environment less any Airflow settings of its own (only the stack's apply), with this
+    venv's scripts first on PATH and the checkout on PYTHONPATH.
 
     The editable installs of the checkout resolve ``trainops`` to a namespace package without the
     core's ``__init__`` unless the checkout is on ``sys.path`` (as it is under pytest).
     """
+    inherited = {key: value for key, value in os.environ.items() if not key.startswith("AIRFLOW")}
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    return {**os.environ, "PATH": path, "PYTHONPATH": str(REPO)}
+    return {**inherited, "PATH": path, "PYTHONPATH": str(REPO)}
 
 
 def _devcluster_env(at: Endpoints) -> dict[str, str]:

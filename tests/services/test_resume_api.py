@@ -1,0 +1,118 @@
+"""Resumes on the real services: an XID mid-run (the automatic retry resumes on the spare) and a "Clear"
+of ``train`` after a user-code failure (a resume with a fresh budget), all through REST API v2."""
+
+from __future__ import annotations
+
+import shlex
+
+import requests
+from trainops_devcluster import stack_spec
+
+from tests.e2e.conftest import Capacity, assert_capacity_back
+from tests.services.conftest import TERMINAL, trainer, wait_for
+from tests.training.conftest import heartbeat_step
+from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
+
+DAG_ID = "training_lifecycle"
+ATTEMPT_LABEL = "trainops.io/attempt"
+
+
+def training_pods(api, attempt: str) -> list:
+    from kubernetes import client
+
+    pods = client.CoreV1Api(api).list_namespaced_pod("training").items
+    return [p for p in pods if (p.metadata.labels or {}).get(ATTEMPT_LABEL) == attempt]
+
+
+def xcom(airflow, run_id: str, task_id: str):
+    return airflow.ok(
+        "GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value"
+    )["value"]
+
+
+def test_an_xid_mid_run_quarantines_the_node_and_the_retry_resumes_on_the_spare(services, airflow):
+    from kubernetes import client
+
+    api = services.kube()
+    before = Capacity.read(api)
+    airflow.unpause(DAG_ID)
+    run_uri = f"s3://{stack_spec.BUCKET}/runs/api-xid/"
+    answer = airflow.trigger(DAG_ID, "api-xid", {"run_name": "api-xid", "command": trainer(200, 0.05)})
+    assert answer.status_code == 200, answer.text
+    airflow.follow(DAG_ID, "api-xid", lambda _, states: states["train"] == "deferred")
+    wait_for(
+        lambda: (
+            heartbeat_step(services.s3, run_uri) >= 25
+            and any(p.status.phase == "Running" for p in training_pods(api, "1"))
+        ),
+        "attempt 1 past its step-20 checkpoint",
+    )
+    culprit = next(p.spec.node_name for p in training_pods(api, "1") if p.status.phase == "Running")
+    injected = requests.post(
+        f"{services.at.devcluster_url}/devcluster/faults/xid",
+        json={"target": culprit, "code": 79},
+        timeout=30,
+    )
+    assert injected.status_code == 200, injected.text
+
+    airflow.follow(DAG_ID, "api-xid", lambda run, _: run["state"] in TERMINAL)
+
+    assert airflow.run(DAG_ID, "api-xid")["state"] == "success"
+    train = airflow.ok("GET", f"/dags/{DAG_ID}/dagRuns/api-xid/taskInstances/train")
+    assert train["try_number"] == 2  # the automatic retry was the resume
+    trained = xcom(airflow, "api-xid", "train")
+    assert trained["attempts"] == 2 and trained["resumes_used"] == 1
+    assert trained["history"][1]["resume_step"] >= 20
+    node = client.CoreV1Api(api).read_node(culprit)
+    assert node.metadata.labels[HEALTH_LABEL] == "quarantined"
+    assert QUARANTINE_EVIDENCE_ANNOTATION in node.metadata.annotations
+    assert any(t.key == QUARANTINE_TAINT for t in node.spec.taints)
+    second = {p.spec.node_name for p in training_pods(api, "2")}
+    assert len(second) == 2 and culprit not in second
+    assert xcom(airflow, "api-xid", "verify_checkpoint")["step"] == 200
+    assert_capacity_back(api, before)  # the culprit stays quarantined, out of both pools
+
+
+def test_clear_after_a_user_code_failure_resumes_from_the_last_verified_checkpoint(services, airflow):
+    api = services.kube()
+    before = Capacity.read(api)
+    airflow.unpause(DAG_ID)
+    # A bug that the fresh start hits at step 25 (after the step-20 checkpoint); the fixed code resumes.
+    fails_once = shlex.join(trainer(60, 0.05))
+    command = [
+        "sh",
+        "-c",
+        f'if [ -z "$TRAINOPS_RESUME_FROM" ]; then {fails_once} --fail-at-step 25; else {fails_once}; fi',
+    ]
+    conf = {"run_name": "api-clear", "command": command, "max_resumes": 0}
+    answer = airflow.trigger(DAG_ID, "api-clear", conf)
+    assert answer.status_code == 200, answer.text
+    airflow.follow(DAG_ID, "api-clear", lambda run, _: run["state"] in TERMINAL)
+    states = airflow.task_states(DAG_ID, "api-clear")
+    assert (states["train"], states["return_capacity"]) == ("failed", "success"), states
+    assert_capacity_back(api, before)
+
+    # The UI's "Clear" on train (with its downstream tasks), as the dialog sends it.
+    cleared = airflow.ok(
+        "POST",
+        f"/dags/{DAG_ID}/clearTaskInstances",
+        json={
+            "dag_run_id": "api-clear",
+            "task_ids": [["train", -1]],
+            "dry_run": False,
+            "only_failed": False,
+            "include_upstream": False,
+            "include_downstream": True,
+            "include_future": False,
+            "include_past": False,
+            "run_on_latest_version": False,
+        },
+    )
+    assert "train" in {ti["task_id"] for ti in cleared["task_instances"]}
+    airflow.follow(DAG_ID, "api-clear", lambda run, _: run["state"] in TERMINAL)
+
+    assert airflow.run(DAG_ID, "api-clear")["state"] == "success", airflow.task_states(DAG_ID, "api-clear")
+    trained = xcom(airflow, "api-clear", "train")
+    assert trained["history"][-1]["resume_step"] == 20
+    assert xcom(airflow, "api-clear", "verify_checkpoint")["step"] == 60
+    assert_capacity_back(api, before)
