@@ -13,11 +13,12 @@ For each, in the same run, we time (a) listing the prefix alone, the floor, and 
 ``_COMMITTED`` and ``.metadata``); for the synthetic one also (c) one HEAD per object, the naive
 loop.  For the real one two more references are printed: the floor of any metadata-level
 verifier, listing plus the GET of ``.metadata`` (``read=``), and that plus torch's own trusting
-``pickle.load`` of it (``torch_pickle_load=``).  Exit status 1 if any target is missed.
+``pickle.load`` of it (``torch_read=``).  Exit status 1 if any target is missed.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import sys
@@ -99,6 +100,16 @@ def read_floor(client, store: CheckpointStore) -> bytes:
     return store.read(BUCKET, REAL + ".metadata", limit=1 << 30)
 
 
+def torch_read(client, store: CheckpointStore) -> None:
+    """``read_floor`` plus the trusting ``pickle.loads`` torch itself does, GC paused as ours is."""
+    data = read_floor(client, store)
+    gc.disable()
+    try:
+        pickle.loads(data)
+    finally:
+        gc.enable()
+
+
 def head_loop(client) -> None:
     paginator = client.get_paginator("list_objects_v2")
     for page in paginator.paginate(Bucket=BUCKET, Prefix=SYNTHETIC):
@@ -149,7 +160,7 @@ def main() -> int:
         real_files = len(list(real.iterdir())) + 2
         measured = measure(client, store, REAL, real_files)
         read_s = best_of(3, lambda: read_floor(client, store))
-        torch_s = best_of(3, lambda: pickle.loads(read_floor(client, store)))  # torch's own reader
+        torch_s = best_of(3, lambda: torch_read(client, store))
         metadata_mib = (real / ".metadata").stat().st_size / (1 << 20)
     if synthetic is None or measured is None:
         return 1
@@ -178,7 +189,7 @@ def main() -> int:
         (
             "checkpoint_real_dcp_verify_vs_list",
             f"verify={real_verify_s:.3f}s list={real_list_s:.3f}s read={read_s:.3f}s "
-            f"torch_pickle_load={torch_s:.3f}s peak={real_peak_mib:.1f}MiB",
+            f"torch_read={torch_s:.3f}s peak={real_peak_mib:.1f}MiB",
             f"ratio={real_ratio:.2f} target<=1.5",
             real_ratio <= 1.5,
         ),
