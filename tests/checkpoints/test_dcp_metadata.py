@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 
@@ -74,7 +75,7 @@ def test_every_field_torch_writes_is_read(real):
     }
     assert type(items["step"]) is dcp_metadata.BytesStorageMetadata
     assert metadata.planner_data["optimizer.param_groups.0.lr"] == ("optimizer.param_groups", 0, "lr")
-    assert metadata.storage_meta.checkpoint_id == str(torch_dcp.checkpoint())
+    assert str(metadata.storage_meta.checkpoint_id) == str(torch_dcp.checkpoint())
     assert metadata.version == "1.0.0"
 
 
@@ -154,14 +155,34 @@ def test_allowed_globals_are_our_own_inert_classes_and_values():
             _global("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING") + b"K\x07\x85R.",
             "0, 1 or 2",
         ),
-        (_global("pathlib", "PosixPath") + _str("x" * 5000) + b"\x85R.", "at most 4096"),
+        (_global("pathlib", "PosixPath") + b"(" + b"K\x01" + b"t" + b"R.", "at most 64 strings"),
     ],
-    ids=["size-of-a-string", "size-of-strings", "size-of-65-dims", "layout", "memory-format", "long-path"],
+    ids=[
+        "size-of-a-string",
+        "size-of-strings",
+        "size-of-65-dims",
+        "layout",
+        "memory-format",
+        "path-of-an-int",
+    ],
 )
 def test_allowed_constructors_check_their_arguments(payload, error):
     """A stored string fed to torch.Size by reference N times was a memory bomb (issue 15)."""
     with pytest.raises(RefusedPickle, match=error):
         load_metadata(b"\x80\x02" + payload)
+
+
+def test_one_stored_size_fed_to_torch_size_again_and_again_costs_one_object():
+    """Issue 15: one stored value fed to torch.Size 100,000 times by reference was a memory bomb."""
+    dims = b"(" + b"J\x00\x00\x01\x00" * 64 + b"t"  # 64 dims of 65536
+    payload = b"\x80\x02](" + _global("torch", "Size") + b"q\x01" + dims + b"\x85q\x02R"
+    payload += b"h\x01h\x02R" * 100_000 + b"e."
+    tracemalloc.start()
+    with pytest.raises(ValueError, match="holds a list, not a DCP Metadata"):
+        load_metadata(payload)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 8 * len(payload)  # a copy per reference would take over 100 times the payload
 
 
 def test_a_pickle_of_something_else_is_not_metadata():

@@ -10,6 +10,7 @@ bomb.  Any other global (``os.system``, ``builtins.eval``) is refused before it 
 
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import math
@@ -20,7 +21,6 @@ from typing import Any
 from trainops.errors import PermanentError
 
 MAX_DIMS = 64  # torch's own limit on a tensor's rank
-MAX_PATH = 4096
 
 
 class RefusedPickle(PermanentError, pickle.UnpicklingError):
@@ -94,7 +94,7 @@ class TorchSize(_Value, tuple):
         for dim in dims:  # a plain loop: this runs for every chunk of every tensor
             if type(dim) is not int or dim < 0:
                 raise RefusedPickle(f"torch.Size takes a tuple of at most {MAX_DIMS} non-negative ints")
-        return super().__new__(cls, dims)
+        return _shared(cls, dims)
 
 
 class TorchName(_Value, str):
@@ -129,15 +129,25 @@ class MemoryFormatEncoding(_Value, int):
         return super().__new__(cls, value)
 
 
-class CheckpointPath(_Value, str):
-    """``StorageMeta.checkpoint_id``, pickled as ``PosixPath(*parts)``: kept as the joined string."""
+class CheckpointPath(_Value, tuple):
+    """``StorageMeta.checkpoint_id``, pickled as ``PosixPath(*parts)``: kept as its parts."""
 
     __slots__ = ()
 
     def __new__(cls, *parts: Any) -> CheckpointPath:
-        if not all(isinstance(part, str) for part in parts) or sum(map(len, parts)) > MAX_PATH:
-            raise RefusedPickle(f"a checkpoint path takes strings of at most {MAX_PATH} characters")
-        return super().__new__(cls, "/".join(parts).replace("//", "/"))
+        if len(parts) > MAX_DIMS or not all(type(part) is str for part in parts):
+            raise RefusedPickle(f"a checkpoint path takes at most {MAX_DIMS} strings")
+        return _shared(cls, parts)
+
+    def __str__(self) -> str:
+        return "/".join(self).replace("//", "/")
+
+
+@functools.lru_cache(maxsize=4096)
+def _shared(cls: type, items: tuple) -> tuple:
+    """One object per distinct value, so a pickle feeding one stored tuple to ``torch.Size`` a
+    million times (a memory bomb in issue 15) gets one object back, not a million copies."""
+    return tuple.__new__(cls, items)
 
 
 _DTYPES = frozenset(
