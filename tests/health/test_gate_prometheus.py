@@ -53,7 +53,7 @@ def test_prometheus_fills_what_the_probe_lacks_with_a_few_fleet_queries(scraped)
     report = result.nodes[0].report
     assert report.gpus["0"]["tensor_active"].known  # only dcgm-exporter has it
     queries = len(scraped.prometheus.query_log.read_text().splitlines()) - before
-    assert 0 < queries <= 8  # for 16 nodes, as for 4,096
+    assert 0 < queries <= 30  # for 16 nodes, as for 4,096
 
 
 def test_unreachable_prometheus_fails_the_gate_with_a_clear_error(devcluster, core_v1, dead_url, capsys):

@@ -13,8 +13,8 @@ from trainops_devcluster.telemetry import NodeTelemetry
 
 from tests.health.conftest import Clock, two_sample_report
 from trainops.health.policy import evaluate
-from trainops.health.prometheus import COUNTERS, PrometheusClient, PrometheusError, fleet_reports
-from trainops.health.report import merge_reports
+from trainops.health.prometheus import COUNTERS, GAUGES, PrometheusClient, PrometheusError, fleet_reports
+from trainops.health.report import Signal, merge_reports
 
 NODES = [f"gpu-node-{i:03d}" for i in range(6)]
 
@@ -50,7 +50,8 @@ def test_healthy_fleet_in_a_fixed_number_of_queries(start_fleet):
     before = len(logged_queries(cluster))
     reports = fleet_reports(PrometheusClient(cluster.prometheus_url))
     assert sorted(reports) == NODES
-    assert len(logged_queries(cluster)) - before == 2 + len(COUNTERS)  # whatever the fleet size
+    queries = len(GAUGES) + 2 + 1 + len(COUNTERS)  # each metric, the freshness, each counter's increase()
+    assert len(logged_queries(cluster)) - before == queries  # whatever the fleet size
     report = reports["gpu-node-000"]
     assert report.signals["gpu_count"].value == 8
     assert sorted(report.gpus, key=int) == [str(i) for i in range(8)]
@@ -71,7 +72,8 @@ def test_faults_show_up_per_node(start_fleet):
     lost = reports["gpu-node-001"]
     assert lost.signals["gpu_count"].value == 7 and lost.gpus["3"]["xid_events"].value == [79]
     assert lost.gpus["3"]["temperature_c"].reason == "no DCGM_FI_DEV_GPU_TEMP series"  # gone at once
-    assert {r.split(" ")[0] for r in evaluate(lost).reasons} >= {"gpu_count", "xid_fatal"}
+    lost.signals["gpu_count_expected"] = Signal(8)  # the gate adds the node's own count
+    assert {r.split(" ")[0] for r in evaluate(lost).reasons} >= {"gpus_missing", "xid_fatal"}
 
     replay = reports["gpu-node-002"].gpus["0"]
     assert replay["counter_nvlink_replay"].value == 10

