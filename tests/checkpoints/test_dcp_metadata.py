@@ -185,6 +185,13 @@ def test_one_stored_size_fed_to_torch_size_again_and_again_costs_one_object():
     assert peak < 8 * len(payload)  # a copy per reference would take over 100 times the payload
 
 
+def test_shared_sizes_keep_values_that_hash_alike_apart():
+    collide = 5 + 2**61 - 1  # hash(collide) == hash(5)
+    assert dcp_metadata.TorchSize((5,)) == (5,)
+    assert dcp_metadata.TorchSize((collide,)) == (collide,)
+    assert dcp_metadata.TorchSize((5,)) is dcp_metadata.TorchSize((5,))
+
+
 def test_a_pickle_of_something_else_is_not_metadata():
     with pytest.raises(ValueError, match="not a DCP Metadata"):
         load_metadata(pickle.dumps({"a": 1}))

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import atexit
 import functools
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -71,12 +69,12 @@ def _state_dict(rank: int, ranks: int, tensors: int) -> dict:
     return state
 
 
-def _save(rank: int, directory: str, ranks: int, tensors: int, async_save: bool) -> None:
+def _save(rank: int, directory: str, ranks: int, tensors: int, async_save: bool, store: str) -> None:
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
-    if ranks > 1 or async_save:
-        dist.init_process_group("gloo", rank=rank, world_size=ranks)
+    if ranks > 1 or async_save:  # rendezvous through a file: no port another process could take first
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ranks)
     state = _state_dict(rank, ranks, tensors)
     if async_save:
         dcp.async_save(state, checkpoint_id=directory).result()
@@ -93,12 +91,9 @@ def _main(directory: str, ranks: str, tensors: str, *mode: str) -> None:
     import torch.multiprocessing as mp
 
     warnings.filterwarnings("ignore")  # "assuming the intent is to save in a single process"
-    async_save = mode == ("async",)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(probe.getsockname()[1]))
-    args = (directory, int(ranks), int(tensors), async_save)
-    mp.start_processes(_save, args=args, nprocs=int(ranks), start_method="fork")
+    with tempfile.TemporaryDirectory() as scratch:
+        args = (directory, int(ranks), int(tensors), mode == ("async",), f"{scratch}/store")
+        mp.start_processes(_save, args=args, nprocs=int(ranks), start_method="fork")
 
 
 if __name__ == "__main__":

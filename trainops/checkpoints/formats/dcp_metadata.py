@@ -10,7 +10,6 @@ bomb.  Any other global (``os.system``, ``builtins.eval``) is refused before it 
 
 from __future__ import annotations
 
-import functools
 import gc
 import io
 import math
@@ -143,11 +142,24 @@ class CheckpointPath(_Value, tuple):
         return "/".join(self).replace("//", "/")
 
 
-@functools.lru_cache(maxsize=4096)
+_SHARED: dict[tuple[type, str], tuple] = {}
+_SHARED_MAX = 4096
+
+
 def _shared(cls: type, items: tuple) -> tuple:
     """One object per distinct value, so a pickle feeding one stored tuple to ``torch.Size`` a
-    million times (a memory bomb in issue 15) gets one object back, not a million copies."""
-    return tuple.__new__(cls, items)
+    million times (a memory bomb in issue 15) gets one object back, not a million copies.
+
+    Keyed by the value's text: str hashes are salted, while ints that differ by 2**61-1 hash alike
+    and would let a crafted pickle make every lookup walk a chain of collisions.
+    """
+    key = (cls, repr(items))
+    value = _SHARED.get(key)
+    if value is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            _SHARED.clear()
+        value = _SHARED[key] = tuple.__new__(cls, items)
+    return value
 
 
 _DTYPES = frozenset(
