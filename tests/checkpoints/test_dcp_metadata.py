@@ -148,14 +148,16 @@ def test_allowed_globals_are_our_own_inert_classes_and_values():
     "payload, error",
     [
         (_global("torch", "Size") + _str("x" * 1000) + b"\x85R.", "torch.Size takes a tuple"),
-        (_global("torch", "Size") + b"(" + _str("a") + b"t\x85R.", "non-negative ints"),
+        (_global("torch", "Size") + b"(" + _str("a") + b"t\x85R.", "non-negative int64s"),
         (_global("torch", "Size") + b"(" + b"K\x01" * 65 + b"t\x85R.", "at most 64"),
         (_global("torch.serialization", "_get_layout") + _str("os.system") + b"\x85R.", "not a torch layout"),
         (
             _global("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING") + b"K\x07\x85R.",
             "0, 1 or 2",
         ),
-        (_global("pathlib", "PosixPath") + b"(" + b"K\x01" + b"t" + b"R.", "at most 64 strings"),
+        (_global("pathlib", "PosixPath") + b"(" + b"K\x01" + b"t" + b"R.", "takes strings"),
+        (_global("pathlib", "PosixPath") + _str("x" * 5000) + b"\x85R.", "at most 4096 characters"),
+        (_global("torch", "Size") + b"(\x8a\x09" + b"\x00" * 8 + b"\x01" + b"t\x85R.", "int64s"),
     ],
     ids=[
         "size-of-a-string",
@@ -164,6 +166,8 @@ def test_allowed_globals_are_our_own_inert_classes_and_values():
         "layout",
         "memory-format",
         "path-of-an-int",
+        "long-path",
+        "size-over-int64",
     ],
 )
 def test_allowed_constructors_check_their_arguments(payload, error):
@@ -186,7 +190,7 @@ def test_one_stored_size_fed_to_torch_size_again_and_again_costs_one_object():
 
 
 def test_shared_sizes_keep_values_that_hash_alike_apart():
-    collide = 5 + 2**61 - 1  # hash(collide) == hash(5)
+    collide = 5 + 2**61 - 1  # hash(collide) == hash(5), and both fit an int64
     assert dcp_metadata.TorchSize((5,)) == (5,)
     assert dcp_metadata.TorchSize((collide,)) == (collide,)
     assert dcp_metadata.TorchSize((5,)) is dcp_metadata.TorchSize((5,))

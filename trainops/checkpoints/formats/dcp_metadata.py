@@ -20,6 +20,8 @@ from typing import Any
 from trainops.errors import PermanentError
 
 MAX_DIMS = 64  # torch's own limit on a tensor's rank
+MAX_DIM = 1 << 63  # sizes and offsets are int64 in torch
+MAX_PATH = 4096
 
 
 class RefusedPickle(PermanentError, pickle.UnpicklingError):
@@ -83,16 +85,16 @@ class _Value(metaclass=_Sealed):
 
 
 class TorchSize(_Value, tuple):
-    """``torch.Size``: pickled as ``torch.Size((d0, d1, ...))``; at most 64 non-negative ints."""
+    """``torch.Size``: pickled as ``torch.Size((d0, d1, ...))``; at most 64 non-negative int64s."""
 
     __slots__ = ()
 
     def __new__(cls, dims: Any = ()) -> TorchSize:
         if type(dims) is not tuple or len(dims) > MAX_DIMS:
-            raise RefusedPickle(f"torch.Size takes a tuple of at most {MAX_DIMS} non-negative ints")
+            raise RefusedPickle(f"torch.Size takes a tuple of at most {MAX_DIMS} non-negative int64s")
         for dim in dims:  # a plain loop: this runs for every chunk of every tensor
-            if type(dim) is not int or dim < 0:
-                raise RefusedPickle(f"torch.Size takes a tuple of at most {MAX_DIMS} non-negative ints")
+            if type(dim) is not int or not 0 <= dim < MAX_DIM:
+                raise RefusedPickle(f"torch.Size takes a tuple of at most {MAX_DIMS} non-negative int64s")
         return _shared(cls, dims)
 
 
@@ -134,8 +136,8 @@ class CheckpointPath(_Value, tuple):
     __slots__ = ()
 
     def __new__(cls, *parts: Any) -> CheckpointPath:
-        if len(parts) > MAX_DIMS or not all(type(part) is str for part in parts):
-            raise RefusedPickle(f"a checkpoint path takes at most {MAX_DIMS} strings")
+        if not all(type(part) is str for part in parts) or sum(map(len, parts)) + len(parts) > MAX_PATH:
+            raise RefusedPickle(f"a checkpoint path takes strings of at most {MAX_PATH} characters in all")
         return _shared(cls, parts)
 
     def __str__(self) -> str:
@@ -148,7 +150,8 @@ _SHARED_MAX = 4096
 
 def _shared(cls: type, items: tuple) -> tuple:
     """One object per distinct value, so a pickle feeding one stored tuple to ``torch.Size`` a
-    million times (a memory bomb in issue 15) gets one object back, not a million copies.
+    million times (a memory bomb in issue 15) gets one object back, not a million copies.  Values
+    are small (64 int64s, a 4 KiB path) and at most 4,096 are kept, emptied after each read.
 
     Keyed by the value's text: str hashes are salted, while ints that differ by 2**61-1 hash alike
     and would let a crafted pickle make every lookup walk a chain of collisions.
@@ -234,6 +237,7 @@ def read_requirements(data: bytes) -> ShardRequirements:
         del metadata  # freed by reference counting, before collection resumes
         return requirements
     finally:
+        _SHARED.clear()
         if collecting:
             gc.enable()
 
