@@ -45,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     up.add_argument("--seed", type=int, default=0, help="seed for the simulated telemetry")
     up.add_argument(
+        "--no-probe-gemm",
+        action="store_true",
+        help="run the node probe as deploy/node-probe.yaml does, without --gemm (no measured speeds)",
+    )
+    up.add_argument(
         "--log-file", type=Path, help="the devcluster's log (default: devcluster.log beside the kubeconfig)"
     )
     up.add_argument(
@@ -89,6 +94,7 @@ def run_up(args: argparse.Namespace) -> int:
             port=args.port,
             kubeconfig=args.kubeconfig.resolve(),
             seed=args.seed,
+            probe_gemm=not args.no_probe_gemm,
             system_nodes=args.system_nodes,
             prometheus=not args.no_prometheus,
             scrape_interval_s=args.scrape_interval,

@@ -55,6 +55,7 @@ class DevCluster:
         process_env: dict[str, str] | None = None,
         kueue_config: KueueConfig | None = None,
         probe_interval_s: float = 1.0,
+        probe_gemm: bool = True,
         system_nodes: int = 2,
         prometheus: bool = False,
         scrape_interval_s: float = 1.0,
@@ -93,7 +94,9 @@ class DevCluster:
         self._kueue_config = kueue_config or KueueConfig()
         self._controllers = None
         self._kueue = None
-        self.probe_daemon = ProbeDaemon(self.store, self.telemetry, interval_s=probe_interval_s)
+        self.probe_daemon = ProbeDaemon(
+            self.store, self.telemetry, interval_s=probe_interval_s, gemm=probe_gemm
+        )
         self._prometheus_dir = (
             tempfile.TemporaryDirectory(prefix="devcluster-prometheus-") if prometheus else None
         )

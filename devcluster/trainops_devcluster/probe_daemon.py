@@ -47,6 +47,7 @@ class ProbeDaemon(Controller):
         interval_s: float = 1.0,
         heartbeat_s: float = 30.0,
         policy: Policy = DEFAULT_POLICY,
+        gemm: bool = True,
     ) -> None:
         if interval_s <= 0 or heartbeat_s <= 0:
             raise ValueError(f"interval_s and heartbeat_s must be > 0, got {interval_s}, {heartbeat_s}")
@@ -55,6 +56,7 @@ class ProbeDaemon(Controller):
         self.interval_s = interval_s
         self.heartbeat_s = heartbeat_s
         self.policy = policy
+        self.gemm = gemm  # False: probe as deploy/node-probe.yaml runs it (no --gemm, speed unknown)
         self._probes: dict[str, _NodeProbe] = {}
         self._rounds = 0
         self._round_done = threading.Condition()
@@ -97,7 +99,7 @@ class ProbeDaemon(Controller):
             probe.reader,
             TelemetryIbReader(telemetry),
             name,
-            speed_probe=telemetry.measure_speed,
+            speed_probe=telemetry.measure_speed if self.gemm else None,
             previous=probe.previous,
         )
         probe.previous = report

@@ -10,7 +10,8 @@ import pytest
 from trainops.triggers.health import GateSpec, HealthGateTrigger
 from trainops_devcluster.airflow_home import xcom_value
 
-SLOW, A, B, OTHER = "gpu-node-003", "gpu-node-001", "gpu-node-002", "gpu-node-009"
+# SLOW is one of the idle nodes (inference fills 000-011): the probe times its GEMM on idle GPUs only.
+SLOW, A, B, OTHER = "gpu-node-013", "gpu-node-001", "gpu-node-002", "gpu-node-009"
 WRITES = ("create", "update", "patch", "delete")
 
 

@@ -19,7 +19,8 @@ from trainops.health.quarantine import EVIDENCE_ANNOTATION, apply_quarantine
 from trainops.kube.nodes import NodeState, read_node
 from trainops.kube.retry import Deadline
 
-A, B, C, D = "gpu-node-001", "gpu-node-002", "gpu-node-003", "gpu-node-004"
+# C is one of the idle nodes (inference fills 000-008): the probe times its GEMM on idle GPUs only.
+A, B, C, D = "gpu-node-001", "gpu-node-002", "gpu-node-009", "gpu-node-004"
 WRITES = ("create", "update", "patch", "delete")
 
 

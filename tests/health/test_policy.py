@@ -13,7 +13,8 @@ from trainops.health.report import HealthReport, Signal
 # row name -> (a value that passes, a value that trips)
 ROW_CASES = {
     "report_age": (10, 301),
-    "gpu_count": (8, 7),
+    "gpu_count": (8, 0),
+    "gpus_missing": (0, 1),
     "gpu_lost": (False, True),
     "xid_fatal": ([43, 45], [79]),
     "xid_warn": ([43], [13]),
@@ -60,6 +61,8 @@ def with_value(report: HealthReport, row_name: str, value) -> HealthReport:
     row = ROWS[row_name]
     if row.signal == "report_age_s":
         report.collected_at -= value
+    elif row.signal == "gpus_missing":  # derived: the node's own count minus what NVML sees
+        report.signals["gpu_count_expected"] = Signal(report.signals["gpu_count"].value + value)
     elif row.scope == "node":
         report.signals[row.signal] = Signal(value)
     elif row.scope == "gpu":
@@ -130,14 +133,27 @@ def test_same_reason_on_many_gpus_is_one_line(healthy, clock):
 
 
 def test_override_threshold_and_verdict(healthy, clock):
-    healthy.signals["gpu_count"] = Signal(4)
+    healthy.signals.update(gpu_count=Signal(4), gpu_count_expected=Signal(8))
     assert evaluate(healthy, now=clock.now).verdict == "quarantine"
-    policy = DEFAULT_POLICY.with_overrides({"gpu_count": {"threshold": 4}})
+    policy = DEFAULT_POLICY.with_overrides({"gpus_missing": {"threshold": 4}})
     assert evaluate(healthy, policy, now=clock.now).verdict == "ok"
     healthy.gpus["1"]["xid_events"] = Signal([13])
     stricter = policy.with_overrides({"xid_warn": {"verdict": "exclude"}})
     assert evaluate(healthy, stricter, now=clock.now).verdict == "exclude"
-    assert DEFAULT_POLICY.with_overrides({"gpu_count": {"threshold": 4}}) == policy
+    assert DEFAULT_POLICY.with_overrides({"gpus_missing": {"threshold": 4}}) == policy
+
+
+def test_expected_gpu_count_is_the_nodes_own_not_a_constant(healthy, clock):
+    healthy.signals.update(gpu_count=Signal(4), gpu_count_expected=Signal(4))
+    assert evaluate(healthy, now=clock.now).verdict == "ok"
+    healthy.signals["gpu_count_expected"] = Signal(8)
+    verdict = evaluate(healthy, now=clock.now)
+    assert verdict.verdict == "quarantine"
+    assert verdict.reasons[0].startswith(
+        "gpus_missing [node] fewer GPUs than the node has (reboot): gpus_missing=4"
+    )
+    del healthy.signals["gpu_count_expected"]  # the probe evaluating itself: the row cannot apply
+    assert evaluate(healthy, now=clock.now).verdict == "ok"
 
 
 def test_row_switched_off_with_verdict_ok(healthy, clock):
@@ -159,8 +175,8 @@ def test_unknown_row_name_is_an_error_listing_valid_rows():
         ({"signal": "x"}, "field 'signal': cannot be overridden"),
         ({"verdict": "panic"}, "'panic' is not a verdict"),
         ({"if_unknown": "maybe"}, "'maybe' is not a verdict"),
-        ({"threshold": "eight"}, "'eight' is not like the default 8"),
-        ({"threshold": True}, "True is not like the default 8"),
+        ({"threshold": "eight"}, "'eight' is not like the default 1"),
+        ({"threshold": True}, "True is not like the default 1"),
     ],
 )
 def test_bad_override_names_the_field(changes, expected):

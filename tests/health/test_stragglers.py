@@ -72,7 +72,7 @@ def test_too_few_for_any_tier_gives_all_untiered():
     assert not choose_nodes(ok(*speeds), speeds, min_nodes=7).enough
 
 
-def test_bad_verdicts_and_unknown_speeds_are_excluded_with_reasons():
+def test_bad_verdicts_are_excluded_and_unknown_speed_is_grouped_apart_from_a_large_enough_tier():
     verdicts = [
         *ok("a", "b"),
         NodeVerdict("q", "quarantine", ["xid_fatal [gpu 0] fatal XID"]),
@@ -82,11 +82,41 @@ def test_bad_verdicts_and_unknown_speeds_are_excluded_with_reasons():
     selection = choose_nodes(
         verdicts, {"a": 100.0, "b": 100.0, "w": 100.0, "q": 100.0, "u": None}, min_nodes=3
     )
-    assert selection.node_names == ["a", "b", "w"]
+    assert (selection.node_names, selection.group, selection.speed_unknown) == (
+        ["a", "b", "w"],
+        "tier",
+        ["u"],
+    )
     assert selection.excluded == {
         "q": "quarantine: xid_fatal [gpu 0] fatal XID",
-        "u": "exclude: speed unknown",
+        "u": "exclude: speed unknown, grouped apart from the chosen tier of measured speed",
     }
+
+
+def test_unknown_speed_never_excludes_by_default():
+    """The shipped probe runs without --gemm: no node has a speed, and every healthy node is chosen."""
+    speeds = dict.fromkeys(["a", "b", "c"])
+    selection = choose_nodes(ok("c", "a", "b"), speeds, min_nodes=3)
+    assert (selection.node_names, selection.enough, selection.excluded) == (["a", "b", "c"], True, {})
+    assert (selection.group, selection.speed_unknown) == ("speed unknown", ["a", "b", "c"])
+
+
+def test_too_few_measured_nodes_for_a_tier_take_the_unknown_group_then_everyone():
+    speeds = {"a": 100.0, "b": None, "c": None, "d": None}
+    grouped = choose_nodes(ok(*speeds), speeds, min_nodes=3)
+    assert (grouped.node_names, grouped.group) == (["b", "c", "d"], "speed unknown")
+    assert grouped.excluded["a"].startswith("exclude: no tier of 3 measured node(s)")
+    everyone = choose_nodes(ok(*speeds), speeds, min_nodes=4)
+    assert (everyone.node_names, everyone.group, everyone.enough) == (["a", "b", "c", "d"], "untiered", True)
+
+
+def test_unknown_speed_excluded_only_when_asked():
+    speeds = {"a": 100.0, "b": 100.0, "u": None}
+    selection = choose_nodes(ok(*speeds), speeds, min_nodes=3, unknown_speed="exclude")
+    assert (selection.node_names, selection.enough) == (["a", "b"], False)
+    assert selection.excluded == {"u": "exclude: speed unknown (unknown_speed='exclude')"}
+    with pytest.raises(ValueError, match="unknown_speed must be one of group, exclude"):
+        choose_nodes(ok("a"), speeds, min_nodes=1, unknown_speed="drop")
 
 
 def test_without_speeds_every_usable_node_is_chosen():

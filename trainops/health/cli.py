@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 from trainops.health.gate import DEFAULT_SELECTOR, GateConfig, GateError, run_gate
-from trainops.health.gemm import measure_gemm_tflops
+from trainops.health.gemm import measure_gemm_tflops, once_per_boot
 from trainops.health.ib_reader import SysfsIbReader
 from trainops.health.nvml_reader import NvmlReader, load_pynvml
 from trainops.health.policy import evaluate, load_policy
@@ -26,6 +26,7 @@ from trainops.health.probe import collect_report, publish
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.health.report import HealthReport
+from trainops.health.stragglers import UNKNOWN_SPEED
 from trainops.kube.retry import Deadline
 
 WRITE_DEADLINE_S = 60.0
@@ -55,7 +56,9 @@ def _register_probe(subparsers: Any) -> None:
     parser.add_argument("--kubeconfig", help="--publish: kubeconfig file (default: in-cluster, then ~/.kube)")
     parser.add_argument("--ib-sysfs", default="/sys/class/infiniband", help="InfiniBand sysfs root")
     parser.add_argument(
-        "--gemm", action="store_true", help="also time a short GEMM per GPU (needs torch+CUDA)"
+        "--gemm",
+        action="store_true",
+        help="also time a short GEMM per GPU, once per probe start and only on idle GPUs (needs torch+CUDA)",
     )
     parser.set_defaults(func=run_probe)
 
@@ -68,7 +71,7 @@ def run_probe(args: argparse.Namespace) -> int:
         print("error: --window must be >= 0, --interval > 0 and --iterations >= 0", file=sys.stderr)
         return 2
     ib_reader = SysfsIbReader(args.ib_sysfs)
-    speed_probe = measure_gemm_tflops if args.gemm else None
+    speed_probe = once_per_boot(measure_gemm_tflops) if args.gemm else None
     with NvmlReader(load_pynvml()) as nvml:
         if args.once:
             node = args.node or socket.gethostname()
@@ -148,6 +151,12 @@ def _register_health(subparsers: Any) -> None:
     )
     gate.add_argument("--min-nodes", type=int, default=1, help="healthy nodes the run needs (default 1)")
     gate.add_argument("--no-speed-tiers", action="store_true", help="do not group nodes by measured speed")
+    gate.add_argument(
+        "--unknown-speed",
+        choices=UNKNOWN_SPEED,
+        default="group",
+        help="nodes without a measured speed: a group of their own (default) or left out",
+    )
     gate.add_argument("--dry-run", action="store_true", help="quarantine nothing; only report")
     gate.add_argument("--json", action="store_true", help='print {"nodes": [...], "selected": [...]} as JSON')
     gate.set_defaults(func=run_health_gate)
@@ -173,6 +182,7 @@ def run_health_gate(args: argparse.Namespace) -> int:
             min_nodes=args.min_nodes,
             policy=load_policy(args.policy),
             speed_tiers=not args.no_speed_tiers,
+            unknown_speed=args.unknown_speed,
             on_unavailable=_on_unavailable(args),
         )
     except (ValueError, OSError) as err:

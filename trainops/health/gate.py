@@ -16,23 +16,30 @@ quarantined is never chosen, whatever its report says now: ``trainops health rel
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainops.conventions import GPU_POOL_LABEL, HEALTH_REPORT_ANNOTATION, QUARANTINE_TAINT
+from trainops.conventions import (
+    GPU_COUNT_LABEL,
+    GPU_POOL_LABEL,
+    GPU_RESOURCE,
+    HEALTH_REPORT_ANNOTATION,
+    QUARANTINE_TAINT,
+)
 from trainops.errors import TemporaryError
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports
-from trainops.health.report import HealthReport, merge_reports
-from trainops.health.stragglers import USABLE, Selection, choose_nodes, node_speed
+from trainops.health.report import HealthReport, Signal, merge_reports
+from trainops.health.stragglers import UNKNOWN_SPEED, USABLE, Selection, choose_nodes, node_speed
 from trainops.kube.nodes import NodeState, allocatable_gpus, json_of
 from trainops.kube.retry import Deadline, call
 
 DEFAULT_SELECTOR = f"{GPU_POOL_LABEL}=true"
 ON_UNAVAILABLE = ("fail", "probe-only")
 SIDES = {
-    "gpu": ("gpu", {"report_age", "gpu_count"}),
+    "gpu": ("gpu", {"report_age", "gpu_count", "gpus_missing"}),
     "fabric": ("ib_port", {"report_age", "ib_port_count"}),
 }
 
@@ -51,8 +58,9 @@ class GateConfig:
     (waiting for repairs cannot help).
     ``on_unavailable``: when Prometheus is given but cannot be read, ``fail`` raises GateError,
     ``probe-only`` gates on the probe reports alone and says so in ``GateResult.warnings``.
-    ``speed_tiers``: choose nodes of like measured speed (needs the probe's GEMM speed; a node
-    without one is then excluded).
+    ``speed_tiers``: choose nodes of like measured speed (the probe's GEMM speed, timed once per
+    boot on idle GPUs). ``unknown_speed``: ``group`` (default) keeps nodes of unknown speed as a
+    group of their own, chosen when no measured tier is large enough; ``exclude`` leaves them out.
     """
 
     selector: str = DEFAULT_SELECTOR
@@ -61,6 +69,7 @@ class GateConfig:
     gpus_per_node: int | None = None
     policy: Policy = DEFAULT_POLICY
     speed_tiers: bool = True
+    unknown_speed: str = "group"
     on_unavailable: str = "fail"
     page_size: int = 500
     api_deadline_s: float = 60.0
@@ -73,6 +82,10 @@ class GateConfig:
         if self.on_unavailable not in ON_UNAVAILABLE:
             raise ValueError(
                 f"on_unavailable must be one of {', '.join(ON_UNAVAILABLE)}, got {self.on_unavailable!r}"
+            )
+        if self.unknown_speed not in UNKNOWN_SPEED:
+            raise ValueError(
+                f"unknown_speed must be one of {', '.join(UNKNOWN_SPEED)}, got {self.unknown_speed!r}"
             )
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
@@ -150,6 +163,8 @@ class GateResult:
             "min_nodes": self.min_nodes,
             "missing": self.missing(),
             "tier": list(self.selection.tier) if self.selection.tier else None,
+            "group": self.selection.group,
+            "speed_unknown": self.selection.speed_unknown,
             "sources": self.sources,
             "warnings": self.warnings,
         }
@@ -169,7 +184,12 @@ class GateResult:
         tier = self.selection.tier
         summary = (
             f"{len(self.selected)} of {len(self.nodes)} node(s) chosen (need {self.min_nodes})"
-            + (f", speed tier {tier[0]:.1f}-{tier[1]:.1f}" if tier else "")
+            + (f", speed tier {tier[0]:.1f}-{tier[1]:.1f}" if tier else f", {self.selection.group}")
+            + (
+                f", {len(self.selection.speed_unknown)} of unknown speed"
+                if self.selection.speed_unknown
+                else ""
+            )
             + f"; sources: {'+'.join(self.sources)}"
         )
         lines.append(summary if self.enough else f"NOT ENOUGH: {self.missing()}")
@@ -204,7 +224,7 @@ def run_gate(
     results = [_judge(name, listed.get(name), reports[name], config, now) for name in names]
     speeds = {r.name: r.speed for r in results if r.verdict in USABLE} if config.speed_tiers else {}
     verdicts = [NodeVerdict(r.name, r.verdict, r.reasons) for r in results]
-    selection = choose_nodes(verdicts, speeds, config.min_nodes)
+    selection = choose_nodes(verdicts, speeds, config.min_nodes, unknown_speed=config.unknown_speed)
     for r in results:
         if r.verdict in USABLE and r.name in selection.excluded:
             r.verdict = "exclude"
@@ -228,7 +248,24 @@ def check_fleet(nodes: list[dict], config: GateConfig) -> None:
         )
 
 
+def expected_gpu_count(node: dict) -> Signal:
+    """The GPUs ``node`` should have: the most of its ``nvidia.com/gpu`` capacity and allocatable and
+    its GPU Feature Discovery label ``nvidia.com/gpu.count`` (values that are not counts are ignored)."""
+    status = node.get("status") or {}
+    found = [
+        (status.get("capacity") or {}).get(GPU_RESOURCE),
+        (status.get("allocatable") or {}).get(GPU_RESOURCE),
+        (node.get("metadata", {}).get("labels") or {}).get(GPU_COUNT_LABEL),
+    ]
+    counts = [int(v) for v in found if isinstance(v, str) and re.fullmatch(r"[0-9]{1,4}", v)]
+    if not counts:
+        return Signal.unknown(f"the node has no {GPU_RESOURCE} capacity and no {GPU_COUNT_LABEL} label")
+    return Signal(max(counts))
+
+
 def _judge(name: str, node: dict | None, report: HealthReport, config: GateConfig, now: float) -> NodeResult:
+    if node is not None:
+        report.signals["gpu_count_expected"] = expected_gpu_count(node)
     verdict = evaluate(report, config.policy, now=now)
     speed = node_speed(report)
     result = NodeResult(

@@ -1,11 +1,30 @@
 """A short per-GPU GEMM timing, for relative speed between nodes of one SKU (reference §6).
 
-Needs torch with CUDA; anywhere else every GPU's speed is reported unknown.
+Needs torch with CUDA; anywhere else every GPU's speed is reported unknown. The node probe times
+it once per probe start (:func:`once_per_boot`; the DaemonSet's pod starts with the node) and only
+while every GPU is idle, so GPUs serving inference are never loaded by it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from trainops.health.report import Signal
+
+
+def once_per_boot(measure: Callable[[int], list[Signal]]) -> Callable[[int], list[Signal]]:
+    """``measure`` until it has timed every GPU, then that result for as long as this process lives."""
+    timed: list[Signal] = []
+
+    def speeds(gpu_count: int) -> list[Signal]:
+        if len(timed) != gpu_count:
+            result = measure(gpu_count)
+            if not all(speed.known for speed in result):
+                return result
+            timed[:] = result
+        return list(timed)
+
+    return speeds
 
 
 def measure_gemm_tflops(gpu_count: int, size: int = 8192, iterations: int = 50) -> list[Signal]:

@@ -7,9 +7,12 @@ gate cannot do without, ``warn`` for optional ones. A row whose verdict is ``ok`
 
 Verdicts, mildest first: ``ok``, ``warn`` (keep the node, say why), ``exclude`` (leave it out of
 this run), ``quarantine`` (taint it until ``trainops health release`` re-checks it).
-Defaults follow reference/health.md §8 (sources there). Override rows by name::
+Defaults follow reference/health.md §8 (sources there). The GPUs a node should have come from the
+node itself (signal ``gpu_count_expected``: its ``nvidia.com/gpu`` capacity, allocatable and GPU
+Feature Discovery count label, added by the gate); ``gpus_missing`` is that minus what NVML sees.
+Override rows by name::
 
-    DEFAULT_POLICY.with_overrides({"gpu_count": {"threshold": 4}, "xid_warn": {"verdict": "exclude"}})
+    DEFAULT_POLICY.with_overrides({"gpus_missing": {"threshold": 1}, "xid_warn": {"verdict": "exclude"}})
     load_policy("policy.yaml")   # the same mapping in JSON or YAML
 """
 
@@ -69,7 +72,8 @@ MUST = {"if_unknown": "exclude"}  # rows a gate cannot do without; others warn w
 DEFAULT_ROWS = (
     #   name                   scope      signal                         test      threshold      verdict       reason
     Row("report_age",          "node",    "report_age_s",                ">",      300,           "exclude",    "health report is stale", **MUST),
-    Row("gpu_count",           "node",    "gpu_count",                   "<",      8,             "quarantine", "fewer GPUs than expected (reboot)", **MUST),
+    Row("gpu_count",           "node",    "gpu_count",                   "<",      1,             "quarantine", "NVML sees no GPU (reboot)", **MUST),
+    Row("gpus_missing",        "node",    "gpus_missing",                ">",      0,             "quarantine", "fewer GPUs than the node has (reboot)", if_unknown="ok"),
     Row("gpu_lost",            "gpu",     "gpu_lost",                    "==",     True,          "quarantine", "GPU is lost to NVML (fallen off the bus)"),
     Row("xid_fatal",           "gpu",     "xid_events",                  "any_in", FATAL_XIDS,    "quarantine", "fatal XID (reset/reboot)", **MUST),
     Row("xid_warn",            "gpu",     "xid_events",                  "any_in", WARN_XIDS,     "warn",       "non-fatal XID seen"),
@@ -201,7 +205,11 @@ def _targets(report: HealthReport, node_signals: Signals, scope: str) -> Iterato
 def evaluate(report: HealthReport, policy: Policy = DEFAULT_POLICY, now: float | None = None) -> NodeVerdict:
     """Apply every row of ``policy`` to ``report``; ``now`` (default: the clock) ages the report."""
     now = time.time() if now is None else now
-    node_signals = {**report.signals, "report_age_s": Signal(round(now - report.collected_at, 3))}
+    node_signals = {
+        **report.signals,
+        "report_age_s": Signal(round(now - report.collected_at, 3)),
+        "gpus_missing": _gpus_missing(report.signals),
+    }
     evidence: list[dict[str, Any]] = []
     for row in policy.rows:
         if row.verdict == "ok":
@@ -218,6 +226,15 @@ def evaluate(report: HealthReport, policy: Policy = DEFAULT_POLICY, now: float |
                 evidence.append({**base, **found})
     verdict = max((e["verdict"] for e in evidence), key=VERDICTS.index, default="ok")
     return NodeVerdict(report.node, verdict, _reasons(evidence, verdict), evidence)
+
+
+def _gpus_missing(signals: Signals) -> Signal:
+    seen, expected = get_signal(signals, "gpu_count"), get_signal(signals, "gpu_count_expected")
+    if not seen.known:
+        return seen
+    if not expected.known:
+        return Signal.unknown(f"the node's own GPU count is unknown ({expected.reason})")
+    return Signal(max(0, expected.value - seen.value))
 
 
 def _reasons(evidence: list[dict[str, Any]], verdict: str) -> list[str]:

@@ -16,7 +16,7 @@ from trainops.errors import TemporaryError
 from trainops.health.ib_reader import IbReader, IbUnavailable
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
-from trainops.health.report import HealthReport, Signal, Signals
+from trainops.health.report import HealthReport, Signal, Signals, get_signal
 from trainops.kube.client import MERGE_PATCH
 
 ANNOTATION = "trainops.io/health-report"
@@ -48,12 +48,30 @@ def collect_report(
     except IbUnavailable as err:
         ib_ports = {}
         node["ib_port_count"] = Signal.unknown(str(err))
-    speeds = speed_probe(len(gpus)) if speed_probe else [Signal.unknown("speed probe not run")] * len(gpus)
+    speeds = _speeds(gpus, speed_probe, previous)
     for key, speed in zip(sorted(gpus, key=int), speeds, strict=True):
         gpus[key]["gemm_tflops"] = speed
     report = HealthReport(node_name, time.time() if now is None else now, "probe", node, gpus, ib_ports)
     add_counter_rates(report, previous)
     return report
+
+
+def _speeds(
+    gpus: dict[str, Signals], speed_probe: SpeedProbe | None, previous: HealthReport | None
+) -> list[Signal]:
+    """Per GPU: timed now when every GPU is idle (never on GPUs serving inference), else the speed
+    ``previous`` carried, else unknown."""
+    if speed_probe is None:
+        return [Signal.unknown("speed probe not run")] * len(gpus)
+    if all(get_signal(signals, "running_processes").value == 0 for signals in gpus.values()):
+        return speed_probe(len(gpus))
+    before = [
+        get_signal((previous.gpus if previous else {}).get(key, {}), "gemm_tflops")
+        for key in sorted(gpus, key=int)
+    ]
+    if before and all(speed.known for speed in before):
+        return before
+    return [Signal.unknown("GPUs busy; the GEMM waits until they are idle")] * len(gpus)
 
 
 def _read_gpus(nvml: Any, xid_wait_ms: int) -> tuple[Signals, dict[str, Signals]]:

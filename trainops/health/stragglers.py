@@ -5,6 +5,10 @@ A straggler is both a statistical outlier (modified z-score over the MAD below `
 and materially slow (more than ``min_pct_below`` percent below the fleet median): a tight fleet
 must not lose a node for being 1% slower. Healthy nodes are then grouped so that a run gets
 nodes within ``tier_width_pct`` of each other, the fastest such group that is large enough.
+
+A node whose speed is unknown (its probe has not timed a GEMM yet) is never left out for that
+alone: the nodes of unknown speed form a group of their own, reported as such, chosen when no
+measured tier is large enough; ``unknown_speed="exclude"`` opts into leaving them out.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from trainops.health.report import HealthReport, Signal, get_signal
 MAD_SCALE = 0.6745  # makes the MAD-based score comparable to a normal z-score
 MEAN_AD_SCALE = 1.253314  # Iglewicz & Hoaglin fallback when the MAD is zero
 USABLE = ("ok", "warn")
+UNKNOWN_SPEED = ("group", "exclude")
 
 
 def node_speed(report: HealthReport, signal: str = "gemm_tflops") -> Signal:
@@ -61,6 +66,8 @@ class Selection:
     tier: tuple[float, float] | None  # (slowest, fastest) speed of the chosen tier; None if untiered
     excluded: dict[str, str] = field(default_factory=dict)
     scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    group: str = "untiered"  # "tier" (measured speeds), "speed unknown", or "untiered"
+    speed_unknown: list[str] = field(default_factory=list)  # usable nodes without a measured speed
 
 
 def choose_nodes(
@@ -71,15 +78,19 @@ def choose_nodes(
     z_threshold: float = -2.0,
     min_pct_below: float = 3.5,
     tier_width_pct: float = 3.5,
+    unknown_speed: str = "group",
 ) -> Selection:
-    """Usable nodes (verdict ok/warn), stragglers removed, from the fastest tier of ``min_nodes``.
+    """Usable nodes (verdict ok/warn), stragglers removed, from the first group of ``min_nodes``.
 
-    ``speeds`` may be empty (speed not measured): then every usable node is chosen, untiered.
-    Once speeds are given, a usable node without one is excluded (unknown is never ok).
-    Without a tier large enough, all non-straggler nodes are chosen, untiered.
+    ``speeds`` may be empty (speed tiers off): then every usable node is chosen, untiered.
+    Otherwise the groups, in order of preference: the fastest measured tier large enough, then
+    the nodes of unknown speed, then every non-straggler untiered. With ``unknown_speed="exclude"``
+    a node of unknown speed is left out instead.
     """
     if min_nodes < 1:
         raise ValueError(f"min_nodes must be >= 1, got {min_nodes}")
+    if unknown_speed not in UNKNOWN_SPEED:
+        raise ValueError(f"unknown_speed must be one of {', '.join(UNKNOWN_SPEED)}, got {unknown_speed!r}")
     excluded: dict[str, str] = {}
     usable: list[str] = []
     for verdict in verdicts:
@@ -91,13 +102,11 @@ def choose_nodes(
         chosen = sorted(usable)
         return Selection(chosen, len(chosen) >= min_nodes, None, excluded)
 
-    known: dict[str, float] = {}
-    for node in usable:
-        speed = speeds.get(node)
-        if speed is None:
-            excluded[node] = "exclude: speed unknown"
-        else:
-            known[node] = float(speed)
+    known = {node: float(speeds[node]) for node in usable if speeds.get(node) is not None}
+    unknown = sorted(node for node in usable if node not in known)
+    if unknown_speed == "exclude":
+        excluded.update(dict.fromkeys(unknown, "exclude: speed unknown (unknown_speed='exclude')"))
+        unknown = []
     z_scores, below = modified_z_scores(known), percent_below_median(known)
     scores = {n: {"speed": known[n], "modified_z": z_scores[n], "pct_below_median": below[n]} for n in known}
     for node in list(known):
@@ -115,5 +124,17 @@ def choose_nodes(
             for node in ranked:
                 if node not in tier:
                     excluded[node] = f"exclude: speed {known[node]:.1f} outside the chosen tier"
-            return Selection(tier, True, (known[tier[-1]], known[fastest]), excluded, scores)
-    return Selection(ranked, len(ranked) >= min_nodes, None, excluded, scores)
+            for node in unknown:
+                excluded[node] = (
+                    "exclude: speed unknown, grouped apart from the chosen tier of measured speed"
+                )
+            tiered = (known[tier[-1]], known[fastest])
+            return Selection(tier, True, tiered, excluded, scores, "tier", unknown)
+    if len(unknown) >= min_nodes:
+        for node in ranked:
+            excluded[node] = (
+                f"exclude: no tier of {min_nodes} measured node(s); the nodes of unknown speed were chosen"
+            )
+        return Selection(unknown, True, None, excluded, scores, "speed unknown", unknown)
+    chosen = ranked + unknown
+    return Selection(chosen, len(chosen) >= min_nodes, None, excluded, scores, "untiered", unknown)
