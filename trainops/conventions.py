@@ -7,7 +7,10 @@ MODE_TRAINING = "training"
 QUARANTINE_TAINT = "trainops.io/quarantine"
 HEALTH_LABEL = "trainops.io/health"
 HEALTH_QUARANTINED = "quarantined"
-HEALTH_REPORT_ANNOTATION = "trainops.io/health-report"  # the node probe's latest report
+# The node probe's verdict on the node (compact); its full report lives in a ConfigMap per node
+# in HEALTH_NAMESPACE (see trainops.health.published).
+HEALTH_SUMMARY_ANNOTATION = "trainops.io/health-summary"
+HEALTH_NAMESPACE = "trainops-system"
 # Why a node was quarantined (evidence as JSON).  Kept apart from the probe's report, which the
 # probe rewrites on every publish and would otherwise erase the evidence.
 QUARANTINE_EVIDENCE_ANNOTATION = "trainops.io/quarantine-evidence"

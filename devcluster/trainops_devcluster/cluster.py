@@ -22,6 +22,7 @@ from urllib.parse import unquote
 
 import yaml
 
+from trainops.conventions import HEALTH_NAMESPACE
 from trainops_devcluster import defaults, kinds, topology
 from trainops_devcluster.controllers import start_controllers
 from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admission
@@ -188,7 +189,13 @@ class DevCluster:
             defaults.apply(kinds.by_resource(resource), obj, creating=True)
             self.store.create(resource, obj)
 
-        for name in ("default", "kube-system", topology.INFERENCE_NAMESPACE, topology.TRAINING_NAMESPACE):
+        for name in (
+            "default",
+            "kube-system",
+            HEALTH_NAMESPACE,
+            topology.INFERENCE_NAMESPACE,
+            topology.TRAINING_NAMESPACE,
+        ):
             create("namespaces", topology.namespace(name))
         for index in range(self.nodes):
             create("nodes", topology.gpu_node(index, self.gpus_per_node))

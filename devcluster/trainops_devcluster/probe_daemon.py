@@ -3,9 +3,11 @@
 Every ``interval_s`` it collects each node's report with the production code
 (:func:`~trainops.health.probe.collect_report` over ``FakeNvml`` and ``TelemetryIbReader``,
 one NVML reader kept open per node so XID events are seen, the previous report passed for rates)
-and writes the ``trainops.io/health-report`` annotation and the ``GPUHealthy`` condition into
-the store, as ``trainops probe --publish`` does through the API. It writes when the report
-changed, else every ``heartbeat_s`` (so reports age only while nothing is probing them).
+and writes what the production :class:`~trainops.health.probe.Publisher` plans into the store, as
+``trainops probe --publish`` does through the API: the report's ConfigMap
+``trainops-system/node-health-<node>`` when the verdict or a thresholded signal changed, else
+every ``report_heartbeat_s``; the node's summary annotation and ``GPUHealthy`` condition on a
+change, else every ``node_heartbeat_s``. Reports age only while nothing is probing them.
 
 A node whose telemetry is missing gets nothing new: its last report goes stale, or it never
 has one. A repaired node (new ``boot_id``) gets a fresh NVML reader, as a restarted probe pod would.
@@ -17,10 +19,18 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trainops.conventions import HEALTH_REPORT_ANNOTATION
+from trainops.conventions import HEALTH_SUMMARY_ANNOTATION
 from trainops.health.nvml_reader import NvmlReader
-from trainops.health.policy import DEFAULT_POLICY, Policy, evaluate
-from trainops.health.probe import collect_report, gpu_healthy_condition, replace_condition
+from trainops.health.policy import DEFAULT_POLICY, Policy
+from trainops.health.probe import (
+    LEGACY_REPORT_ANNOTATION,
+    NODE_HEARTBEAT_S,
+    REPORT_HEARTBEAT_S,
+    Publisher,
+    Writes,
+    collect_report,
+    replace_condition,
+)
 from trainops.health.report import HealthReport
 from trainops_devcluster.controller import Controller
 from trainops_devcluster.store import NotFound, Store
@@ -31,9 +41,8 @@ from trainops_devcluster.telemetry import FakeNvml, NodeTelemetry, TelemetryIbRe
 class _NodeProbe:
     boot_id: int
     reader: NvmlReader
+    publisher: Publisher
     previous: HealthReport | None = None
-    published: dict | None = None  # the last published report without its collection time
-    published_at: float = 0.0
 
 
 class ProbeDaemon(Controller):
@@ -45,16 +54,18 @@ class ProbeDaemon(Controller):
         telemetry: Mapping[str, NodeTelemetry],
         *,
         interval_s: float = 1.0,
-        heartbeat_s: float = 30.0,
+        report_heartbeat_s: float = REPORT_HEARTBEAT_S,
+        node_heartbeat_s: float = NODE_HEARTBEAT_S,
         policy: Policy = DEFAULT_POLICY,
         gemm: bool = True,
     ) -> None:
-        if interval_s <= 0 or heartbeat_s <= 0:
-            raise ValueError(f"interval_s and heartbeat_s must be > 0, got {interval_s}, {heartbeat_s}")
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be > 0, got {interval_s}")
+        self.heartbeats = {"report_heartbeat_s": report_heartbeat_s, "node_heartbeat_s": node_heartbeat_s}
+        Publisher(policy, **self.heartbeats)  # refuses bad heartbeats now, not on the first round
         super().__init__(store)
         self.telemetry = telemetry
         self.interval_s = interval_s
-        self.heartbeat_s = heartbeat_s
         self.policy = policy
         self.gemm = gemm  # False: probe as deploy/node-probe.yaml runs it (no --gemm, speed unknown)
         self._probes: dict[str, _NodeProbe] = {}
@@ -84,16 +95,18 @@ class ProbeDaemon(Controller):
             if not self._round_done.wait_for(lambda: self._rounds >= target, timeout):
                 raise TimeoutError(f"the probe daemon did not finish {count} round(s) in {timeout:g}s")
 
-    def probe(self, name: str) -> bool:
-        """Probe one node now; True when a report was written."""
+    def probe(self, name: str, now: float | None = None) -> Writes | None:
+        """Probe one node now (``now``: a simulated clock); what was written, None when nothing was probed."""
         telemetry = self.telemetry[name]
         if telemetry.missing:
-            return False
+            return None
         probe = self._probes.get(name)
         if probe is None or probe.boot_id != telemetry.boot_id:
             if probe:
                 _close(probe.reader)
-            probe = self._probes[name] = _NodeProbe(telemetry.boot_id, NvmlReader(FakeNvml(telemetry)))
+            probe = self._probes[name] = _NodeProbe(
+                telemetry.boot_id, NvmlReader(FakeNvml(telemetry)), Publisher(self.policy, **self.heartbeats)
+            )
             probe.reader.start()
         report = collect_report(
             probe.reader,
@@ -101,26 +114,36 @@ class ProbeDaemon(Controller):
             name,
             speed_probe=telemetry.measure_speed if self.gemm else None,
             previous=probe.previous,
+            now=now,
         )
         probe.previous = report
-        content = {**report.to_dict(), "collected_at": None}
-        if content == probe.published and report.collected_at - probe.published_at < self.heartbeat_s:
-            return False
-        verdict = evaluate(report, self.policy, now=report.collected_at)
-        condition = gpu_healthy_condition(verdict, now=report.collected_at)
-        text = report.to_json()
-
-        def write(node: dict) -> None:
-            node["metadata"].setdefault("annotations", {})[HEALTH_REPORT_ANNOTATION] = text
-            status = node.setdefault("status", {})
-            status["conditions"] = replace_condition(status.get("conditions") or [], condition)
-
+        writes = probe.publisher.plan(report)
         try:
-            self.store.mutate("nodes", "", name, write)
+            self._apply(name, writes)
         except NotFound:  # the node object was deleted; its telemetry may outlive it
-            return False
-        probe.published, probe.published_at = content, report.collected_at
-        return True
+            return None
+        probe.publisher.wrote(writes, report.collected_at)
+        return writes
+
+    def _apply(self, name: str, writes: Writes) -> None:
+        """What ``trainops.health.probe.publish`` writes through the API, into the store."""
+        if writes.condition is not None:
+
+            def write(node: dict) -> None:
+                annotations = node["metadata"].setdefault("annotations", {})
+                annotations[HEALTH_SUMMARY_ANNOTATION] = writes.summary
+                annotations.pop(LEGACY_REPORT_ANNOTATION, None)
+                status = node.setdefault("status", {})
+                status["conditions"] = replace_condition(status.get("conditions") or [], writes.condition)
+
+            self.store.mutate("nodes", "", name, write)
+        if writes.configmap is not None:
+            body = writes.configmap
+            meta = body["metadata"]
+            if self.store.find("configmaps", meta["namespace"], meta["name"]) is None:
+                self.store.create("configmaps", body)
+            else:
+                self.store.update("configmaps", body, check_version=False)
 
     def stop(self) -> None:
         super().stop()

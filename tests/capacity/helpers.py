@@ -6,7 +6,7 @@ import copy
 import json
 import threading
 
-from trainops.conventions import GPU_POOL_LABEL, HEALTH_REPORT_ANNOTATION
+from trainops.conventions import GPU_POOL_LABEL, HEALTH_SUMMARY_ANNOTATION
 from trainops.kube.client import Kube
 
 MANAGED = ("resourceVersion", "generation", "managedFields")
@@ -25,7 +25,7 @@ def _object(obj: dict) -> dict:
     for key in MANAGED:
         obj["metadata"].pop(key, None)
     annotations = obj["metadata"].get("annotations") or {}
-    annotations.pop(HEALTH_REPORT_ANNOTATION, None)  # the node probe refreshes it at its own pace
+    annotations.pop(HEALTH_SUMMARY_ANNOTATION, None)  # the node probe refreshes it at its own pace
     obj["metadata"] = {k: v for k, v in obj["metadata"].items() if v not in ({}, "", None)}
     return obj
 

@@ -8,7 +8,7 @@ import pytest
 from kubernetes import client
 
 from trainops.cli import main
-from trainops.conventions import HEALTH_LABEL, HEALTH_REPORT_ANNOTATION, QUARANTINE_TAINT
+from trainops.conventions import HEALTH_LABEL, QUARANTINE_TAINT
 from trainops.health.gate import GateConfig, run_gate
 from trainops.health.policy import load_policy
 from trainops.health.quarantine import EVIDENCE_ANNOTATION, ReleaseRefused, apply_quarantine, release
@@ -29,6 +29,13 @@ def core_v1(k8s):
 
 def writes(devcluster) -> list[dict]:
     return [e for e in devcluster.server.audit.entries() if e["verb"] in WRITES]
+
+
+def published(core_v1, name: str = NODE) -> dict:
+    """The node's report ConfigMap, as the API serves it."""
+    return core_v1.api_client.sanitize_for_serialization(
+        core_v1.read_namespaced_config_map(f"node-health-{name}", "trainops-system")
+    )
 
 
 def state(core_v1, name: str = NODE) -> NodeState:
@@ -110,11 +117,11 @@ def test_missing_telemetry_publishes_nothing_new_and_the_report_goes_stale(devcl
     devcluster.probe_daemon.wait_rounds(2)
     devcluster.inject("telemetry-missing", NODE)
     devcluster.probe_daemon.wait_rounds(1)
-    last = read_node(core_v1, NODE)["metadata"]["annotations"][HEALTH_REPORT_ANNOTATION]
+    last = published(core_v1)
     devcluster.probe_daemon.wait_rounds(2)
-    assert read_node(core_v1, NODE)["metadata"]["annotations"][HEALTH_REPORT_ANNOTATION] == last
+    assert published(core_v1) == last
 
-    stale_at = HealthReport.from_json(last).collected_at + 301
+    stale_at = HealthReport.from_json(last["data"]["report.json"]).collected_at + 301
     checked = {n.name: n for n in run_gate(core_v1, UNTIERED, now=stale_at).nodes}[NODE]
     assert checked.verdict == "exclude"
     assert checked.reasons[0].startswith("report_age [node] health report is stale: report_age_s=")
@@ -125,7 +132,10 @@ def test_candidates_are_listed_in_pages(devcluster, core_v1):
     result = run_gate(core_v1, GateConfig(page_size=5, speed_tiers=False))
     assert [n.name for n in result.nodes] == sorted(devcluster.telemetry)
     lists = [e["path"] for e in devcluster.server.audit.entries() if e["verb"] == "list"]
-    assert len(lists) == 4 and all("limit=5" in path for path in lists)
+    assert all("limit=5" in path for path in lists)
+    assert sum(p.startswith("/api/v1/nodes?") for p in lists) == 4  # 16 GPU nodes in pages of 5
+    reports = [p for p in lists if p.startswith("/api/v1/namespaces/trainops-system/configmaps?")]
+    assert len(reports) == 4 and all("node-health-report%3Dtrue" in p for p in reports)
 
 
 def test_evidence_names_the_rows_signals_and_values(broken, core_v1):
@@ -134,4 +144,8 @@ def test_evidence_names_the_rows_signals_and_values(broken, core_v1):
     assert ("gpu_lost", "gpu 0", "true") in tripped and ("xid_fatal", "gpu 0", "[79]") in tripped
     assert (
         record["report"]["source"] == "probe" and record["quarantined_at"] > record["report"]["collected_at"]
+    )
+    assert record["report"]["at"] == f"trainops-system/node-health-{NODE}"
+    assert (
+        HealthReport.from_json(published(core_v1)["data"]["report.json"]).gpus["0"]["gpu_lost"].value is True
     )

@@ -1,4 +1,4 @@
-"""The probe: report format, publishing to a devcluster node over HTTP, and the ``trainops probe`` CLI."""
+"""The probe: report format, publishing (ConfigMap + node summary) over HTTP, and the ``trainops probe`` CLI."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from trainops_devcluster.telemetry import FakeNvml, TelemetryIbReader
 from tests.health.conftest import two_sample_report
 from trainops.cli import main
 from trainops.errors import TemporaryError
-from trainops.health.probe import ANNOTATION, collect_report, publish
+from trainops.health.probe import LEGACY_REPORT_ANNOTATION as LEGACY
+from trainops.health.probe import Publisher, collect_report, publish
 from trainops.health.report import SCHEMA_VERSION, HealthReport
 
 NODE = "gpu-node-a"
@@ -107,12 +108,25 @@ def test_collect_report_opens_a_module_for_one_report(node, clock):
     assert report.gpus["0"]["nvlink_replay_per_min"].reason.startswith("rate needs two samples")
 
 
-def test_publish_writes_annotation_and_condition(node, clock, cluster, core_api):
+def configmap(cluster, name=NODE) -> dict | None:
+    return cluster.store.find("configmaps", "trainops-system", f"node-health-{name}")
+
+
+def test_publish_puts_the_report_in_a_configmap_and_a_small_summary_on_the_node(
+    node, clock, cluster, core_api
+):
+    cluster.store.mutate("nodes", "", NODE, lambda n: n["metadata"]["annotations"].update({LEGACY: "{}"}))
     report = two_sample_report(node, clock)
-    condition = publish(report, core_api)
+    writes = publish(report, core_api, Publisher())
+    held = configmap(cluster)
+    assert HealthReport.from_json(held["data"]["report.json"]).to_dict() == report.to_dict()
+    assert held["metadata"]["labels"] == {"trainops.io/node-health-report": "true"}
     annotations = stored(cluster)["metadata"]["annotations"]
-    assert HealthReport.from_json(annotations[ANNOTATION]).to_dict() == report.to_dict()
-    assert annotations["other.io/keep"] == "yes"
+    assert annotations["other.io/keep"] == "yes" and LEGACY not in annotations
+    summary = json.loads(annotations["trainops.io/health-summary"])
+    assert summary["verdict"] == "ok" and summary["report"] == f"trainops-system/node-health-{NODE}"
+    assert summary["digest"] == held["metadata"]["annotations"]["trainops.io/health-digest"]
+    assert len(json.dumps(stored(cluster))) < 4096 < len(held["data"]["report.json"])
     assert conditions(cluster)["Ready"]["status"] == "True"
     ours = conditions(cluster)["GPUHealthy"]
     assert (ours["status"], ours["reason"], ours["message"]) == (
@@ -120,34 +134,77 @@ def test_publish_writes_annotation_and_condition(node, clock, cluster, core_api)
         "HealthChecksPassed",
         "ok: all checks passed",
     )
-    assert condition == ours
+    assert writes.condition == ours
+
+
+def test_steady_readings_write_only_heartbeats_and_a_fault_writes_at_once(node, clock, cluster, core_api):
+    publisher = Publisher(report_heartbeat_s=120, node_heartbeat_s=600)
+    publish(two_sample_report(node, clock), core_api, publisher)
+    versions = [
+        (stored(cluster)["metadata"]["resourceVersion"], configmap(cluster)["metadata"]["resourceVersion"])
+    ]
+    for _ in range(12):  # 12 more reports a minute apart: readings move, no threshold is crossed
+        publish(two_sample_report(node, clock), core_api, publisher)
+        versions.append(
+            (
+                stored(cluster)["metadata"]["resourceVersion"],
+                configmap(cluster)["metadata"]["resourceVersion"],
+            )
+        )
+    node_writes = len({v[0] for v in versions}) - 1
+    report_writes = len({v[1] for v in versions}) - 1
+    assert node_writes == 1  # the condition's heartbeat, 10 minutes on
+    assert report_writes == 6  # every 2 minutes
+    assert HealthReport.from_json(configmap(cluster)["data"]["report.json"]).collected_at >= clock.now - 120
+
+    clock.now += 1
+    broken = two_sample_report(node, clock, lambda: node.inject_xid(79, gpu=1))
+    writes = publish(broken, core_api, publisher)
+    assert writes.configmap is not None and writes.condition is not None
+    summary = json.loads(stored(cluster)["metadata"]["annotations"]["trainops.io/health-summary"])
+    assert summary["verdict"] == "quarantine" and any("xid_fatal [gpu 1]" in r for r in summary["reasons"])
+    assert (
+        HealthReport.from_json(configmap(cluster)["data"]["report.json"]).collected_at == broken.collected_at
+    )
+    assert conditions(cluster)["GPUHealthy"]["status"] == "False"
 
 
 def test_publish_retries_on_conflict_and_keeps_transition_time(node, clock, cluster, core_api):
-    publish(two_sample_report(node, clock), core_api)
+    publisher = Publisher()
+    publish(two_sample_report(node, clock), core_api, publisher)
     first_transition = moment(conditions(cluster)["GPUHealthy"]["lastTransitionTime"])
     racing = RacingKubelet(core_api, cluster.store, writes=2)
     clock.now += 3600
-    publish(two_sample_report(node, clock), racing)
+    publish(two_sample_report(node, clock), racing, publisher)
     assert racing.conflicts == 2
-    patches = [e for e in cluster.server.audit.entries() if e["verb"] == "patch" and NODE in e["path"]]
-    assert [e["status"] for e in patches[-4:]].count(409) == 2
+    patches = [
+        e
+        for e in cluster.server.audit.entries()
+        if e["verb"] == "patch" and e["path"].endswith(f"/{NODE}/status")
+    ]
+    assert [e["status"] for e in patches[-3:]] == [409, 409, 200]
     ours = conditions(cluster)["GPUHealthy"]
     assert moment(ours["lastTransitionTime"]) == first_transition
     assert moment(ours["lastHeartbeatTime"]) == first_transition + timedelta(seconds=3660)
     assert conditions(cluster)["Ready"]["message"].startswith("heartbeat")  # the kubelet's write survived
 
     clock.now += 60
-    publish(two_sample_report(node, clock, lambda: node.inject_xid(79, gpu=1)), core_api)
+    publish(two_sample_report(node, clock, lambda: node.inject_xid(79, gpu=1)), core_api, publisher)
     ours = conditions(cluster)["GPUHealthy"]
     assert (ours["status"], ours["reason"]) == ("False", "HealthChecksFailed")
     assert "xid_fatal [gpu 1]" in ours["message"] and moment(ours["lastTransitionTime"]) > first_transition
 
 
+@pytest.mark.parametrize("report_s, node_s", [(0, 600), (700, 600), (-1, -1)])
+def test_bad_heartbeats_are_refused_naming_both(report_s, node_s):
+    with pytest.raises(ValueError, match="report_heartbeat_s and node_heartbeat_s must be > 0"):
+        Publisher(report_heartbeat_s=report_s, node_heartbeat_s=node_s)
+
+
 def test_publish_gives_up_after_repeated_conflicts(node, clock, cluster, core_api):
     racing = RacingKubelet(core_api, cluster.store, writes=100)
     with pytest.raises(TemporaryError, match=f"node {NODE}: gave up after 5 resourceVersion conflicts"):
-        publish(two_sample_report(node, clock), racing)
+        publish(two_sample_report(node, clock), racing, Publisher())
 
 
 def test_cli_once_without_a_driver_reports_unknown(no_driver, tmp_path, capsys):
@@ -188,4 +245,5 @@ def test_cli_publish_without_a_driver_sets_condition_unknown(no_driver, cluster,
     ours = conditions(cluster)["GPUHealthy"]
     assert (ours["status"], ours["reason"]) == ("Unknown", "SignalsUnknown")
     assert "gpu_count [node] gpu_count unknown: NVML unavailable" in ours["message"]
-    assert "gpu-node-a: GPUHealthy=Unknown" in capsys.readouterr().out
+    assert "gpu-node-a: exclude; wrote configmap, condition" in capsys.readouterr().out
+    assert configmap(cluster) is not None

@@ -22,7 +22,7 @@ from trainops.health.gemm import measure_gemm_tflops, once_per_boot
 from trainops.health.ib_reader import SysfsIbReader
 from trainops.health.nvml_reader import NvmlReader, load_pynvml
 from trainops.health.policy import evaluate, load_policy
-from trainops.health.probe import collect_report, publish
+from trainops.health.probe import NODE_HEARTBEAT_S, REPORT_HEARTBEAT_S, Publisher, collect_report, publish
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.health.report import HealthReport
@@ -43,7 +43,9 @@ def _register_probe(subparsers: Any) -> None:
     )
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--once", action="store_true", help="collect one report and print it")
-    mode.add_argument("--publish", action="store_true", help="write reports to the node object, repeatedly")
+    mode.add_argument(
+        "--publish", action="store_true", help="publish reports (ConfigMap + node summary), repeatedly"
+    )
     parser.add_argument("--json", action="store_true", help="--once: print the report as JSON")
     parser.add_argument(
         "--window", type=float, default=0.0, help="--once: seconds between two samples (rates)"
@@ -52,6 +54,18 @@ def _register_probe(subparsers: Any) -> None:
     parser.add_argument("--interval", type=float, default=60.0, help="--publish: seconds between reports")
     parser.add_argument(
         "--iterations", type=int, default=0, help="--publish: stop after N reports (0: never)"
+    )
+    parser.add_argument(
+        "--report-heartbeat",
+        type=float,
+        default=REPORT_HEARTBEAT_S,
+        help="--publish: rewrite an unchanged report this often, seconds (keep under the policy's report_age)",
+    )
+    parser.add_argument(
+        "--node-heartbeat",
+        type=float,
+        default=NODE_HEARTBEAT_S,
+        help="--publish: rewrite an unchanged GPUHealthy condition this often, seconds",
     )
     parser.add_argument("--kubeconfig", help="--publish: kubeconfig file (default: in-cluster, then ~/.kube)")
     parser.add_argument("--ib-sysfs", default="/sys/class/infiniband", help="InfiniBand sysfs root")
@@ -69,6 +83,9 @@ def run_probe(args: argparse.Namespace) -> int:
         return 2
     if args.window < 0 or args.interval <= 0 or args.iterations < 0:
         print("error: --window must be >= 0, --interval > 0 and --iterations >= 0", file=sys.stderr)
+        return 2
+    if not 0 < args.report_heartbeat <= args.node_heartbeat:
+        print("error: --report-heartbeat must be > 0 and <= --node-heartbeat", file=sys.stderr)
         return 2
     ib_reader = SysfsIbReader(args.ib_sysfs)
     speed_probe = once_per_boot(measure_gemm_tflops) if args.gemm else None
@@ -101,15 +118,18 @@ def _print_once(report: HealthReport, as_json: bool) -> int:
 
 def _publish_loop(args: argparse.Namespace, nvml: NvmlReader, ib_reader: SysfsIbReader, speed_probe) -> int:
     core_api = _core_api(args.kubeconfig)
+    publisher = Publisher(report_heartbeat_s=args.report_heartbeat, node_heartbeat_s=args.node_heartbeat)
     previous: HealthReport | None = None
     published = 0
     failed = False
     while True:
         report = collect_report(nvml, ib_reader, args.node, speed_probe=speed_probe, previous=previous)
         try:
-            condition = publish(report, core_api)
+            writes = publish(report, core_api, publisher)
+            wrote = [what for what in ("configmap", "condition") if getattr(writes, what) is not None]
             print(
-                f"{args.node}: {condition['type']}={condition['status']} {condition['message']}", flush=True
+                f"{args.node}: {writes.verdict.verdict}; wrote {', '.join(wrote) or 'nothing (unchanged)'}",
+                flush=True,
             )
             failed = False
         except Exception as err:  # keep probing through API outages; the next round retries

@@ -1,8 +1,8 @@
 """The health gate, Airflow-free: which candidate nodes a run may have, and which must be quarantined.
 
 It lists the candidate nodes by label selector (paginated), reads the report each node probe
-published (annotation ``trainops.io/health-report``), fills what the probe could not read from
-dcgm-exporter metrics (a handful of fleet-wide Prometheus queries, never one per node), applies
+published (ConfigMaps ``trainops-system/node-health-<node>``, listed in pages), fills what the
+probe could not read from dcgm-exporter metrics (a handful of fleet-wide Prometheus queries, never one per node), applies
 the policy and gives the run nodes of one speed tier. It only reads; :func:`apply_quarantine`
 then writes the quarantines (see ``quarantine.py``).
 
@@ -16,8 +16,12 @@ quarantined is never chosen, whatever its report says now: ``trainops health rel
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import gc
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,12 +29,13 @@ from trainops.conventions import (
     GPU_COUNT_LABEL,
     GPU_POOL_LABEL,
     GPU_RESOURCE,
-    HEALTH_REPORT_ANNOTATION,
+    HEALTH_NAMESPACE,
     QUARANTINE_TAINT,
 )
 from trainops.errors import TemporaryError
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports
+from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
 from trainops.health.report import HealthReport, Signal, merge_reports
 from trainops.health.stragglers import UNKNOWN_SPEED, USABLE, Selection, choose_nodes, node_speed
 from trainops.kube.nodes import NodeState, allocatable_gpus, json_of
@@ -203,11 +208,19 @@ def run_gate(
     """Evaluate the candidates (reads only). ``core_v1``: a ``kubernetes.client.CoreV1Api``."""
     now = time.time() if now is None else now
     deadline = Deadline(config.api_deadline_s)
+    with gc_paused():
+        return _run_gate(core_v1, config, prometheus, now, deadline)
+
+
+def _run_gate(
+    core_v1: Any, config: GateConfig, prometheus: PrometheusClient | None, now: float, deadline: Deadline
+) -> GateResult:
     listed = {node["metadata"]["name"]: node for node in candidate_nodes(core_v1, config, deadline)}
     if not config.node_names:
         check_fleet(list(listed.values()), config)
     names = list(config.node_names) or sorted(listed)
-    reports = {name: published_report(listed.get(name), name, now) for name in names}
+    held = published_configmaps(core_v1, config, names, deadline)
+    reports = {name: read_report(held.get(configmap_name(name)), name, now) for name in names}
     sources, warnings = ["probe"], []
     if prometheus is not None:
         try:
@@ -296,72 +309,82 @@ def _judge(name: str, node: dict | None, report: HealthReport, config: GateConfi
 
 def candidate_nodes(core_v1: Any, config: GateConfig, deadline: Deadline) -> list[dict]:
     """The named nodes (one GET each), or every node matching the selector (paginated list)."""
+    if not config.node_names:
+        return list_paginated(core_v1.list_node, config.selector, config.page_size, deadline, "nodes")
+    found = (
+        _get(lambda name=name: core_v1.read_node(name, _preload_content=False), deadline, f"read node {name}")
+        for name in config.node_names
+    )
+    return [node for node in found if node is not None]
+
+
+def published_configmaps(
+    core_v1: Any, config: GateConfig, names: list[str], deadline: Deadline
+) -> dict[str, dict]:
+    """The probes' report ConfigMaps by name: each named node's (one GET each), or all of them (paginated)."""
+    if not config.node_names:
+        lister = functools.partial(core_v1.list_namespaced_config_map, HEALTH_NAMESPACE)
+        found = list_paginated(lister, REPORT_SELECTOR, config.page_size, deadline, "node health reports")
+        return {cm["metadata"]["name"]: cm for cm in found}
+    wanted = [configmap_name(name) for name in names]
+    read = core_v1.read_namespaced_config_map
+    found = {
+        cm: _get(lambda cm=cm: read(cm, HEALTH_NAMESPACE, _preload_content=False), deadline, f"read {cm}")
+        for cm in wanted
+    }
+    return {cm: body for cm, body in found.items() if body is not None}
+
+
+def _get(read: Any, deadline: Deadline, what: str) -> dict | None:
+    """``read()`` decoded, with the retry policy; None on 404."""
     from kubernetes.client.exceptions import ApiException
 
-    if not config.node_names:
-        return list_nodes_paginated(core_v1, config.selector, config.page_size, deadline)
-    found = []
-    for name in config.node_names:
-        try:
-            found.append(
-                call(
-                    lambda name=name: json_of(core_v1.read_node(name, _preload_content=False)),
-                    deadline,
-                    f"read node {name}",
-                )
-            )
-        except ApiException as err:
-            if err.status != 404:
-                raise
-    return found
+    try:
+        return call(lambda: json_of(read()), deadline, what)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        return None
 
 
-def list_nodes_paginated(core_v1: Any, selector: str, page_size: int, deadline: Deadline) -> list[dict]:
-    """Every node matching ``selector``, ``page_size`` per request; restarts when a continue token expires."""
+def list_paginated(lister: Any, selector: str, page_size: int, deadline: Deadline, what: str) -> list[dict]:
+    """Every object ``lister`` (e.g. ``core_v1.list_node``) returns for ``selector``, ``page_size`` per
+    request; restarts when a continue token expires."""
     from kubernetes.client.exceptions import ApiException
 
     for _ in range(3):
-        token, nodes = None, []
+        token, items = None, []
         try:
             while True:
                 page = call(
                     lambda token=token: json_of(
-                        core_v1.list_node(
+                        lister(
                             label_selector=selector, limit=page_size, _continue=token, _preload_content=False
                         )
                     ),
                     deadline,
-                    "list nodes",
+                    f"list {what}",
                 )
-                nodes += page["items"]
+                items += page["items"]
                 token = page["metadata"].get("continue")
                 if not token:
-                    return nodes
+                    return items
         except ApiException as err:
             if err.status != 410:
                 raise
     raise GateError(
-        "listing nodes: the continue token expired three times in a row (the fleet changes too fast)"
+        f"listing {what}: the continue token expired three times in a row (the fleet changes too fast)"
     )
 
 
-def published_report(node: dict | None, name: str, now: float) -> HealthReport:
-    """The report the node probe published on ``node``; a report that knows nothing when absent or unreadable."""
-    text = ((node or {}).get("metadata", {}).get("annotations") or {}).get(HEALTH_REPORT_ANNOTATION)
-    if node is None:
-        return HealthReport.empty(name, now, "probe", "node not found")
-    if text is None:
-        return HealthReport.empty(
-            name, now, "probe", f"no {HEALTH_REPORT_ANNOTATION} annotation (is the node probe running?)"
-        )
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No garbage-collection passes inside: a gate builds millions of short-lived containers, and each
+    pass would walk all of them. Collection resumes (as it was) on the way out."""
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
-        report = HealthReport.from_json(text)
-    except (ValueError, KeyError, TypeError) as err:
-        return HealthReport.empty(
-            name, now, "probe", f"unreadable {HEALTH_REPORT_ANNOTATION} annotation: {err}"
-        )
-    if report.node != name:
-        return HealthReport.empty(
-            name, now, "probe", f"the annotation holds a report of node {report.node!r}"
-        )
-    return report
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,26 +1,39 @@
-"""The node probe: collect one node's health report and publish it on the node object.
+"""The node probe: collect one node's health report and publish it.
 
-Publishing writes the report as annotation ``trainops.io/health-report`` and a ``GPUHealthy``
-NodeCondition (status subresource), each by merge patch with the node's resourceVersion as a
-precondition, re-reading and retrying on 409 Conflict.
+Publishing (see :class:`Publisher` for when, ``published`` for where) writes the full report to
+the ConfigMap ``trainops-system/node-health-<node>`` and, on the node, the summary annotation
+``trainops.io/health-summary`` and the ``GPUHealthy`` NodeCondition (status subresource, the list
+written whole with the node's resourceVersion as a precondition, re-read and retried on 409).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from trainops.conventions import HEALTH_SUMMARY_ANNOTATION as SUMMARY_ANNOTATION
 from trainops.errors import TemporaryError
 from trainops.health.ib_reader import IbReader, IbUnavailable
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
+from trainops.health.published import (
+    DIGEST_ANNOTATION,
+    report_configmap,
+    report_digest,
+    summary,
+    summary_json,
+)
 from trainops.health.report import HealthReport, Signal, Signals, get_signal
+from trainops.health.stragglers import node_speed
 from trainops.kube.client import MERGE_PATCH
 
-ANNOTATION = "trainops.io/health-report"
+LEGACY_REPORT_ANNOTATION = "trainops.io/health-report"  # where probes before 0.2 put the report; removed
 CONDITION_TYPE = "GPUHealthy"
+REPORT_HEARTBEAT_S = 120.0
+NODE_HEARTBEAT_S = 600.0
 MAX_CONFLICTS = 5
 
 SpeedProbe = Callable[[int], list[Signal]]
@@ -124,27 +137,100 @@ def gpu_healthy_condition(verdict: NodeVerdict, now: float | None = None) -> dic
     }
 
 
-def publish(report: HealthReport, core_api: Any, policy: Policy = DEFAULT_POLICY) -> dict[str, Any]:
-    """Write ``report`` and its ``GPUHealthy`` condition to node ``report.node``; returns the condition.
+@dataclass
+class Writes:
+    """What one report makes the probe write; None: leave that object alone."""
 
-    ``core_api`` is a ``kubernetes.client.CoreV1Api``.
+    verdict: NodeVerdict
+    configmap: dict[str, Any] | None  # the full report (see ``published``)
+    summary: str | None  # the node's summary annotation
+    condition: dict[str, Any] | None  # the node's GPUHealthy condition
+
+
+@dataclass
+class Publisher:
+    """Decides, report by report, what one node's probe writes: only what changed, plus slow heartbeats.
+
+    The report's ConfigMap is rewritten when the digest (the verdict, each thresholded signal and
+    the measured speed) changes, else every ``report_heartbeat_s`` (keep it under the policy's ``report_age`` bound,
+    300 s by default, or the gate reads the report as stale). The node (summary annotation and
+    condition) is written when the digest changes, else every ``node_heartbeat_s``.
     """
-    condition = gpu_healthy_condition(
-        evaluate(report, policy, now=report.collected_at), now=report.collected_at
-    )
-    _patch_node(
-        core_api.read_node,
-        core_api.patch_node,
-        report.node,
-        lambda node: {"metadata": {"annotations": {ANNOTATION: report.to_json()}}},
-    )
 
-    def conditions_body(node: Any) -> dict[str, Any]:
-        current = core_api.api_client.sanitize_for_serialization(node.status.conditions or [])
-        return {"status": {"conditions": replace_condition(current, condition)}}
+    policy: Policy = DEFAULT_POLICY
+    report_heartbeat_s: float = REPORT_HEARTBEAT_S
+    node_heartbeat_s: float = NODE_HEARTBEAT_S
+    digest: str | None = None  # as last written
+    report_written_at: float = float("-inf")
+    node_written_at: float = float("-inf")
 
-    _patch_node(core_api.read_node_status, core_api.patch_node_status, report.node, conditions_body)
-    return condition
+    def __post_init__(self) -> None:
+        if not 0 < self.report_heartbeat_s <= self.node_heartbeat_s:
+            raise ValueError(
+                "report_heartbeat_s and node_heartbeat_s must be > 0 with report_heartbeat_s <= "
+                f"node_heartbeat_s, got {self.report_heartbeat_s} and {self.node_heartbeat_s}"
+            )
+
+    def plan(self, report: HealthReport) -> Writes:
+        """What to write for ``report`` (call :meth:`wrote` once written)."""
+        at = report.collected_at
+        verdict = evaluate(report, self.policy, now=at)
+        speed = node_speed(report)
+        digest = report_digest(verdict, speed.value if speed.known else None)
+        changed = digest != self.digest
+        writes = Writes(verdict, None, None, None)
+        if changed or at - self.report_written_at >= self.report_heartbeat_s:
+            writes.configmap = report_configmap(report, digest)
+        if changed or at - self.node_written_at >= self.node_heartbeat_s:
+            writes.summary = summary_json(summary(verdict, digest))
+            writes.condition = gpu_healthy_condition(verdict, now=at)
+        return writes
+
+    def wrote(self, writes: Writes, at: float) -> None:
+        """Record that ``writes`` (planned for a report collected at ``at``) are on the cluster."""
+        if writes.configmap is not None:
+            self.report_written_at = at
+            self.digest = writes.configmap["metadata"]["annotations"][DIGEST_ANNOTATION]
+        if writes.condition is not None:
+            self.node_written_at = at
+
+
+def publish(report: HealthReport, core_api: Any, publisher: Publisher) -> Writes:
+    """Write what ``publisher`` plans for ``report``: its ConfigMap and node ``report.node``.
+
+    ``core_api`` is a ``kubernetes.client.CoreV1Api``. The summary is one merge patch of our own
+    annotation; the condition list is written whole, guarded by resourceVersion.
+    """
+    writes = publisher.plan(report)
+    if writes.configmap is not None:
+        put_configmap(core_api, writes.configmap)
+    if writes.summary is not None:
+        annotations = {SUMMARY_ANNOTATION: writes.summary, LEGACY_REPORT_ANNOTATION: None}
+        core_api.patch_node(
+            report.node, {"metadata": {"annotations": annotations}}, _content_type=MERGE_PATCH
+        )
+    if writes.condition is not None:
+
+        def conditions_body(node: Any) -> dict[str, Any]:
+            current = core_api.api_client.sanitize_for_serialization(node.status.conditions or [])
+            return {"status": {"conditions": replace_condition(current, writes.condition)}}
+
+        _patch_node(core_api.read_node_status, core_api.patch_node_status, report.node, conditions_body)
+    publisher.wrote(writes, report.collected_at)
+    return writes
+
+
+def put_configmap(core_api: Any, body: dict[str, Any]) -> None:
+    """Replace the ConfigMap ``body`` names (unconditionally: the node's probe is its only writer); create it when absent."""
+    from kubernetes.client.exceptions import ApiException
+
+    meta = body["metadata"]
+    try:
+        core_api.replace_namespaced_config_map(meta["name"], meta["namespace"], body)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+        core_api.create_namespaced_config_map(meta["namespace"], body)
 
 
 def replace_condition(conditions: list[dict[str, Any]], condition: dict[str, Any]) -> list[dict[str, Any]]:

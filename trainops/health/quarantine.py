@@ -25,11 +25,13 @@ from trainops.errors import TemporaryError
 from trainops.health.gate import GateConfig, GateResult, NodeResult, run_gate
 from trainops.health.policy import DEFAULT_POLICY, Policy
 from trainops.health.prometheus import PrometheusClient
+from trainops.health.published import report_location
 from trainops.health.stragglers import USABLE
 from trainops.kube.nodes import NodeState, edit_node, with_taint, without_taint
 from trainops.kube.retry import Deadline
 
 EVIDENCE_ANNOTATION = QUARANTINE_EVIDENCE_ANNOTATION
+MAX_EVIDENCE = 16
 
 
 def taint_value(reason: str) -> str:
@@ -64,13 +66,21 @@ def quarantine_node(
 
 
 def evidence(result: NodeResult, now: float) -> dict[str, Any]:
+    """What the node's quarantine annotation records: the rows that tripped (at most ``MAX_EVIDENCE``)
+    and where the full report is; kept small, since it lives on the node object."""
+    tripped = [e for e in result.policy.evidence if e["verdict"] == "quarantine"]
     return {
         "quarantined_at": now,
         "source": "trainops.health.gate",
         "verdict": result.policy.verdict,
         "reasons": result.policy.reasons,
-        "evidence": [e for e in result.policy.evidence if e["verdict"] == "quarantine"],
-        "report": {"source": result.report.source, "collected_at": result.report.collected_at},
+        "evidence": tripped[:MAX_EVIDENCE],
+        "evidence_left_out": max(0, len(tripped) - MAX_EVIDENCE),
+        "report": {
+            "source": result.report.source,
+            "collected_at": result.report.collected_at,
+            "at": report_location(result.name),  # the full report, as the probe keeps publishing it
+        },
     }
 
 

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 SCHEMA_VERSION = 1
 
 
-@dataclass(frozen=True)
-class Signal:
-    """One reading. ``reason`` is set exactly when the value is unknown."""
+class Signal(NamedTuple):
+    """One reading. ``reason`` is set exactly when the value is unknown.
+
+    A named tuple, not a dataclass: a gate builds millions of them, and a tuple of plain values
+    is cheap to make and is left alone by the garbage collector.
+    """
 
     value: Any = None
     reason: str | None = None
@@ -29,7 +32,7 @@ class Signal:
         return self.reason is None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value} if self.known else {"value": None, "reason": self.reason}
+        return {"value": self.value} if self.reason is None else {"value": None, "reason": self.reason}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Signal:
@@ -37,6 +40,7 @@ class Signal:
 
 
 Signals = dict[str, Signal]
+new_signal = tuple.__new__  # Signal's constructor without its Python-level wrapper, for decoding
 
 
 def get_signal(signals: Signals, name: str) -> Signal:
@@ -88,7 +92,7 @@ class HealthReport:
             )
 
         def load(raw: dict[str, Any]) -> Signals:
-            return {name: Signal.from_dict(s) for name, s in raw.items()}
+            return {name: new_signal(Signal, (s.get("value"), s.get("reason"))) for name, s in raw.items()}
 
         return cls(
             node=data["node"],
