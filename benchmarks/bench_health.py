@@ -1,74 +1,220 @@
-"""Benchmark: the health gate over 4,096 devcluster nodes against the floor of reading its inputs.
+"""Benchmarks of fleet health: the gate at two fleet sizes, and what the node probe writes.
 
-The floor is what any gate must at least do: one paginated list of the candidate nodes (with
-their published reports) plus one query per dcgm-exporter metric to the devcluster's real
-Prometheus (scraping every node's exporter at the real 15 s interval), fetched and decoded.
-The gate adds parsing the reports, merging in the metrics, the policy, stragglers and tiers.
-Both run against the same devcluster in the same process, alternately; the best of each counts.
-Prints ``bench health_gate: ... ratio=<gate/floor> target<=1.5 PASS|FAIL``; exits 1 on FAIL.
+``health_gate`` (at 4,096 and 16,384 nodes; ``--nodes`` picks others): the gate against the floor
+of reading its inputs on the same devcluster, alternately, best of ``ROUNDS``. The floor is one
+paginated list of the candidate nodes and of the probes' report ConfigMaps, plus one query per
+dcgm-exporter metric to the devcluster's real Prometheus (scraping every exporter at the real
+15 s interval), fetched and decoded. The gate adds parsing the reports, merging in the metrics,
+the policy and the speed tiers. It also prints the gate's own CPU per node (the calling thread's
+CPU time: the devcluster's server threads are not counted) and, between the two sizes, how that
+grows (linear: within ``LINEAR`` of the smaller size's).
+
+``probe_publish``: 10 simulated minutes of the node probe (one report a minute, as
+deploy/node-probe.yaml runs it) on 4,096 nodes with steady telemetry, through the production
+``Publisher``, against the scheme it replaced (the full report as a node annotation, written
+whenever the report's content changed or every 30 s). Counts node writes per node per hour and
+the bytes of node objects written (what every node watcher receives), for both.
+
+Each line: ``bench <name>: <figures> ratio=<r> target<=<t> PASS|FAIL``, with the load average;
+exits 1 when one misses. The servers log to files.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
 import time
 
 from kubernetes import client, config
+from trainops_devcluster import topology
 from trainops_devcluster.cluster import DevCluster
+from trainops_devcluster.probe_daemon import ProbeDaemon
 from trainops_devcluster.prometheus import REAL_SCRAPE_INTERVAL_S
+from trainops_devcluster.store import Store
+from trainops_devcluster.telemetry import NodeTelemetry
 
-from trainops.health.gate import GateConfig, list_nodes_paginated, run_gate
-from trainops.health.policy import load_policy
+from trainops.conventions import HEALTH_NAMESPACE
+from trainops.health.gate import GateConfig, list_paginated, run_gate
+from trainops.health.policy import DEFAULT_POLICY, evaluate, load_policy
+from trainops.health.probe import gpu_healthy_condition, replace_condition
 from trainops.health.prometheus import GAUGES, XID_COUNT, XID_LAST, PrometheusClient
+from trainops.health.published import REPORT_SELECTOR
 from trainops.kube.retry import Deadline
 
-NODES = 4096
+SIZES = (4096, 16384)
 PAGE_SIZE = 500
 ROUNDS = 3
-TARGET = 1.5
+TARGET = 1.2
+LINEAR = 1.3
+PUBLISH_NODES = 4096
+PUBLISH_SAMPLE = int(
+    os.environ.get("BENCH_PUBLISH_SAMPLE", 256)
+)  # nodes simulated; BENCH_PUBLISH_SAMPLE=4096 for all
+GPUS = 8
+PUBLISH_MINUTES = 10
+PUBLISH_TARGET = 10.0  # at least this many times fewer bytes on node objects
+OLD_HEARTBEAT_S = 30.0
+OLD_ANNOTATION = "trainops.io/health-report"
+
+
+def load() -> str:
+    return "load=" + "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def floor(core_v1, prometheus: PrometheusClient) -> int:
-    nodes = list_nodes_paginated(core_v1, "", PAGE_SIZE, Deadline(600))
+    deadline = Deadline(600)
+    nodes = list_paginated(core_v1.list_node, "", PAGE_SIZE, deadline, "nodes")
+    lister = lambda **kw: core_v1.list_namespaced_config_map(HEALTH_NAMESPACE, **kw)  # noqa: E731
+    reports = list_paginated(lister, REPORT_SELECTOR, PAGE_SIZE, deadline, "reports")
     series = sum(len(prometheus.query(metric)) for metric in [*GAUGES, XID_LAST, XID_COUNT])
-    return len(nodes) + series
+    return len(nodes) + len(reports) + series
 
 
-def main() -> int:
+def bench_gate(nodes: int) -> tuple[bool, float]:
+    """One fleet size; returns (passed, the gate's CPU seconds per node)."""
     with DevCluster(
-        nodes=NODES,
+        nodes=nodes,
         inference=[],
         probe_interval_s=3600,
         prometheus=True,
         scrape_interval_s=REAL_SCRAPE_INTERVAL_S,
     ) as cluster:
-        cluster.probe_daemon.wait_rounds(1, timeout=1800)  # every node has published its report
-        cluster.wait_until_scraped(timeout=1800)  # twice: increase() needs two samples
-        cluster.wait_until_scraped(timeout=1800)
+        cluster.probe_daemon.wait_rounds(1, timeout=3600)  # every node has published its report
+        cluster.wait_until_scraped(timeout=3600)  # twice: increase() needs two samples
+        cluster.wait_until_scraped(timeout=3600)
         api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
         core_v1 = client.CoreV1Api(api_client)
         prometheus = PrometheusClient(cluster.prometheus_url, timeout=600)
         # Reports are published once, at setup; on a busy machine setup plus the rounds outlast the
         # policy's 300 s staleness bound, which would make every node unknown (and the gate cheaper).
         fresh = load_policy({"report_age": {"threshold": 24 * 3600}})
-        gate_config = GateConfig(min_nodes=NODES // 2, page_size=PAGE_SIZE, policy=fresh)
-        floors, gates, chosen = [], [], 0
+        gate_config = GateConfig(min_nodes=nodes // 2, page_size=PAGE_SIZE, policy=fresh, api_deadline_s=600)
+        floors, gates, cpu, chosen = [], [], [], 0
         for _ in range(ROUNDS):
             start = time.perf_counter()
             floor(core_v1, prometheus)
             floors.append(time.perf_counter() - start)
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.thread_time()
             result = run_gate(core_v1, gate_config, prometheus=prometheus)
             gates.append(time.perf_counter() - start)
+            cpu.append(time.thread_time() - start_cpu)
             chosen = len(result.selected)
         api_client.close()
     ratio = min(gates) / min(floors)
-    verdict = "PASS" if ratio <= TARGET and chosen >= NODES // 2 else "FAIL"
+    per_node = min(cpu) / nodes
+    passed = ratio <= TARGET and chosen >= nodes // 2
     print(
-        f"bench health_gate: nodes={NODES} chosen={chosen} gate={min(gates):.2f}s floor={min(floors):.2f}s "
-        f"ratio={ratio:.2f} target<={TARGET} {verdict}"
+        f"bench health_gate: nodes={nodes} chosen={chosen} gate={min(gates):.2f}s floor={min(floors):.2f}s "
+        f"gate_cpu_per_node={per_node * 1e3:.3f}ms ratio={ratio:.2f} target<={TARGET} "
+        f"{'PASS' if passed else 'FAIL'} ({load()})",
+        flush=True,
     )
-    return 0 if verdict == "PASS" else 1
+    return passed, per_node
+
+
+def bench_publish(sample: int = PUBLISH_SAMPLE, minutes: int = PUBLISH_MINUTES) -> bool:
+    """The probe's writes over ``minutes`` simulated minutes after a first round, new scheme against
+    the old. ``sample`` nodes are simulated; each node's probe is independent of the others, so the
+    fleet's bytes are the sample's times ``PUBLISH_NODES / sample``."""
+    store = Store()  # the store alone: no server, no controllers, no probe timer
+    store.create("namespaces", topology.namespace(HEALTH_NAMESPACE))
+    clock = SimulatedClock(time.time())
+    telemetry = {}
+    for index in range(sample):
+        store.create("nodes", topology.gpu_node(index, GPUS))
+        name = topology.node_name(index)
+        telemetry[name] = NodeTelemetry.healthy(name, GPUS, seed=index, clock=clock)
+    daemon = ProbeDaemon(store, telemetry)
+    old = {name: OldScheme(store.get("nodes", "", name)) for name in telemetry}
+    counted = {"nodes": [0, 0], "configmaps": [0, 0]}  # writes, bytes
+
+    def count(event) -> None:
+        if event.resource in counted:
+            counted[event.resource][0] += 1
+            counted[event.resource][1] += len(json.dumps(event.object, separators=(",", ":")))
+
+    for minute in range(minutes + 1):  # minute 0: every probe's first publication, not counted
+        if minute == 1:
+            store.add_listener(count)
+            for scheme in old.values():
+                scheme.writes = scheme.bytes = 0
+        for name in telemetry:
+            daemon.probe(name, now=clock.now)
+            old[name].publish(daemon.last_report(name))
+        clock.now += 60.0
+    scale, hours = PUBLISH_NODES / sample, minutes / 60.0
+    node_writes, node_bytes = counted["nodes"][0] / sample / hours, counted["nodes"][1] * scale
+    old_writes = sum(o.writes for o in old.values()) / sample / hours
+    old_bytes = sum(o.bytes for o in old.values()) * scale
+    ratio = old_bytes / max(node_bytes, 1)
+    passed = ratio >= PUBLISH_TARGET
+    print(
+        f"bench probe_publish: nodes={PUBLISH_NODES} (simulated {sample}) minutes={minutes} "
+        f"node_writes_per_node_hour={node_writes:.1f} (old {old_writes:.1f}) "
+        f"node_object_bytes={node_bytes / 1e6:.2f}MB (old {old_bytes / 1e6:.1f}MB) "
+        f"report_configmap_writes_per_node_hour={counted['configmaps'][0] / sample / hours:.1f} "
+        f"({counted['configmaps'][1] * scale / 1e6:.1f}MB, read by trainops only) "
+        f"ratio(old/new node bytes)={ratio:.1f} target>={PUBLISH_TARGET} {'PASS' if passed else 'FAIL'} ({load()})",
+        flush=True,
+    )
+    return passed
+
+
+class SimulatedClock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class OldScheme:
+    """The scheme replaced in issue 17, on the same reports: the report as a node annotation (and the
+    condition in status), two node writes whenever the content changed or every ``OLD_HEARTBEAT_S``.
+    Counts the node object each write leaves (what every node watcher receives)."""
+
+    def __init__(self, node: dict) -> None:
+        self.node, self.content, self.at, self.writes, self.bytes = node, None, float("-inf"), 0, 0
+
+    def publish(self, report) -> None:
+        content = {**report.to_dict(), "collected_at": None}
+        if content == self.content and report.collected_at - self.at < OLD_HEARTBEAT_S:
+            return
+        condition = gpu_healthy_condition(evaluate(report, DEFAULT_POLICY, now=report.collected_at))
+        self.node["metadata"].setdefault("annotations", {})[OLD_ANNOTATION] = report.to_json()
+        status = self.node.setdefault("status", {})
+        status["conditions"] = replace_condition(status.get("conditions") or [], condition)
+        self.writes += 2
+        self.bytes += 2 * len(json.dumps(self.node, separators=(",", ":")))
+        self.content, self.at = content, report.collected_at
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=list(SIZES), help="gate fleet sizes")
+    parser.add_argument("--skip-gate", action="store_true", help="only the publishing benchmark")
+    parser.add_argument("--skip-publish", action="store_true", help="only the gate benchmark")
+    args = parser.parse_args()
+    passed = True
+    if not args.skip_publish:
+        passed &= bench_publish()
+    if not args.skip_gate:
+        per_node = {}
+        for nodes in sorted(args.nodes):
+            ok, per_node[nodes] = bench_gate(nodes)
+            passed &= ok
+        if len(per_node) > 1:
+            small, large = min(per_node), max(per_node)
+            growth = per_node[large] / per_node[small]
+            linear = growth <= LINEAR
+            passed &= linear
+            print(
+                f"bench health_gate_linear: cpu_per_node {large}/{small} nodes ratio={growth:.2f} "
+                f"target<={LINEAR} {'PASS' if linear else 'FAIL'} ({load()})"
+            )
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

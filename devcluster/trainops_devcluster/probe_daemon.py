@@ -125,6 +125,11 @@ class ProbeDaemon(Controller):
         probe.publisher.wrote(writes, report.collected_at)
         return writes
 
+    def last_report(self, name: str) -> HealthReport | None:
+        """The report last collected on node ``name`` (None before its first probe)."""
+        probe = self._probes.get(name)
+        return probe.previous if probe else None
+
     def _apply(self, name: str, writes: Writes) -> None:
         """What ``trainops.health.probe.publish`` writes through the API, into the store."""
         if writes.condition is not None:
