@@ -67,7 +67,7 @@ class CheckpointVerifyOperator(BaseOperator):
         if latest.checkpoint is None:
             raise TemporaryError(
                 f"No checkpoint under {latest.run_uri} verifies at {self.level} level "
-                f"({len(latest.skipped)} tried, reasons logged above)"
+                f"({latest.skipped_count} tried, the newest {len(latest.skipped)} logged above)"
             )
         self.log.info("Latest verified: %s", latest.checkpoint.summary())
         skipped = [s.to_dict() for s in latest.skipped]

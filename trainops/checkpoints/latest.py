@@ -11,20 +11,25 @@ from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
 from trainops.checkpoints.verify import VerifyResult, check_level, verify_checkpoint
 
+MAX_SKIPPED = 10
+
 
 @dataclass
 class LatestResult:
-    """The newest verified checkpoint (None when none verifies) and every newer one skipped."""
+    """The newest verified checkpoint (None when none verifies) and the newer ones skipped: the
+    newest ``MAX_SKIPPED`` of them in ``skipped``, how many in all in ``skipped_count``."""
 
     run_uri: str
     checkpoint: VerifyResult | None
     skipped: list[VerifyResult] = field(default_factory=list)
+    skipped_count: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_uri": self.run_uri,
             "checkpoint": self.checkpoint.to_dict() if self.checkpoint else None,
             "skipped": [result.to_dict() for result in self.skipped],
+            "skipped_count": self.skipped_count,
         }
 
 
@@ -50,7 +55,9 @@ def latest_verified(
         if verdict.ok:
             result.checkpoint = verdict
             break
-        result.skipped.append(verdict)
+        result.skipped_count += 1
+        if len(result.skipped) < MAX_SKIPPED:
+            result.skipped.append(verdict)
     return result
 
 

@@ -14,12 +14,16 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from botocore.exceptions import BotoCoreError, ClientError
+
 from trainops.checkpoints import formats, integrity
 from trainops.checkpoints.formats.base import DEEP, LEVELS, METADATA, Checkpoint, step_from_name
-from trainops.checkpoints.store import CheckpointStore, ObjectTooLarge
+from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
+from trainops.errors import TemporaryError
 
 MAX_REASONS = 20
+MAX_REASON_CHARS = 512
 
 
 @dataclass
@@ -98,13 +102,26 @@ def verify_checkpoint(
         result.format, reasons = formats.check(checkpoint, level)
         if level == DEEP and not reasons:
             reasons = integrity.check_contents(store, uri, files)
-    except ObjectTooLarge as error:
-        reasons = [str(error)]
+    except _UNAVAILABLE:
+        raise  # S3 itself failed: the retry decides, the checkpoint is not judged on it
+    except Exception as error:  # anything its bytes provoke condemns this checkpoint only
+        reasons = [f"unreadable checkpoint: {type(error).__name__}: {error}"]
     result.reasons = _capped(reasons)
     return result
 
 
+_UNAVAILABLE = (TemporaryError, BotoCoreError, ClientError)
+
+
 def _capped(reasons: list[str]) -> list[str]:
-    if len(reasons) <= MAX_REASONS:
-        return reasons
-    return reasons[:MAX_REASONS] + [f"... and {len(reasons) - MAX_REASONS} more"]
+    """At most ``MAX_REASONS`` reasons of at most ``MAX_REASON_CHARS`` characters each."""
+    shown = [_shortened(str(reason)) for reason in reasons[:MAX_REASONS]]
+    if len(reasons) > MAX_REASONS:
+        shown.append(f"... and {len(reasons) - MAX_REASONS} more")
+    return shown
+
+
+def _shortened(reason: str) -> str:
+    if len(reason) <= MAX_REASON_CHARS:
+        return reason
+    return f"{reason[: MAX_REASON_CHARS - 30]}... ({len(reason)} characters)"

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 SCHEMA_VERSION = 1
+MAX_REPORT_CHARS = 1 << 20  # a ConfigMap holds at most 1 MiB
 
 
 class Signal(NamedTuple):
@@ -91,21 +92,48 @@ class HealthReport:
                 f"{SCHEMA_VERSION}. Upgrade trainops on the reading side or the node probe."
             )
 
-        def load(raw: dict[str, Any]) -> Signals:
-            return {name: new_signal(Signal, (s.get("value"), s.get("reason"))) for name, s in raw.items()}
+        def load(raw: Any, where: str) -> Signals:
+            try:
+                return {
+                    name: new_signal(Signal, (s.get("value"), s.get("reason"))) for name, s in raw.items()
+                }
+            except AttributeError:
+                raise ValueError(
+                    f"health report {where} must map names to {{value, reason}} objects"
+                ) from None
 
+        def load_each(field: str) -> dict[str, Signals]:
+            groups = data.get(field, {})
+            if type(groups) is not dict:
+                raise ValueError(
+                    f"health report {field} must be an object keyed by {field[:-1]}, not {type(groups).__name__}"
+                )
+            return {key: load(s, f"{field}[{key[:40]!r}]") for key, s in groups.items()}
+
+        node, source = data.get("node"), data.get("source")
+        if type(node) is not str or type(source) is not str:
+            raise ValueError("health report node and source must be strings")
         return cls(
-            node=data["node"],
+            node=node,
             collected_at=float(data["collected_at"]),
-            source=data["source"],
-            signals=load(data.get("signals", {})),
-            gpus={key: load(s) for key, s in data.get("gpus", {}).items()},
-            ib_ports={key: load(s) for key, s in data.get("ib_ports", {}).items()},
+            source=source,
+            signals=load(data.get("signals", {}), "signals"),
+            gpus=load_each("gpus"),
+            ib_ports=load_each("ib_ports"),
         )
 
     @classmethod
     def from_json(cls, text: str) -> HealthReport:
-        return cls.from_dict(json.loads(text))
+        """Parse a report; anything but a well-formed report (too big, too deep, wrong shape) is a ValueError."""
+        if len(text) > MAX_REPORT_CHARS:
+            raise ValueError(f"health report is {len(text)} characters, over the {MAX_REPORT_CHARS} limit")
+        try:
+            data = json.loads(text)
+        except RecursionError:
+            raise ValueError("health report JSON is nested too deeply") from None
+        if type(data) is not dict:
+            raise ValueError(f"health report must be a JSON object, not {type(data).__name__}")
+        return cls.from_dict(data)
 
 
 def merge_reports(primary: HealthReport, secondary: HealthReport) -> HealthReport:

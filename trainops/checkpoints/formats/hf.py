@@ -69,13 +69,15 @@ def _check_safetensors(checkpoint: Checkpoint, name: str) -> list[str]:
     if size < 8:
         return [f"{name} is {size} bytes, shorter than a safetensors header: truncated"]
     (header_length,) = struct.unpack("<Q", checkpoint.store.read_range(checkpoint.uri.bucket, key, 0, 8))
-    if header_length > min(size - 8, SAFETENSORS_HEADER_LIMIT):
+    if not 2 <= header_length <= min(size - 8, SAFETENSORS_HEADER_LIMIT):
         return [f"{name} declares a {header_length}-byte header but is {size} bytes: truncated or corrupt"]
     try:
         header = json.loads(checkpoint.store.read_range(checkpoint.uri.bucket, key, 8, header_length))
         data_end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
-    except (ValueError, KeyError, TypeError, IndexError):
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError):
         return [f"{name} has an unreadable safetensors header"]
+    if type(data_end) is not int:
+        return [f"{name} has an unreadable safetensors header (data_offsets are not integers)"]
     expected = 8 + header_length + data_end
     if size != expected:
         return [f"{name} is {size} bytes, its header says {expected}: truncated or corrupt"]

@@ -76,17 +76,35 @@ def check(checkpoint: Checkpoint, level: str) -> list[str]:
     try:
         committed = json.loads(checkpoint.read(COMMITTED_FILE, limit=COMMITTED_READ_LIMIT))
         expected_digest = committed["manifest_sha256"]
-    except (TypeError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError, IndexError, RecursionError):
         return [f"{COMMITTED_FILE} is not the JSON trainops writes (no manifest_sha256)"]
     if manifest is None or digest(manifest) != expected_digest:
         return [
             f"{MANIFEST_FILE} does not match the SHA-256 recorded in {COMMITTED_FILE}: changed after commit"
         ]
     try:
-        entries = json.loads(manifest)["files"]
-    except (ValueError, KeyError):
-        return [f"{MANIFEST_FILE} is not valid trainops manifest JSON"]
+        entries = _entries(json.loads(manifest))
+    except (ValueError, RecursionError):
+        return [
+            f"{MANIFEST_FILE} is not valid trainops manifest JSON (an object whose files are key/size/etag)"
+        ]
     return _compare(checkpoint, entries)
+
+
+def _entries(document: object) -> list[dict]:
+    """The manifest's file entries, each checked to be ``{"key": str, "size": int, "etag": str}``."""
+    entries = document.get("files") if type(document) is dict else None
+    if type(entries) is not list:
+        raise ValueError("no files list")
+    for entry in entries:
+        if not (
+            type(entry) is dict
+            and type(entry.get("key")) is str
+            and type(entry.get("size")) is int
+            and type(entry.get("etag")) is str
+        ):
+            raise ValueError("a file entry is not key/size/etag")
+    return entries
 
 
 def _compare(checkpoint: Checkpoint, entries: list[dict]) -> list[str]:
