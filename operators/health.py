@@ -3,7 +3,7 @@
 Thin: the gate is ``trainops.health.gate`` (reads, policy, speed tiers) and ``trainops.health.quarantine``.
 
     gate = NodeHealthGateOperator(task_id="health_gate", min_nodes=8, prometheus_conn_id="prometheus",
-                                  policy_overrides={"gpu_count": {"threshold": 8}}, wait_timeout_s=1800)
+                                  policy_overrides={"xid_warn": {"verdict": "exclude"}}, wait_timeout_s=1800)
     claim = ClaimNodesOperator(task_id="claim_nodes", count=8,
                                node_names="{{ ti.xcom_pull(task_ids='health_gate')['node_names'] }}", ...)
 """
@@ -33,7 +33,8 @@ class NodeHealthGateOperator(BaseOperator):
         an unknown row or field fails the task before anything is changed. Templated.
     :param prometheus_conn_id: ``http`` connection of a Prometheus with dcgm-exporter metrics (optional).
     :param on_prometheus_unavailable: ``fail`` (default) or ``probe-only`` (gate on the probe reports alone).
-    :param speed_tiers: give the run nodes of like measured speed (needs the probe's GEMM speeds).
+    :param speed_tiers: give the run nodes of like measured speed (the probe's GEMM speeds; nodes of
+        unknown speed form a group of their own, never left out for it). Templated.
     :param wait_timeout_s: with too few healthy nodes, wait (deferred, no worker slot) up to this many
         seconds for enough, then fail naming what is missing; 0 fails at once.
     :param poll_interval_s: how often the deferred wait re-evaluates.
@@ -51,6 +52,7 @@ class NodeHealthGateOperator(BaseOperator):
         "policy_overrides",
         "prometheus_conn_id",
         "on_prometheus_unavailable",
+        "speed_tiers",
         "wait_timeout_s",
         "poll_interval_s",
     )

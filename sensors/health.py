@@ -31,14 +31,21 @@ class _SideHealthSensor(BaseSensorOperator):
     :param selector: label selector of the candidates when ``node_names`` is empty. Templated.
     :param min_healthy: how many candidates must pass (default: all of ``node_names``). Templated.
     :param policy_overrides: policy row overrides (rows of the other side are ignored).
-    :param prometheus_conn_id: ``http`` connection of Prometheus (optional).
-    :param on_prometheus_unavailable: ``fail`` or ``probe-only``.
+    :param prometheus_conn_id: ``http`` connection of Prometheus (optional). Templated.
+    :param on_prometheus_unavailable: ``fail`` or ``probe-only``. Templated.
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
     :param deferrable: wait in the triggerer between checks instead of holding a worker slot (default).
     """
 
     side = "all"
-    template_fields: Sequence[str] = ("node_names", "selector", "min_healthy", "policy_overrides")
+    template_fields: Sequence[str] = (
+        "node_names",
+        "selector",
+        "min_healthy",
+        "policy_overrides",
+        "prometheus_conn_id",
+        "on_prometheus_unavailable",
+    )
 
     def __init__(
         self,

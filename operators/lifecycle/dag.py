@@ -1,6 +1,6 @@
 """The lifecycle's task chain, added to the DAG being defined: ``training_lifecycle(dag_id)``.
 
-health gate -> claim nodes (setup) -> gang training (each retry a resume) -> verify the final
+health gate -> claim nodes (setup) -> fabric of the claimed nodes -> gang training (each retry a resume) -> verify the final
 checkpoint (outlet: an Airflow Asset) -> return capacity (teardown, runs on every path).
 The tasks are the provider's operators as they are; everything heavy (kubernetes, boto3) is imported
 inside them, so this module parses fast. Values flow typed (the DAG renders native objects):
@@ -17,13 +17,34 @@ from airflow.sdk import Asset
 from trainops.operators.capacity import ClaimNodesOperator, ReturnCapacityOperator
 from trainops.operators.checkpoint import CheckpointVerifyOperator
 from trainops.operators.health import NodeHealthGateOperator
-from trainops.operators.lifecycle.docs import CLAIM_DOC, GATE_DOC, RETURN_DOC, TRAIN_DOC, VERIFY_DOC
+from trainops.operators.lifecycle.docs import (
+    CLAIM_DOC,
+    FABRIC_DOC,
+    GATE_DOC,
+    RETURN_DOC,
+    TRAIN_DOC,
+    VERIFY_DOC,
+)
 from trainops.operators.lifecycle.params import MAX_RESUMES
 from trainops.operators.training import GangTrainingOperator
+from trainops.sensors.health import FabricHealthSensor
+
+from trainops.health.policy import DEFAULT_POLICY
 
 RUN_PATH = "{{ params.checkpoint_uri.rstrip('/') }}/{{ params.run_name }}/"
 # The run's node total, computed here only: the gate finds at least this many, the claim takes this many.
 NODES_WITH_SPARES = "{{ params.nodes + params.spare_nodes }}"
+# fabric_gate off: every InfiniBand row of the policy switched off (clusters without InfiniBand).
+FABRIC_OFF = {
+    row.name: {"verdict": "ok", "if_unknown": "ok"}
+    for row in DEFAULT_POLICY.rows
+    if row.scope == "ib_port" or row.name == "ib_port_count"
+}
+POLICY_OVERRIDES = (
+    "{{ params.health_policy_overrides if params.fabric_gate "
+    f"else dict(params.health_policy_overrides, **{FABRIC_OFF!r}) }}}}"
+)
+FABRIC_WAIT_S = 600
 
 
 def final_checkpoint_asset(dag_id: str) -> Asset:
@@ -51,7 +72,10 @@ def training_lifecycle(
         task_id="health_gate",
         min_nodes=NODES_WITH_SPARES,
         gpus_per_node="{{ params.gpus_per_node }}",
-        policy_overrides="{{ params.health_policy_overrides }}",
+        policy_overrides=POLICY_OVERRIDES,
+        prometheus_conn_id="{{ params.prometheus_conn_id }}",
+        on_prometheus_unavailable="{{ params.on_prometheus_unavailable }}",
+        speed_tiers="{{ params.speed_tiers }}",
         wait_timeout_s="{{ params.health_wait_s }}",
         poll_interval_s=10,
         kubernetes_conn_id=kubernetes_conn_id,
@@ -66,6 +90,18 @@ def training_lifecycle(
         kubernetes_conn_id=kubernetes_conn_id,
         doc_md=CLAIM_DOC,
     )
+    fabric_ready = FabricHealthSensor(
+        task_id="fabric_ready",
+        node_names="{{ ti.xcom_pull(task_ids='claim_nodes')['node_names'] }}",
+        min_healthy="{{ params.nodes }}",
+        policy_overrides=POLICY_OVERRIDES,
+        prometheus_conn_id="{{ params.prometheus_conn_id }}",
+        on_prometheus_unavailable="{{ params.on_prometheus_unavailable }}",
+        poke_interval=10,
+        timeout=FABRIC_WAIT_S,
+        kubernetes_conn_id=kubernetes_conn_id,
+        doc_md=FABRIC_DOC,
+    )
     train = GangTrainingOperator(
         task_id="train",
         image="{{ params.image }}",
@@ -76,7 +112,7 @@ def training_lifecycle(
         gpus_per_node="{{ params.gpus_per_node }}",
         local_queue="{{ params.kueue_queue }}",
         priority_class="{{ params.priority_class }}",
-        node_names="{{ ti.xcom_pull(task_ids='claim_nodes')['node_names'] }}",
+        node_names="{{ ti.xcom_pull(task_ids='fabric_ready')['node_names'] }}",
         hang_timeout="{{ params.hang_timeout_s }}",
         max_resumes="{{ params.max_resumes }}",
         retries=MAX_RESUMES,
@@ -98,5 +134,5 @@ def training_lifecycle(
         kubernetes_conn_id=kubernetes_conn_id,
         doc_md=RETURN_DOC,
     ).as_teardown(setups=claim)
-    gate >> claim >> train >> verify >> give_back
-    return {task.task_id: task for task in (gate, claim, train, verify, give_back)}
+    gate >> claim >> fabric_ready >> train >> verify >> give_back
+    return {task.task_id: task for task in (gate, claim, fabric_ready, train, verify, give_back)}

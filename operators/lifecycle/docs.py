@@ -8,6 +8,7 @@ One DAG run is one training run on the Kubernetes GPU cluster that serves infere
 1. **health_gate** reads every GPU node's health report and quarantines the failing ones.
 2. **claim_nodes** (setup) borrows `nodes + spare_nodes` healthy nodes from inference: drains them
    (PodDisruptionBudgets honoured), flips their mode taint to training, raises the Kueue quota.
+   **fabric_ready** then re-checks the claimed nodes' InfiniBand ports (`fabric_gate`).
 3. **train** submits the run to Kueue as one gang and follows it. A crash on bad hardware quarantines
    the node and resumes from the last *verified* checkpoint on the spare; each retry is a resume.
 4. **verify_checkpoint** verifies the final checkpoint and publishes it as an Asset for evaluation or serving.
@@ -21,6 +22,7 @@ latest verified checkpoint. If **return_capacity** itself failed, run
 
 GATE_DOC = """
 Reads the health report the node probe published on each GPU node (NVML, XIDs, ECC, NVLink, InfiniBand),
+and, with `prometheus_conn_id`, DCGM metrics from Prometheus,
 applies the health policy (plus `health_policy_overrides`), quarantines failing nodes with the evidence
 on the node, and chooses at least `nodes + spare_nodes` healthy nodes of like speed, each with
 `gpus_per_node` allocatable GPUs. When the cluster cannot ever hold the run (fewer GPU nodes than asked
@@ -29,6 +31,13 @@ for, or none with `gpus_per_node` GPUs) it fails at once and writes nothing.
 **When it fails:** the log has one line per node with its verdict and reason. Too few healthy nodes:
 wait for repairs, lower `nodes`/`spare_nodes`, or set `health_wait_s` so the gate waits (deferred).
 A quarantined node is released with `trainops health release <node>` after repair.
+"""
+
+FABRIC_DOC = """
+Checks the InfiniBand ports of the claimed nodes once more right before training (links flap while
+nodes are drained, and a bad link shows up as an NCCL hang hours later), and hands the nodes that pass
+to **train**; waits (deferred) up to 10 minutes for `nodes` of them. With `fabric_gate` off it only
+checks that each node's health report is fresh. Reads `prometheus_conn_id` too when set.
 """
 
 CLAIM_DOC = """

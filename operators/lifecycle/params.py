@@ -164,6 +164,44 @@ PARAM_SPECS: dict[str, tuple[Any, dict[str, Any]]] = {
             "holds their nodes; restored by the teardown.",
         },
     ),
+    "prometheus_conn_id": (
+        None,
+        {
+            "type": ["null", "string"],
+            "title": "Prometheus connection",
+            "description": "Airflow http connection of a Prometheus that scrapes dcgm-exporter: the gate and "
+            "the fabric check then also read DCGM (XID counts, health watches, tensor-core activity). "
+            "Empty: the node probe's reports alone.",
+        },
+    ),
+    "on_prometheus_unavailable": (
+        "fail",
+        {
+            "type": "string",
+            "enum": ["fail", "probe-only"],
+            "title": "When Prometheus is unreachable",
+            "description": "fail: the gate fails; probe-only: it gates on the node probe's reports alone "
+            "and says so.",
+        },
+    ),
+    "fabric_gate": (
+        True,
+        {
+            "type": "boolean",
+            "title": "Gate on the InfiniBand fabric",
+            "description": "Check the nodes' InfiniBand ports in the gate, and the claimed nodes' ports "
+            "again right before training (fabric_ready). Off for clusters without InfiniBand.",
+        },
+    ),
+    "speed_tiers": (
+        True,
+        {
+            "type": "boolean",
+            "title": "Speed tiers",
+            "description": "Give the run nodes of like measured speed (GEMM timed by the probe on idle "
+            "GPUs); nodes of unknown speed form a group of their own and are never left out for it.",
+        },
+    ),
     "health_policy_overrides": (
         {},
         {

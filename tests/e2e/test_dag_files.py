@@ -8,7 +8,7 @@ import sys
 
 from tests.conftest import REPO_DAGS
 
-LIFECYCLE = ["health_gate", "claim_nodes", "train", "verify_checkpoint", "return_capacity"]
+LIFECYCLE = ["health_gate", "claim_nodes", "fabric_ready", "train", "verify_checkpoint", "return_capacity"]
 
 
 def dag_bag():
