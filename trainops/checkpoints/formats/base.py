@@ -10,7 +10,7 @@ from trainops.checkpoints.uri import S3Uri
 
 STRUCTURAL, METADATA, DEEP = "structural", "metadata", "deep"
 LEVELS = (STRUCTURAL, METADATA, DEEP)
-METADATA_READ_LIMIT = 512 << 20
+METADATA_READ_LIMIT = 16 << 20  # JSON metadata; kinds that need more pass their own limit
 TRACKER_READ_LIMIT = 4096
 
 _STEP_PATTERNS = [

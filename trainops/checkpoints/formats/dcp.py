@@ -11,9 +11,10 @@ from __future__ import annotations
 import pickle
 
 from trainops.checkpoints.formats.base import STRUCTURAL, Checkpoint
-from trainops.checkpoints.formats.dcp_metadata import read_requirements
+from trainops.checkpoints.formats.sandbox import read_requirements
 
 METADATA_FILE = ".metadata"
+METADATA_LIMIT = 32 << 20  # ~100,000 tensors; torch's own for 10,000 is 3.6 MiB
 SHARD_SUFFIX = ".distcp"
 
 
@@ -34,7 +35,7 @@ def check(checkpoint: Checkpoint, level: str, root: str = "") -> list[str]:
     if level == STRUCTURAL:
         return []
     try:
-        requirements = read_requirements(checkpoint.read(metadata_key))
+        requirements = read_requirements(checkpoint.read(metadata_key, limit=METADATA_LIMIT))
     except (pickle.UnpicklingError, ValueError) as error:
         return [f"{metadata_key} was not loaded: {error}"]
     reasons = []

@@ -15,7 +15,7 @@ from trainops.checkpoints.formats.base import STRUCTURAL, Checkpoint
 TRAINER_STATE = "trainer_state.json"
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin")
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-SAFETENSORS_HEADER_LIMIT = 100 << 20
+SAFETENSORS_HEADER_LIMIT = 32 << 20  # safetensors allows 100 MB; ~300,000 tensors fit in 32 MiB
 
 
 def looks_like_hf(checkpoint: Checkpoint) -> bool:

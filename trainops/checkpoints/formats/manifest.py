@@ -21,6 +21,7 @@ COMMITTED_FILE = "_COMMITTED"
 COMMIT_FILES = (MANIFEST_FILE, COMMITTED_FILE)
 MANIFEST_VERSION = 1
 COMMITTED_READ_LIMIT = 64 << 10
+MANIFEST_READ_LIMIT = 64 << 20  # ~400,000 files
 
 
 def build_manifest(files: Iterable[tuple[str, ObjectInfo]], step: int | None) -> bytes:
@@ -72,7 +73,7 @@ def check(checkpoint: Checkpoint, level: str) -> list[str]:
         return [f"{COMMITTED_FILE} exists but {MANIFEST_FILE} is missing"]
     if level == STRUCTURAL:
         return []
-    manifest = checkpoint.read(MANIFEST_FILE)
+    manifest = checkpoint.read(MANIFEST_FILE, limit=MANIFEST_READ_LIMIT)
     try:
         committed = json.loads(checkpoint.read(COMMITTED_FILE, limit=COMMITTED_READ_LIMIT))
         expected_digest = committed["manifest_sha256"]
