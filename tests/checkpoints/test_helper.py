@@ -85,14 +85,59 @@ def test_commit_of_changed_files_after_a_lost_race_raises(client, bucket, run):
     put(client, bucket, prefix + "__0_0.distcp", b"changed")
 
     class OtherWriterWinsStore(CheckpointStore):
-        """Another commit (of the old files) lands between our manifest and our _COMMITTED."""
+        """Another commit (of the old files) finishes between our listing and our manifest."""
 
         def put_if_absent(self, bucket_name, key, body, **kwargs):
-            self.client.put_object(Bucket=bucket_name, Key=key, Body=committed)
+            if key.endswith("trainops-manifest.json"):
+                self.client.put_object(Bucket=bucket_name, Key=prefix + "_COMMITTED", Body=committed)
             return super().put_if_absent(bucket_name, key, body, **kwargs)
 
     with pytest.raises(CommitConflict, match="changed after it was committed"):
         commit(f"{run}step-100/", store=OtherWriterWinsStore())
+
+
+def test_a_late_committer_with_another_listing_cannot_unverify_the_commit(client, bucket, run):
+    """Issue 15: a second committer that listed a late file overwrote the committed manifest, and the
+    checkpoint failed verification from then on."""
+    prefix = prefix_of(run) + "step-100/"
+    write_dcp(client, bucket, prefix)
+    put(client, bucket, prefix + "late.tmp", b"a temp file the framework removes")
+    listed, go = threading.Event(), threading.Event()
+    errors = []
+
+    class ListsThenWaits(CheckpointStore):
+        def list(self, uri):
+            found = list(super().list(uri))
+            listed.set()
+            go.wait()
+            return iter(found)
+
+    def late_committer():
+        try:
+            commit(f"{run}step-100/", store=ListsThenWaits())
+        except CommitConflict as error:
+            errors.append(error)
+
+    late = threading.Thread(target=late_committer)
+    late.start()
+    listed.wait()
+    client.delete_object(Bucket=bucket, Key=prefix + "late.tmp")
+    assert commit(f"{run}step-100/").written
+    go.set()
+    late.join()
+
+    assert len(errors) == 1 and "changed after it was committed" in str(errors[0])
+    assert verify_checkpoint(f"{run}step-100/").ok
+
+
+def test_a_stale_manifest_of_other_files_is_not_overwritten(client, bucket, run):
+    prefix = prefix_of(run) + "step-100/"
+    write_dcp(client, bucket, prefix)
+    put(client, bucket, prefix + "trainops-manifest.json", b'{"files": []}')
+    with pytest.raises(CommitConflict, match="delete runs/demo/step-100/trainops-manifest.json"):
+        commit(f"{run}step-100/")
+    stored = client.get_object(Bucket=bucket, Key=prefix + "trainops-manifest.json")["Body"].read()
+    assert stored == b'{"files": []}'
 
 
 def test_commit_of_an_empty_prefix_is_refused(s3, bucket, run):

@@ -29,6 +29,7 @@ from trainops.checkpoints.formats.manifest import (
     COMMITTED_FILE,
     COMMITTED_READ_LIMIT,
     MANIFEST_FILE,
+    MANIFEST_READ_LIMIT,
     build_committed,
     build_manifest,
     digest,
@@ -59,11 +60,12 @@ class CommitResult:
 def commit(
     checkpoint_uri: str, *, step: int | None = None, store: CheckpointStore | None = None
 ) -> CommitResult:
-    """Commit a saved checkpoint: write ``trainops-manifest.json``, then ``_COMMITTED`` exactly once.
+    """Commit a saved checkpoint: write ``trainops-manifest.json``, then ``_COMMITTED``, each exactly once.
 
-    Call it on one rank after every rank's save has finished.  Safe to retry and to race: the
-    marker is written with ``If-None-Match: *``, so only one call writes it and every call
-    returns normally.  Raises CommitConflict when an existing commit names other file contents.
+    Call it on one rank after every rank's save has finished.  Safe to retry and to race: both are
+    written with ``If-None-Match: *``, so a committed checkpoint's manifest is never replaced and
+    every call over the same files returns normally.  Raises CommitConflict when an existing
+    manifest or commit names other file contents.
     """
     uri = S3Uri.parse(checkpoint_uri, field="checkpoint_uri")
     store = store or CheckpointStore()
@@ -74,12 +76,29 @@ def commit(
     if not any(rel not in (MANIFEST_FILE, COMMITTED_FILE) for rel, _ in files):
         raise ValueError(f"checkpoint_uri {uri} holds no files: save the checkpoint before committing it")
     manifest = build_manifest(files, step if step is not None else step_from_name(uri.name))
-    store.put(uri.bucket, uri.key(MANIFEST_FILE), manifest)
+    if not store.put_if_absent(uri.bucket, uri.key(MANIFEST_FILE), manifest):
+        _check_stored_manifest(uri, store, manifest)
     committed = build_committed(manifest)
     if store.put_if_absent(uri.bucket, uri.key(COMMITTED_FILE), committed):
         return _result(uri, True, committed)
     existing = store.read(uri.bucket, uri.key(COMMITTED_FILE), limit=COMMITTED_READ_LIMIT)
     return _already_committed(uri, existing, digest(manifest))
+
+
+def _check_stored_manifest(uri: S3Uri, store: CheckpointStore, manifest: bytes) -> None:
+    """A manifest is never overwritten (an overwrite could unverify a committed checkpoint): one
+    already stored must be ours byte for byte, or its commit must be ours."""
+    stored = store.read(uri.bucket, uri.key(MANIFEST_FILE), limit=MANIFEST_READ_LIMIT)
+    if stored == manifest:
+        return
+    existing = store.read(uri.bucket, uri.key(COMMITTED_FILE), limit=COMMITTED_READ_LIMIT)
+    if existing is not None:
+        _already_committed(uri, existing, digest(manifest))
+    raise CommitConflict(
+        f"{uri} already has a {MANIFEST_FILE} for other files and no {COMMITTED_FILE}: another commit is "
+        f"in flight or one crashed before the files changed; if none is running, delete "
+        f"{uri.key(MANIFEST_FILE)} and commit again"
+    )
 
 
 def _already_committed(uri: S3Uri, committed: bytes, our_digest: str | None) -> CommitResult:
