@@ -8,7 +8,9 @@ defers to ``GangRunTrigger`` until the attempt ends, and judges the end:
   start: culprit nodes are quarantined with evidence and kept out, the run is stopped, and the
   task fails so Airflow retries it: **retries = the number of resumes**, so keep ``retry_delay`` short;
 - user code (non-zero exit, no infrastructure evidence): the task fails at once, no resume used
-  (``fail_fast_on_user_error=False`` retries it instead);
+  (``fail_fast_on_user_error=False`` retries it instead). GPU errors the pods printed ("Xid 13",
+  "CUDA error: an illegal memory access") are hints in the attempt's record: only the node's own
+  word (its probe's ``GPUHealthy`` condition, not Ready, lost) blames and quarantines it;
 - preemption by Kueue: not an end; the trigger keeps following the requeued attempt.
 
 Its return value (XCom): run URI, Job, attempts, resumes used, preemptions, excluded nodes and
@@ -25,6 +27,7 @@ from airflow.sdk import BaseOperator
 from trainops.operators._errors import translate_errors
 
 LEDGER_KEY = "trainops.gang_training"
+EVIDENCE_WAIT_S = 150.0  # the node probe publishes every 60 s: two rounds and a margin
 
 
 class GangTrainingOperator(BaseOperator):
@@ -45,6 +48,8 @@ class GangTrainingOperator(BaseOperator):
     :param fail_fast_on_user_error: a failure with no infrastructure evidence fails the task at once (no
         resume used); False retries it like an infrastructure failure.
     :param quarantine_culprits: quarantine (taint, label, evidence) the nodes blamed for a failure.
+    :param evidence_wait_s: when the failed pods printed GPU or NCCL errors that no node confirms, how long
+        to wait for the nodes' own health reports before judging it the user's code (the log is a hint only).
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
     :param retries: Airflow retries of this task, each one a resume (see ``max_resumes``).
     :param retry_delay: wait before a resume; keep it short (seconds or a ``timedelta``).
@@ -127,6 +132,7 @@ class GangTrainingOperator(BaseOperator):
         heartbeat_poll: float = 2.0,
         fail_fast_on_user_error: bool = True,
         quarantine_culprits: bool = True,
+        evidence_wait_s: float = EVIDENCE_WAIT_S,
         kubernetes_conn_id: str = "kubernetes_default",
         kubeconfig: str | None = None,
         aws_conn_id: str | None = "aws_default",
@@ -152,6 +158,7 @@ class GangTrainingOperator(BaseOperator):
             heartbeat_poll,
         )
         self.fail_fast_on_user_error, self.quarantine_culprits = fail_fast_on_user_error, quarantine_culprits
+        self.evidence_wait_s = evidence_wait_s
         self.kubernetes_conn_id, self.kubeconfig = kubernetes_conn_id, kubeconfig
         self.aws_conn_id = aws_conn_id
 
@@ -223,6 +230,7 @@ class GangTrainingOperator(BaseOperator):
             save=lambda ledger: state.set(LEDGER_KEY, ledger),
             fail_fast_on_user_error=self.fail_fast_on_user_error,
             quarantine_culprits=self.quarantine_culprits,
+            evidence_wait_s=self.evidence_wait_s,
             logger=self.log,
         )
 

@@ -252,8 +252,8 @@ class DevCluster:
             return namespace, name
 
         return {
-            "crash-pod": lambda target, exit_code=1, reason="Error": faults.crash_pod(
-                *split(target), exit_code=int(exit_code), reason=reason
+            "crash-pod": lambda target, exit_code=1, reason="Error", message="": faults.crash_pod(
+                *split(target), exit_code=int(exit_code), reason=reason, message=str(message)[:4096]
             ),
             "crash-job": lambda target: faults.crash_job(*split(target)),
             "hang": lambda target: faults.hang_job(*split(target)),

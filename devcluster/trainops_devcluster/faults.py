@@ -53,9 +53,12 @@ class Faults:
         self.events = EventRecorder(store, "nvidia-device-health")
 
     # ---- pods and jobs -----------------------------------------------------------------
-    def crash_pod(self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error") -> dict:
-        """The pod's containers die now with ``exit_code`` (reason e.g. ``Error``, ``OOMKilled``)."""
-        self.runtime.crash(namespace, name, Exit(exit_code, reason))
+    def crash_pod(
+        self, namespace: str, name: str, exit_code: int = 1, reason: str = "Error", message: str = ""
+    ) -> dict:
+        """The pod's containers die now with ``exit_code`` (reason e.g. ``Error``, ``OOMKilled``) and
+        termination ``message`` (what the container wrote, e.g. a CUDA error)."""
+        self.runtime.crash(namespace, name, Exit(exit_code, reason, message))
         return {"pods": [name]}
 
     def crash_job(self, namespace: str, job: str) -> dict:

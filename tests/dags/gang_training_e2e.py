@@ -40,6 +40,7 @@ with DAG("gang_training_e2e", schedule=None, render_template_as_native_obj=True,
         heartbeat_poll=0.2,
         retries=2,
         retry_delay=0.5,
+        evidence_wait_s=5,
     )
     give_back = ReturnCapacityOperator(task_id="give_back", cluster_queue="training", ready_deadline_s=60)
     claim >> train >> give_back.as_teardown(setups=claim)

@@ -35,16 +35,35 @@ def node(name, ready="True", gpu=None, labels=None):
 NODES = {n: node(n) for n in ("a", "b")}
 
 
-def test_xid_in_the_failed_pods_log_blames_its_node():
+@pytest.mark.parametrize(
+    "printed",
+    [
+        "step 41\nNVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has fallen off the bus.\n",
+        "Xid 13: Graphics Exception\n",
+        "RuntimeError: CUDA error: an illegal memory access was encountered\n",
+    ],
+)
+def test_gpu_errors_in_the_users_log_are_hints_never_blame(printed):
     pods = [
         pod("p0", "a", 1, finished="2025-01-01T00:00:05Z"),
         pod("p1", "b", 143, finished="2025-01-01T00:00:06Z", deleted=True),
     ]
-    logs = {"p0": "step 41\nNVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has fallen off the bus.\n"}
-    failure = classify(pods, NODES, logs)
-    assert failure.kind is FailureKind.INFRASTRUCTURE and failure.retryable
-    assert set(failure.culprits) == {"a"}
-    assert "XID 79 in pod p0" in failure.culprits["a"]["problems"]
+    failure = classify(pods, NODES, {"p0": printed})
+    assert failure.kind is FailureKind.USER_CODE and failure.culprits == {}
+    assert failure.hints and all(h.startswith("pod p0 on a printed ") for h in failure.hints)
+    assert failure.to_dict()["hints"] == failure.hints
+
+
+def test_the_node_probes_word_blames_the_node_and_the_log_stays_a_hint():
+    nodes = {"a": node("a", gpu="False"), "b": node("b")}
+    logs = {"p0": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"}
+    failure = classify([pod("p0", "a", 1)], nodes, logs)
+    assert failure.kind is FailureKind.INFRASTRUCTURE and set(failure.culprits) == {"a"}
+    assert all("Xid" not in p and "XID" not in p for p in failure.culprits["a"]["problems"][1:])
+    assert failure.hints == [
+        "pod p0 on a printed 'XID 79'",
+        "pod p0 on a printed 'GPU has fallen off the bus'",
+    ]
 
 
 def test_unhealthy_or_lost_node_is_blamed_even_without_logs():
@@ -61,12 +80,12 @@ def test_health_verdict_from_telemetry_blames_the_node():
     assert failure.kind is FailureKind.INFRASTRUCTURE and set(failure.culprits) == {"a"}
 
 
-def test_nccl_timeout_is_infrastructure_but_blames_nobody():
+def test_nccl_timeout_without_node_evidence_counts_against_the_code_with_a_hint():
     failure = classify(
         [pod("p0", "a", 1, message="Watchdog caught collective operation timeout: WorkNCCL(...)")], NODES
     )
-    assert failure.kind is FailureKind.INFRASTRUCTURE and failure.culprits == {}
-    assert "collective operation timeout" in failure.reason
+    assert failure.kind is FailureKind.USER_CODE and failure.culprits == {}
+    assert failure.hints == ["pod p0 on a printed 'Watchdog caught collective operation timeout'"]
 
 
 def test_disrupted_pod_is_infrastructure():
@@ -113,6 +132,10 @@ def test_gpu_error_patterns():
         ("GPUHealthy=False: ecc_uncorrectable", "gpu-unhealthy"),
         ("the node object is gone (node deleted or lost)", "node-lost"),
         ("something else entirely", "training-failure"),
+        (
+            "GPUHealthy=False: quarantine: xid_fatal [gpu 0] fatal XID (reset/reboot): xid_events=[79]",
+            "xid-79",
+        ),
     ],
 )
 def test_quarantine_taint_value_is_a_short_code(problem, code):

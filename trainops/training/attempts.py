@@ -21,7 +21,8 @@ class Phase(StrEnum):
 
 @dataclass
 class AttemptRecord:
-    """One attempt; ``kind``: how it ended (``succeeded`` or a ``FailureKind``), ``ended``: why."""
+    """One attempt; ``kind``: how it ended (``succeeded`` or a ``FailureKind``), ``ended``: why;
+    ``hints``: what the failed pods printed about GPUs or NCCL (recorded, never used to blame a node)."""
 
     number: int
     job: str
@@ -31,6 +32,7 @@ class AttemptRecord:
     resume_verified: str | None = None
     ended: str | None = None
     kind: str | None = None
+    hints: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.phase = Phase(self.phase)
@@ -81,10 +83,11 @@ class RunLedger:
     def next_number(self) -> int:
         return len(self.attempts) + 1
 
-    def end(self, kind: str, why: str) -> None:
+    def end(self, kind: str, why: str, hints: list[str] | None = None) -> None:
         current = self.current
         if current is not None:
             current.phase, current.kind, current.ended = Phase.ENDED, str(kind), why
+            current.hints = list(hints or [])
 
     def exclude(self, node: str, why: str) -> None:
         self.excluded.setdefault(node, why)

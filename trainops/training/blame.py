@@ -19,8 +19,8 @@ _CODES = (
 def reason_code(problems: str) -> str:
     """A short taint value for the problems found (an XID first, wherever it is named):
     ``xid-79``, ``node-not-ready``, ``node-lost``, ``gpu-unhealthy``."""
-    if xid := re.search(r"XID (\d+)", problems):
-        return f"xid-{xid.group(1)}"
+    if xid := re.search(r"XID (\d+)|xid_events=\[(\d+)", problems):
+        return f"xid-{xid.group(1) or xid.group(2)}"
     return next((code for marker, code in _CODES if marker in problems), "training-failure")
 
 

@@ -153,6 +153,10 @@ class GangCluster:
         }
         return dict(zip(names, results[: len(names)], strict=True)), tails
 
+    def read_nodes(self, names: list[str]) -> dict[str, dict | None]:
+        """Each node by name (None for one that no longer exists)."""
+        return {name: self._node(name) for name in names}
+
     def _node(self, name: str) -> dict | None:
         response = self._call(
             lambda: self.core.read_node(name, _preload_content=False), f"read node {name}", unless=MISSING

@@ -2,16 +2,18 @@
 
 The evidence is plain API data (the Job's pods, their nodes, the tail of each failed pod's log,
 and optionally each node's health verdict), so the rules are testable without a cluster.
+A node is blamed only on evidence from the node side; what the user's container printed (an
+"Xid 13", "CUDA error: an illegal memory access", an NCCL timeout) is a *hint*, recorded with the
+attempt and never enough to quarantine: a kernel bug in the user's code prints the same lines.
 
 Rules, in order:
-1. Node-level evidence (the node not Ready, a ``GPUHealthy=False`` condition, a health verdict
-   that says quarantine, a fatal GPU error such as an XID or uncorrectable ECC in the failed
-   pod's log) makes it an infrastructure failure and blames that node (it gets quarantined).
-2. Pod-level infrastructure evidence without a node to blame (the pod was disrupted, its node
-   was lost, an NCCL timeout, killed by SIGTERM/SIGKILL from outside) is infrastructure too, but
-   nobody is quarantined on hearsay: an NCCL timeout shows on every rank, not just the bad one.
+1. Node-side evidence (the node not Ready or gone, a ``GPUHealthy=False`` condition published by
+   the node probe, a health verdict that says quarantine) makes it an infrastructure failure and
+   blames that node (it gets quarantined).
+2. The kubelet's or the control plane's word that the pod was taken away (node lost, evicted,
+   disrupted, killed by SIGTERM/SIGKILL from outside) is infrastructure too, blaming nobody.
 3. Otherwise a failed container with a non-zero exit code is the user's code (exit 1, a
-   segfault, an abort, OOMKilled: the next attempt would do the same).
+   segfault, an abort, OOMKilled, a GPU error that the node does not confirm), with any hints.
 4. A failed attempt with no failed container to look at is infrastructure, reason unknown.
 """
 
@@ -75,6 +77,7 @@ class Failure:
     reason: str
     culprits: dict[str, dict] = field(default_factory=dict)
     evidence: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)  # what the user's logs say; never blames a node
 
     @property
     def retryable(self) -> bool:
@@ -86,6 +89,7 @@ class Failure:
             "reason": self.reason,
             "culprits": self.culprits,
             "evidence": self.evidence,
+            "hints": self.hints,
         }
 
     @classmethod
@@ -95,6 +99,7 @@ class Failure:
             data["reason"],
             dict(data.get("culprits") or {}),
             list(data.get("evidence") or []),
+            list(data.get("hints") or []),
         )
 
 
@@ -175,10 +180,20 @@ def node_problems(node: Mapping | None) -> list[str]:
 
 
 def gpu_errors(text: str) -> list[str]:
-    """Fatal GPU errors in a log or termination message: XIDs and the CUDA/ECC/NVLink errors they cause."""
+    """GPU errors named in a log or termination message: XIDs and the CUDA/ECC/NVLink errors they cause."""
     found = [f"XID {code}" for code in dict.fromkeys(_XID.findall(text))]
     found += list(dict.fromkeys(m.group(0) for m in _GPU_FATAL.finditer(text)))
     return found
+
+
+def log_hints(exits: list[PodExit], logs: Mapping[str, str]) -> list[str]:
+    """What the failed pods' own output says about GPUs and NCCL, one line per pod and finding."""
+    hints = []
+    for e in exits:
+        text = f"{e.message}\n{logs.get(e.pod, '')}"
+        found = gpu_errors(text) + [m.group(0) for m in _NCCL.finditer(text)][:1]
+        hints += [f"pod {e.pod} on {e.node} printed {item!r}" for item in found]
+    return hints
 
 
 def classify(
@@ -194,36 +209,28 @@ def classify(
     logs = logs or {}
     exits = sorted((PodExit.of(p, container) for p in pods), key=PodExit.order)
     failed = [e for e in exits if e.failed]
+    hints = log_hints(failed, logs)
     culprits: dict[str, dict] = {}
-    evidence: list[str] = []
     for node in sorted({e.node for e in exits if e.node}):
         problems = node_problems(nodes.get(node)) + list((node_health or {}).get(node, []))
         if problems:
             culprits[node] = {"problems": problems}
-    for e in failed:
-        errors = gpu_errors(f"{e.message}\n{logs.get(e.pod, '')}")
-        if errors and e.node:
-            entry = culprits.setdefault(e.node, {"problems": []})
-            entry["problems"] += [f"{err} in pod {e.pod}" for err in errors]
-            entry.setdefault("exit_code", e.exit_code)
     if culprits:
         summary = "; ".join(f"{n}: {', '.join(c['problems'])}" for n, c in sorted(culprits.items()))
-        return Failure(FailureKind.INFRASTRUCTURE, f"node fault: {summary}", culprits, evidence)
+        return Failure(FailureKind.INFRASTRUCTURE, f"node fault: {summary}", culprits, [], hints)
     # Once one pod fails the Job controller stops the others, so only the first failure tells why.
+    evidence: list[str] = []
     for e in failed[:1]:
-        text = f"{e.message}\n{logs.get(e.pod, '')}"
         if e.pod_reason in _NODE_LOST_REASONS:
             evidence.append(f"pod {e.pod} on {e.node}: {e.pod_reason}")
         if e.disruption in _DISRUPTION_INFRA:
             evidence.append(f"pod {e.pod} on {e.node}: disrupted ({e.disruption})")
-        if match := _NCCL.search(text):
-            evidence.append(f"pod {e.pod} on {e.node}: {match.group(0)}")
         if e.exit_code in _OUTSIDE_SIGNALS and e.reason != "OOMKilled":
             evidence.append(
                 f"pod {e.pod} on {e.node}: killed by {_OUTSIDE_SIGNALS[e.exit_code]} from outside"
             )
     if evidence:
-        return Failure(FailureKind.INFRASTRUCTURE, evidence[0], {}, evidence)
+        return Failure(FailureKind.INFRASTRUCTURE, evidence[0], {}, evidence, hints)
     first = failed[0] if failed else None
     if first is not None and first.exit_code not in (None, 0):
         detail = f" ({first.reason})" if first.reason and first.reason != "Error" else ""
@@ -233,7 +240,8 @@ def classify(
             f"pod {first.pod} on {first.node} exited with code {first.exit_code}{detail}{message}",
             {},
             [f"no infrastructure evidence on nodes {sorted({e.node for e in exits if e.node})}"],
+            hints,
         )
     return Failure(
-        FailureKind.INFRASTRUCTURE, "the attempt failed with no failed container to explain it", {}, []
+        FailureKind.INFRASTRUCTURE, "the attempt failed with no failed container to explain it", {}, [], hints
     )

@@ -10,6 +10,7 @@ and returns a ``Verdict``: succeeded, retry (a resume), or fail now.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -26,6 +27,7 @@ from trainops.training.naming import job_name
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
 
 log = logging.getLogger(__name__)
+EVIDENCE_POLL_S = 2.0
 
 
 class Decision(StrEnum):
@@ -87,12 +89,14 @@ class GangRun:
         *,
         fail_fast_on_user_error: bool = True,
         quarantine_culprits: bool = True,
+        evidence_wait_s: float = 0.0,
         logger: logging.Logger = log,
     ) -> None:
         self.spec, self.dag_id, self.run_id = spec, dag_id, run_id
         self.cluster, self.store, self.ledger, self._save = cluster, store, ledger, save
         self.fail_fast_on_user_error = fail_fast_on_user_error
         self.quarantine_culprits = quarantine_culprits
+        self.evidence_wait_s = evidence_wait_s
         self.log = logger
 
     def save(self) -> None:
@@ -205,19 +209,42 @@ class GangRun:
         if outcome.status is Status.FAILED:
             nodes, logs = self.cluster.failure_evidence(self.spec.namespace, outcome.pods)
             failure = classify(outcome.pods, nodes, logs, container=CONTAINER_NAME)
+            failure, nodes = self._await_node_evidence(failure, outcome, nodes, logs)
         else:
             failure = Failure(_STATUS_KIND[outcome.status], outcome.message)
         for line in failure.evidence:
             self.log.info("evidence: %s", line)
+        for line in failure.hints:
+            self.log.info("hint (not evidence against a node): %s", line)
         if failure.kind is FailureKind.INFRASTRUCTURE:
             self._blame(failure, nodes)
             self.log.info("stopping the attempt: %s", self._stop_attempt(outcome))
-        self.ledger.end(failure.kind, failure.reason)
+        self.ledger.end(failure.kind, failure.reason, failure.hints)
         if failure.kind is FailureKind.USER_CODE and self.fail_fast_on_user_error:
             return Verdict(Decision.FAIL, f"user code failed (no resume used): {failure.reason}", failure)
         if failure.retryable or failure.kind is FailureKind.USER_CODE:
             return Verdict(Decision.RETRY, f"{failure.kind}: {failure.reason}", failure)
         return Verdict(Decision.FAIL, f"{failure.kind}: {failure.reason}", failure)
+
+    def _await_node_evidence(
+        self, failure: Failure, outcome: follow.Outcome, nodes: dict[str, dict | None], logs: dict[str, str]
+    ) -> tuple[Failure, dict[str, dict | None]]:
+        """When the pods printed GPU or NCCL errors but no node confirms one, ask the nodes again for up
+        to ``evidence_wait_s``: the node probe reports a real fault within its interval."""
+        if failure.kind is not FailureKind.USER_CODE or not failure.hints or self.evidence_wait_s <= 0:
+            return failure, nodes
+        self.log.info(
+            "the pods printed GPU/NCCL errors; waiting up to %gs for the nodes' own health reports",
+            self.evidence_wait_s,
+        )
+        until = time.monotonic() + self.evidence_wait_s
+        while time.monotonic() < until:
+            time.sleep(min(EVIDENCE_POLL_S, max(0.0, until - time.monotonic())))
+            nodes = self.cluster.read_nodes(sorted(nodes))
+            failure = classify(outcome.pods, nodes, logs, container=CONTAINER_NAME)
+            if failure.kind is not FailureKind.USER_CODE:
+                break
+        return failure, nodes
 
     def _stop_attempt(self, outcome: follow.Outcome) -> str:
         """Deactivate the Workload the follower saw (one call); without one (no Kueue Workload, or it
