@@ -18,7 +18,8 @@ import time
 from collections.abc import Iterable
 
 from trainops.errors import PermanentError
-from trainops.kube.retry import Backoff, Deadline, DeadlineExceeded, call, is_transient
+from trainops.kube.lists import PAGE, list_all
+from trainops.kube.retry import Backoff, Deadline, DeadlineExceeded, is_transient
 
 log = logging.getLogger(__name__)
 EVICTED, GONE = "evicted", "gone"
@@ -42,12 +43,21 @@ def unschedulable(pods: Iterable[dict]) -> dict[str, str]:
     return stuck
 
 
-def list_pods(core_v1, deadline: Deadline) -> list[dict]:
-    """Every pod in the cluster, as dicts (one request, however many nodes are claimed)."""
-    response = call(
-        lambda: core_v1.list_pod_for_all_namespaces(_preload_content=False), deadline, "list pods"
-    )
-    return json.loads(response.data)["items"]
+def list_pods(core_v1, deadline: Deadline, field_selector: str = "") -> list[dict]:
+    """The pods ``field_selector`` selects (every pod when empty), as dicts, ``PAGE`` per request."""
+
+    def fetch(token: str | None) -> dict:
+        response = core_v1.list_pod_for_all_namespaces(
+            field_selector=field_selector, limit=PAGE, _continue=token, _preload_content=False
+        )
+        return json.loads(response.data)
+
+    return list_all(fetch, deadline, f"list pods {field_selector}".rstrip())
+
+
+def pods_on(core_v1, nodes: Iterable[str], deadline: Deadline) -> list[dict]:
+    """The pods bound to ``nodes``: one ``spec.nodeName`` list per node, whatever the cluster's size."""
+    return [pod for node in sorted(nodes) for pod in list_pods(core_v1, deadline, f"spec.nodeName={node}")]
 
 
 def must_move(pod: dict) -> bool:
@@ -103,8 +113,7 @@ def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -
     evicted: set[tuple[str, str]] = set()
     stalled_since: float | None = None
     while True:
-        pods = list_pods(core_v1, deadline)
-        remaining = pods_to_move(pods, nodes)
+        remaining = pods_to_move(pods_on(core_v1, nodes, deadline), nodes)
         if not remaining:
             return len(evicted)
         waiting: dict[str, str] = {}
@@ -120,8 +129,9 @@ def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -
                 log.info("evicted %s", where)
                 evicted.add(key)
             waiting[where] = "terminating" if outcome in (EVICTED, GONE) else outcome
-        stuck = unschedulable(pods)
-        held = stuck and all(why != "terminating" for why in waiting.values())
+        blocked = all(why != "terminating" for why in waiting.values())
+        stuck = unschedulable(list_pods(core_v1, deadline, "status.phase=Pending")) if blocked else {}
+        held = bool(stuck)
         stalled_since = (stalled_since or time.monotonic()) if held else None
         if held and time.monotonic() - stalled_since >= stall_s:
             pod, why = next(iter(sorted(stuck.items())))

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from trainops.capacity.loans import LOANS_ANNOTATION, Path, lend_patch, repay_patch
 from trainops.kube.client import MERGE_PATCH
 from trainops.kube.guarded import Edited, edit
-from trainops.kube.retry import Deadline, call
+from trainops.kube.lists import PAGE, list_all
+from trainops.kube.retry import Deadline
 
 KSERVE_STOP = "serving.kserve.io/stop"
 KSERVE_LABEL = "serving.kserve.io/inferenceservice"
@@ -172,11 +173,13 @@ def find_loans(custom, run: str, deadline: Deadline) -> list[tuple[WorkloadRef, 
     found = []
     for kind in LENDING_KINDS:
         try:
-            items = call(
-                lambda kind=kind: custom.list_cluster_custom_object(kind.group, kind.version, kind.plural),
+            items = list_all(
+                lambda token, kind=kind: custom.list_cluster_custom_object(
+                    kind.group, kind.version, kind.plural, limit=PAGE, _continue=token
+                ),
                 deadline,
                 f"list {kind.plural}",
-            )["items"]
+            )
         except ApiException as error:
             if error.status == 404:
                 continue
@@ -216,13 +219,13 @@ def hpa_for(custom, deployment: WorkloadRef, deadline: Deadline) -> tuple[Worklo
     from kubernetes.client.exceptions import ApiException
 
     try:
-        hpas = call(
-            lambda: custom.list_namespaced_custom_object(
-                HPA.group, HPA.version, deployment.namespace, HPA.plural
+        hpas = list_all(
+            lambda token: custom.list_namespaced_custom_object(
+                HPA.group, HPA.version, deployment.namespace, HPA.plural, limit=PAGE, _continue=token
             ),
             deadline,
             f"list HPAs in {deployment.namespace}",
-        )["items"]
+        )
     except ApiException as error:
         if error.status == 404:
             return None
