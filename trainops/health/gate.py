@@ -22,6 +22,7 @@ import gc
 import re
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +35,7 @@ from trainops.conventions import (
 )
 from trainops.errors import TemporaryError
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
-from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports
+from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports, no_series
 from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
 from trainops.health.report import HealthReport, Signal, merge_reports
 from trainops.health.stragglers import UNKNOWN_SPEED, USABLE, Selection, choose_nodes, node_speed
@@ -208,12 +209,22 @@ def run_gate(
     """Evaluate the candidates (reads only). ``core_v1``: a ``kubernetes.client.CoreV1Api``."""
     now = time.time() if now is None else now
     deadline = Deadline(config.api_deadline_s)
-    with gc_paused():
-        return _run_gate(core_v1, config, prometheus, now, deadline)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="gate-prometheus")
+    try:
+        with gc_paused():
+            # The fleet-wide queries run while the nodes and their reports are read and decoded.
+            metrics = pool.submit(fleet_reports, prometheus, now=now) if prometheus is not None else None
+            return _run_gate(core_v1, config, metrics, now, deadline)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _run_gate(
-    core_v1: Any, config: GateConfig, prometheus: PrometheusClient | None, now: float, deadline: Deadline
+    core_v1: Any,
+    config: GateConfig,
+    metrics: Future[dict[str, HealthReport]] | None,
+    now: float,
+    deadline: Deadline,
 ) -> GateResult:
     listed = {node["metadata"]["name"]: node for node in candidate_nodes(core_v1, config, deadline)}
     if not config.node_names:
@@ -222,10 +233,12 @@ def _run_gate(
     held = published_configmaps(core_v1, config, names, deadline)
     reports = {name: read_report(held.get(configmap_name(name)), name, now) for name in names}
     sources, warnings = ["probe"], []
-    if prometheus is not None:
+    if metrics is not None:
         try:
-            from_metrics = fleet_reports(prometheus, names, now=now)
-            reports = {name: merge_reports(reports[name], from_metrics[name]) for name in names}
+            seen = metrics.result()
+            reports = {
+                name: merge_reports(reports[name], seen.get(name) or no_series(name, now)) for name in names
+            }
             sources.append("prometheus")
         except PrometheusError as err:
             if config.on_unavailable == "fail":

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from trainops.errors import TemporaryError
-from trainops.health.report import HealthReport, Signal, Signals
+from trainops.health.report import HealthReport, Signal, Signals, new_signal
 
 RECOVERY_ACTIONS = {0: "NONE", 1: "GPU_RESET", 2: "NODE_REBOOT", 3: "DRAIN_P2P", 4: "DRAIN_AND_RESET"}
 
@@ -145,25 +145,42 @@ def fleet_reports(
         reports[node] = HealthReport(node, now, "prometheus", signals, gpus)
     for node in nodes or ():
         if node not in reports:
-            reports[node] = HealthReport.empty(
-                node, now, "prometheus", "no dcgm-exporter series for this node"
-            )
+            reports[node] = no_series(node, now)
     return reports
+
+
+def no_series(node: str, now: float) -> HealthReport:
+    """The report of a node Prometheus has no dcgm-exporter series for: it knows nothing."""
+    return HealthReport.empty(node, now, "prometheus", "no dcgm-exporter series for this node")
 
 
 def _gpu_signals(values: dict[str, Any], xids: set[int]) -> Signals:
     signals: Signals = {}
-    for metric, (name, convert) in GAUGES.items():
-        found = metric in values
-        signals[name] = Signal(convert(values[metric])) if found else Signal.unknown(f"no {metric} series")
-    for metric in COUNTERS:
-        rate_name = GAUGES[metric][0].removeprefix("counter_") + "_per_min"
-        rate = values.get(f"rate:{metric}")
-        signals[rate_name] = (
-            Signal(round(rate, 3)) if rate is not None else Signal.unknown(f"no {metric} series")
-        )
+    for metric, name, convert, missing in _GAUGE_TABLE:
+        value = values.get(metric)
+        signals[name] = missing if value is None else new_signal(Signal, (convert(value), None))
+    for key, name, missing in _RATE_TABLE:
+        rate = values.get(key)
+        signals[name] = missing if rate is None else new_signal(Signal, (round(rate, 3), None))
     if XID_LAST in values or xids:
         signals["xid_events"] = Signal(sorted(xids))
     else:
-        signals["xid_events"] = Signal.unknown(f"no {XID_LAST} series (XID watch off?)")
+        signals["xid_events"] = _XID_UNWATCHED
     return signals
+
+
+# Built once: (metric, signal, convert, the signal when the series is missing) per gauge, and
+# (values key, signal, missing) per counter rate, so a fleet's worth of GPUs makes no strings.
+_GAUGE_TABLE = [
+    (metric, name, convert, Signal.unknown(f"no {metric} series"))
+    for metric, (name, convert) in GAUGES.items()
+]
+_RATE_TABLE = [
+    (
+        f"rate:{metric}",
+        GAUGES[metric][0].removeprefix("counter_") + "_per_min",
+        Signal.unknown(f"no {metric} series"),
+    )
+    for metric in COUNTERS
+]
+_XID_UNWATCHED = Signal.unknown(f"no {XID_LAST} series (XID watch off?)")
