@@ -1013,13 +1013,15 @@ def _scale_of(deployment: dict) -> dict:
 
 def _reset_status(kind: Kind, obj: dict) -> None:
     """Creation drops a client-written status (nodes keep theirs, as kubelets register them); built-in
-    kinds then read back ``"status": {}`` until a controller fills it, as from a real API server."""
+    kinds then read back an empty status until a controller fills it, as from a real API server: its
+    required counters (not ``omitempty`` in Go, e.g. a DaemonSet's) are 0, the rest absent."""
     if kind.kind == "Pod":
         obj["status"] = {"phase": "Pending", "qosClass": _qos_class(obj.get("spec") or {})}
     elif kind.has_status and kind.kind not in ("Node", "Namespace"):
         obj.pop("status", None)
         if not kind.custom:
-            obj["status"] = {}
+            schema = openapi.resolve(openapi.child(openapi.schema_of(kind), "status")) or {}
+            obj["status"] = {field: 0 for field in schema.get("required") or ()}
 
 
 def _qos_class(spec: dict) -> str:

@@ -134,3 +134,30 @@ def _token(rv: int) -> str:
 
     raw = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": ["default", "a"]}).encode()
     return base64.urlsafe_b64encode(raw).decode()
+
+
+def test_fresh_status_has_the_counters_typed_clients_require(api):
+    template = {
+        "metadata": {"labels": {"app": "d"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox:1.36"}]},
+    }
+    spec = {"selector": {"matchLabels": {"app": "d"}}, "template": template}
+    body = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d"}, "spec": spec}
+    created = client.AppsV1Api(api.client).create_namespaced_daemon_set(
+        "default", body
+    )  # typed: counters required
+    assert (created.status.current_number_scheduled, created.status.number_ready) == (0, 0)
+    budget = {
+        "metadata": {"name": "b"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "d"}}},
+    }
+    assert (
+        client.PolicyV1Api(api.client)
+        .create_namespaced_pod_disruption_budget("default", budget)
+        .status.expected_pods
+        == 0
+    )
+    assert (
+        client.CoreV1Api(api.client).create_namespaced_config_map("default", {"metadata": {"name": "c"}}).data
+        is None
+    )
