@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from airflow.providers.cncf.kubernetes.hooks.kubernetes import KubernetesHook
 
-from trainops.kube.client import Kube
+from trainops.kube.client import Kube, KubeconfigError
 
 
 class KubernetesClusterHook(KubernetesHook):
@@ -19,7 +19,17 @@ class KubernetesClusterHook(KubernetesHook):
 
     def kube(self) -> Kube:
         """The official sync clients on this connection's ApiClient."""
-        return Kube(self.api_client)
+        from airflow.exceptions import AirflowNotFoundException
+
+        try:
+            return Kube(self.api_client)
+        except AirflowNotFoundException:
+            raise
+        except Exception as error:  # the client raises TypeError, YAMLError... on a bad kubeconfig
+            raise KubeconfigError(
+                f"connection {self.conn_id!r}: its kubeconfig cannot be used ({type(error).__name__}: "
+                f"{str(error)[:300]}); fix the connection's kube_config or kube_config_path extra"
+            ) from None
 
     def async_client(self):
         """An async context manager yielding a ``kubernetes_asyncio`` ApiClient on this connection."""

@@ -35,8 +35,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from trainops.errors import TemporaryError
+
     args = build_parser().parse_args(argv)
-    return args.func(args) or 0
+    try:
+        return args.func(args) or 0
+    except TemporaryError as error:
+        print(f"trainops: error: {error}", file=sys.stderr)
+        return 1
+    except ValueError as error:  # bad input: the message names the field and the fix
+        print(f"trainops: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -163,12 +163,13 @@ def load_policy(source: Mapping[str, Mapping[str, Any]] | str | Path | None = No
         return DEFAULT_POLICY.with_overrides(source)
     path = Path(source)
     text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
+    import yaml
 
-        data = yaml.safe_load(text) or {}
-    else:
-        data = json.loads(text)
+    kind = "YAML" if path.suffix in (".yaml", ".yml") else "JSON"
+    try:
+        data = (yaml.safe_load(text) or {}) if kind == "YAML" else json.loads(text)
+    except (ValueError, yaml.YAMLError) as error:
+        raise ValueError(f"{path}: not valid {kind}: {error}") from None
     if not isinstance(data, Mapping):
         raise ValueError(f"{path}: expected a mapping of row name -> overrides, got {type(data).__name__}")
     return DEFAULT_POLICY.with_overrides(data)

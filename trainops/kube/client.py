@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import os
 
+from trainops.errors import PermanentError
+
 KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeconfigError(PermanentError, ValueError):
+    """The kubeconfig is missing, not YAML, or not shaped like a kubeconfig."""
 
 
 class Kube:
@@ -36,4 +42,11 @@ class Kube:
             configuration = client.Configuration()
             config.load_incluster_config(client_configuration=configuration)
             return cls(client.ApiClient(configuration))
-        return cls(config.new_client_from_config(config_file=kubeconfig, context=context))
+        try:
+            return cls(config.new_client_from_config(config_file=kubeconfig, context=context))
+        except Exception as error:  # the client raises TypeError, KeyError, YAMLError... on a bad file
+            where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise KubeconfigError(
+                f"kubeconfig {where} cannot be used ({type(error).__name__}: {str(error)[:300]}); "
+                "fix the file or pass another with --kubeconfig or $KUBECONFIG"
+            ) from None
