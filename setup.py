@@ -9,6 +9,7 @@ FOLDERS = {
     "trainops.sensors": "sensors",
     "trainops.triggers": "triggers",
     "trainops.provider": "provider",
+    "trainops.plugins": "plugins",
 }
 
 setup(
@@ -18,4 +19,5 @@ setup(
         for name, folder in FOLDERS.items()
         for sub in ["", *find_packages(where=folder)]
     ],
+    package_data={"trainops.plugins": ["static/*"]},  # the UI's pages, shipped (no CDN)
 )

@@ -17,7 +17,7 @@ import hashlib
 import json
 from typing import Any
 
-from trainops.conventions import HEALTH_NAMESPACE
+from trainops.conventions import HEALTH_NAMESPACE, HEALTH_SUMMARY_ANNOTATION
 from trainops.health.policy import NodeVerdict
 from trainops.health.report import HealthReport
 
@@ -112,3 +112,20 @@ def read_report(configmap: dict | None, name: str, now: float) -> HealthReport:
     if report.node != name:
         return HealthReport.empty(name, now, "probe", f"{where} holds a report of node {report.node!r}")
     return report
+
+
+def read_summary(annotations: dict | None) -> dict[str, Any] | None:
+    """The node's health summary (``verdict``, ``reasons``, ``digest``, ``report``) from its annotations;
+    None when the node has none, or one that is not a bounded JSON object with a string verdict."""
+    text = (annotations or {}).get(HEALTH_SUMMARY_ANNOTATION)
+    if not isinstance(text, str) or len(text) > 4 * SUMMARY_MAX_BYTES:
+        return None
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or not isinstance(body.get("verdict"), str):
+        return None
+    reasons = body.get("reasons")
+    body["reasons"] = [str(r) for r in reasons] if isinstance(reasons, list) else []
+    return body

@@ -1,0 +1,119 @@
+"""The FastAPI app mounted at ``/trainops``: the pages, and the JSON API they call.
+
+Settings (``[trainops]`` in airflow.cfg, or ``AIRFLOW__TRAINOPS__<KEY>``): ``kubernetes_conn_id``
+(default ``kubernetes_default``), ``aws_conn_id`` (``aws_default``), ``cluster_queue``
+(``training``), ``prometheus_url`` (none: releases re-check with the node probe's report alone).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import Body, Depends, FastAPI, HTTPException, status
+from fastapi.responses import HTMLResponse, Response
+from trainops.plugins.auth import current_user, require_dag_run
+
+User = Annotated[Any, Depends(current_user)]
+STATIC = {"fleet.js": "text/javascript", "run.js": "text/javascript", "trainops.css": "text/css"}
+
+app = FastAPI(title="trainops", description="GPU fleet and training runs", docs_url=None, redoc_url=None)
+
+
+def setting(key: str, default: str | None) -> str | None:
+    from airflow.configuration import conf
+
+    return conf.get("trainops", key, fallback=default)
+
+
+def kube():
+    from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
+
+    return KubernetesClusterHook(conn_id=setting("kubernetes_conn_id", "kubernetes_default")).kube()
+
+
+def _asset(name: str) -> str:
+    return resources.files("trainops.plugins").joinpath("static", name).read_text()
+
+
+@app.get("/fleet", response_class=HTMLResponse, include_in_schema=False)
+def fleet_page() -> str:
+    return _asset("fleet.html")
+
+
+@app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse, include_in_schema=False)
+def run_page(dag_id: str, run_id: str) -> str:
+    return _asset("run.html")
+
+
+@app.get("/static/{name}", include_in_schema=False)
+def static_file(name: str) -> Response:
+    if name not in STATIC:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no file {name}")
+    return Response(_asset(name), media_type=STATIC[name])
+
+
+@app.get("/api/fleet")
+def get_fleet(user: User) -> dict:
+    """Every GPU node: mode, holder, health verdict and reasons, quarantine; counts by state."""
+    from trainops.plugins.fleet import fleet, list_nodes
+
+    return fleet(list_nodes(kube()))
+
+
+@app.get("/api/runs/{dag_id}/{run_id}")
+def get_run(dag_id: str, run_id: str, user: User) -> dict:
+    """The run view: attempt ledger, checkpoints as verified now, capacity claimed and returned."""
+    from airflow.utils.session import create_session
+    from trainops.plugins.runs import RunNotFound, run_view
+
+    require_dag_run(user, "GET", dag_id)
+    try:
+        with create_session() as session:
+            return run_view(session, dag_id, run_id, setting("aws_conn_id", "aws_default"))
+    except RunNotFound as error:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(error)) from None
+
+
+def _confirmed(confirm: str | None, expected: str) -> None:
+    if confirm != expected:
+        raise HTTPException(
+            status.HTTP_400_BAD_REQUEST,
+            f"confirm must be {expected!r} to confirm this action (got {confirm!r}); nothing was changed",
+        )
+
+
+@app.post("/api/nodes/{node}/release")
+def post_release(node: str, user: User, confirm: Annotated[str | None, Body(embed=True)] = None) -> dict:
+    """Re-check a quarantined node (``trainops health release``) and release it if it passes."""
+    from trainops.plugins.actions import release_node
+
+    from trainops.health.gate import GateError
+    from trainops.health.quarantine import ReleaseRefused
+
+    require_dag_run(user, "PUT")
+    _confirmed(confirm, node)
+    try:
+        return release_node(kube(), node, user.get_name(), setting("prometheus_url", None))
+    except (ReleaseRefused, GateError) as error:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+
+
+@app.post("/api/runs/{dag_id}/{run_id}/return")
+def post_return(
+    dag_id: str, run_id: str, user: User, confirm: Annotated[str | None, Body(embed=True)] = None
+) -> dict:
+    """Return every node and loan the run holds (``trainops capacity return``)."""
+    from trainops.plugins.actions import return_capacity
+
+    from trainops.errors import TrainopsError
+
+    require_dag_run(user, "PUT", dag_id)
+    run = f"{dag_id}/{run_id}"
+    _confirmed(confirm, run)
+    try:
+        return return_capacity(kube(), run, user.get_name(), setting("cluster_queue", "training"))
+    except ValueError as error:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(error)) from None
+    except TrainopsError as error:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None

@@ -1,0 +1,83 @@
+"""The fleet view's data: every GPU node's mode, holder, health and quarantine, from one paginated
+node list (the health verdict is the node probe's summary annotation on the node itself)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from trainops.conventions import (
+    CLAIMED_BY_ANNOTATION,
+    GPU_POOL_LABEL,
+    MODE_TAINT,
+    QUARANTINE_EVIDENCE_ANNOTATION,
+    QUARANTINE_TAINT,
+)
+from trainops.health.published import read_summary
+from trainops.kube.client import Kube
+from trainops.kube.lists import PAGE, list_all
+from trainops.kube.nodes import allocatable_gpus, json_of
+from trainops.kube.retry import Deadline
+
+LIST_DEADLINE_S = 60.0
+
+
+def list_nodes(kube: Kube) -> list[dict]:
+    """Every node of the cluster, ``PAGE`` per request."""
+
+    def fetch(token: str | None) -> dict:
+        return json_of(kube.core.list_node(limit=PAGE, _continue=token, _preload_content=False))
+
+    return list_all(fetch, Deadline(LIST_DEADLINE_S), "list nodes")
+
+
+def _quarantine(taints: list[dict], annotations: dict) -> dict | None:
+    taint = next((t for t in taints if t.get("key") == QUARANTINE_TAINT), None)
+    if taint is None:
+        return None
+    since = None
+    try:
+        since = json.loads(annotations.get(QUARANTINE_EVIDENCE_ANNOTATION, "{}")).get("quarantined_at")
+    except (ValueError, AttributeError):
+        pass
+    return {"reason": taint.get("value", ""), "since": since if isinstance(since, int | float) else None}
+
+
+def node_row(node: dict) -> dict[str, Any] | None:
+    """The fleet row of ``node``; None for a node that is not a GPU node."""
+    meta = node.get("metadata") or {}
+    labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+    gpus = allocatable_gpus(node)
+    if not gpus and GPU_POOL_LABEL not in labels:
+        return None
+    taints = (node.get("spec") or {}).get("taints") or []
+    mode = next((t.get("value") for t in taints if t.get("key") == MODE_TAINT), None)
+    summary = read_summary(annotations)
+    return {
+        "name": meta.get("name"),
+        "mode": mode or "none",
+        "health": summary["verdict"] if summary else "unknown",
+        "reasons": summary["reasons"]
+        if summary
+        else ["no health summary on the node (is the node probe running?)"],
+        "quarantine": _quarantine(taints, annotations),
+        "claimed_by": annotations.get(CLAIMED_BY_ANNOTATION),
+        "gpus": gpus,
+        "report": summary.get("report") if summary else None,
+    }
+
+
+def fleet(nodes: list[dict]) -> dict[str, Any]:
+    """``{"nodes": [...rows by name], "counts": {"total", "mode": {...}, "health": {...}, "quarantined", "claimed"}}``."""
+    rows = sorted((row for node in nodes if (row := node_row(node))), key=lambda r: r["name"])
+    return {
+        "nodes": rows,
+        "counts": {
+            "total": len(rows),
+            "mode": dict(Counter(r["mode"] for r in rows)),
+            "health": dict(Counter(r["health"] for r in rows)),
+            "quarantined": sum(1 for r in rows if r["quarantine"]),
+            "claimed": sum(1 for r in rows if r["claimed_by"]),
+        },
+    }

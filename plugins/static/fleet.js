@@ -1,0 +1,87 @@
+"use strict";
+// The fleet view: one call to /trainops/api/fleet, then filter and sort in the page (4,096 rows).
+const api = "/trainops/api";
+let rows = [], sortKey = "name", sortDir = 1;
+const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+const since = (q) => q && q.since ? new Date(q.since * 1000).toISOString().replace(".000", "") : "";
+
+function showError(response, text) {
+  const login = response.status === 401 || response.status === 403;
+  document.getElementById("error").innerHTML = login
+    ? `Not logged in to Airflow (${response.status}). <a href="/auth/login/?next=${encodeURIComponent(location.href)}">Log in</a>`
+    : esc(`${response.status}: ${text}`);
+}
+
+function runLink(run) {
+  if (!run) return "";
+  const [dag, id] = run.split("/");
+  return `<a href="/trainops/runs/${encodeURIComponent(dag)}/${encodeURIComponent(id)}">${esc(run)}</a>`;
+}
+
+function rowHtml(n) {
+  const q = n.quarantine;
+  const health = n.health === "ok" || n.health === "warn" ? "ok" : n.health === "unknown" ? "muted" : "bad";
+  return `<tr data-node="${esc(n.name)}"><td>${esc(n.name)}</td><td>${esc(n.mode)}</td><td>${runLink(n.claimed_by)}</td>` +
+    `<td class="${health}">${esc(n.health)}</td><td>${esc(n.reasons.join("; "))}</td>` +
+    `<td class="${q ? "bad" : ""}">${q ? esc(q.reason) + ` <span class="muted">since ${esc(since(q))}</span>` : ""}</td>` +
+    `<td>${n.gpus}</td><td>${q ? `<button class="release" data-node="${esc(n.name)}">Release…</button>` : ""}</td></tr>`;
+}
+
+function sortValue(n, key) {
+  const v = n[key];
+  if (key === "quarantine") return v ? v.reason : "";
+  if (key === "reasons") return v.join("; ");
+  return v ?? "";
+}
+
+function render() {
+  const words = document.getElementById("filter").value.toLowerCase().split(/\s+/).filter(Boolean);
+  const shown = rows.filter((n) => words.every((w) => n._text.includes(w)));
+  shown.sort((a, b) => {
+    const x = sortValue(a, sortKey), y = sortValue(b, sortKey);
+    return (x < y ? -1 : x > y ? 1 : 0) * sortDir;
+  });
+  document.querySelector("#fleet tbody").innerHTML = shown.map(rowHtml).join("");
+  document.getElementById("shown").textContent = `${shown.length} of ${rows.length} nodes`;
+}
+
+function renderCounts(c) {
+  const parts = [`total ${c.total}`, `quarantined ${c.quarantined}`, `claimed ${c.claimed}`,
+    ...Object.entries(c.mode).map(([k, v]) => `${k} ${v}`), ...Object.entries(c.health).map(([k, v]) => `${k} ${v}`)];
+  document.getElementById("counts").innerHTML = parts.map((p) => `<span>${esc(p)}</span>`).join("");
+}
+
+async function load() {
+  const response = await fetch(`${api}/fleet`, {credentials: "same-origin"});
+  const text = await response.text();
+  if (!response.ok) return showError(response, text);
+  const data = JSON.parse(text);
+  rows = data.nodes.map((n) => ({...n, _text: [n.name, n.mode, n.health, n.claimed_by, n.quarantine && n.quarantine.reason, ...n.reasons].join(" ").toLowerCase()}));
+  renderCounts(data.counts);
+  render();
+}
+
+async function release(node) {
+  const typed = prompt(`Re-check ${node} and release it from quarantine if it passes? Type the node name to confirm.`);
+  if (typed === null) return;
+  const response = await fetch(`${api}/nodes/${encodeURIComponent(node)}/release`, {
+    method: "POST", credentials: "same-origin", headers: {"Content-Type": "application/json"}, body: JSON.stringify({confirm: typed}),
+  });
+  const text = await response.text();
+  if (!response.ok) return showError(response, JSON.parse(text).detail ?? text);
+  document.getElementById("error").textContent = "";
+  await load();
+}
+
+document.getElementById("filter").addEventListener("input", render);
+document.querySelector("#fleet thead").addEventListener("click", (e) => {
+  const key = e.target.dataset.key;
+  if (!key) return;
+  sortDir = key === sortKey ? -sortDir : 1;
+  sortKey = key;
+  render();
+});
+document.querySelector("#fleet tbody").addEventListener("click", (e) => {
+  if (e.target.classList.contains("release")) release(e.target.dataset.node);
+});
+load();

@@ -1,0 +1,151 @@
+"""The plugin's JSON API against the devcluster: no data without a login, the fleet as the nodes
+say, and the two actions changing the cluster only when allowed and confirmed, recorded on the node."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes import client
+from trainops.plugins.actions import ACTION_ANNOTATION
+
+from trainops.capacity.procedure import claim
+from trainops.conventions import CLAIMED_BY_ANNOTATION, MODE_TAINT, QUARANTINE_TAINT
+from trainops.health.gate import GateConfig, run_gate
+from trainops.health.quarantine import apply_quarantine
+from trainops.kube.client import Kube
+from trainops.kube.nodes import NodeState, read_node
+from trainops.kube.retry import Deadline
+
+NODE = "gpu-node-003"
+RUN = "train_llm/manual__ui"
+
+
+def bearer(token: str) -> dict:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def node_state(k8s, name: str = NODE) -> NodeState:
+    return NodeState.of(read_node(client.CoreV1Api(k8s), name))
+
+
+@pytest.fixture
+def quarantined(devcluster, k8s):
+    """NODE with XID 79, quarantined by the gate."""
+    core = client.CoreV1Api(k8s)
+    devcluster.inject("xid", NODE, code=79)
+    devcluster.probe_daemon.wait_rounds(2)
+    assert apply_quarantine(core, run_gate(core, GateConfig(speed_tiers=False)), Deadline(30)) == [NODE]
+    return devcluster
+
+
+@pytest.mark.parametrize(
+    "method,path",
+    [
+        ("GET", "/trainops/api/fleet"),
+        ("GET", "/trainops/api/runs/train_llm/manual__1"),
+        ("POST", f"/trainops/api/nodes/{NODE}/release"),
+        ("POST", "/trainops/api/runs/train_llm/manual__1/return"),
+    ],
+)
+def test_no_login_no_data(ui, devcluster, method, path):
+    http, _ = ui
+    anonymous = http.request(method, path, json={"confirm": NODE})
+    forged = http.request(method, path, headers=bearer("not.a.jwt"), json={"confirm": NODE})
+    foreign_cookie = http.request(method, path, cookies={"_token": "eyJhbGciOiJIUzUxMiJ9.e30.x"})
+    assert anonymous.status_code == 401
+    assert forged.status_code == 403 and foreign_cookie.status_code == 403
+    assert all("nodes" not in r.text and "ledger" not in r.text for r in (anonymous, forged, foreign_cookie))
+
+
+def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quarantined, k8s):
+    http, token = ui
+    claim(Kube(k8s), RUN, ["gpu-node-010", "gpu-node-011"], cluster_queue="training")
+    answer = http.get("/trainops/api/fleet", headers=bearer(token("viewer")))
+    assert answer.status_code == 200
+    fleet = answer.json()
+    rows = {row["name"]: row for row in fleet["nodes"]}
+    assert sorted(rows) == [f"gpu-node-{i:03d}" for i in range(16)]  # the CPU system nodes are left out
+    bad = rows[NODE]
+    assert bad["health"] == "quarantine" and any("xid" in r.lower() for r in bad["reasons"])
+    assert bad["quarantine"]["reason"] == "gpu_lost.xid_fatal" and bad["quarantine"]["since"] > 0
+    assert rows["gpu-node-010"]["claimed_by"] == RUN and rows["gpu-node-010"]["mode"] == "training"
+    assert rows["gpu-node-001"] | {"reasons": None} == {
+        "name": "gpu-node-001",
+        "mode": "inference",
+        "health": rows["gpu-node-001"]["health"],
+        "reasons": None,
+        "quarantine": None,
+        "claimed_by": None,
+        "gpus": 8,
+        "report": "trainops-system/node-health-gpu-node-001",
+    }
+    assert rows["gpu-node-001"]["health"] in ("ok", "warn")
+    assert fleet["counts"] == {
+        "total": 16,
+        "mode": {"inference": 14, "training": 2},
+        "health": fleet["counts"]["health"],
+        "quarantined": 1,
+        "claimed": 2,
+    }
+    assert fleet["counts"]["health"]["quarantine"] == 1
+
+
+def test_the_cookie_of_the_airflow_ui_logs_in(ui, devcluster):
+    http, token = ui
+    answer = http.get("/trainops/api/fleet", cookies={"_token": token("viewer")})
+    assert answer.status_code == 200 and len(answer.json()["nodes"]) == 16
+
+
+def test_release_needs_edit_rights_and_confirmation_then_rechecks_and_records(ui, quarantined, k8s):
+    http, token = ui
+    path = f"/trainops/api/nodes/{NODE}/release"
+    viewer = http.post(path, headers=bearer(token("viewer")), json={"confirm": NODE})
+    assert viewer.status_code == 403
+    unconfirmed = http.post(path, headers=bearer(token("user")), json={})
+    assert unconfirmed.status_code == 400 and "confirm must be 'gpu-node-003'" in unconfirmed.json()["detail"]
+    still_bad = http.post(path, headers=bearer(token("user")), json={"confirm": NODE})
+    assert still_bad.status_code == 409 and "still fails its health checks" in still_bad.json()["detail"]
+    assert node_state(k8s).taint(QUARANTINE_TAINT) is not None
+    assert ACTION_ANNOTATION not in node_state(k8s).annotations
+
+    quarantined.telemetry[NODE].repair()
+    quarantined.probe_daemon.wait_rounds(2)
+    released = http.post(path, headers=bearer(token("user", "bob")), json={"confirm": NODE})
+    assert released.status_code == 200 and released.json()["released"] is True
+    after = node_state(k8s)
+    assert after.taint(QUARANTINE_TAINT) is None and after.taint(MODE_TAINT) is not None
+    record = json.loads(after.annotations[ACTION_ANNOTATION])
+    assert record["who"] == "bob" and record["what"].startswith("released from quarantine") and record["when"]
+
+
+def test_return_gives_the_run_nodes_back_and_records_it_on_each(ui, devcluster, k8s):
+    http, token = ui
+    held = ["gpu-node-012", "gpu-node-013"]
+    claim(Kube(k8s), RUN, held, cluster_queue="training")
+    path = f"/trainops/api/runs/{RUN}/return"
+    wrong = http.post(path, headers=bearer(token("admin")), json={"confirm": "train_llm/other"})
+    assert wrong.status_code == 400
+    assert all(node_state(k8s, n).annotations.get(CLAIMED_BY_ANNOTATION) == RUN for n in held)
+
+    answer = http.post(path, headers=bearer(token("admin", "carol")), json={"confirm": RUN})
+    assert answer.status_code == 200, answer.text
+    assert sorted(answer.json()["node_names"]) == held and answer.json()["gpus_returned"] == 16
+    for name in held:
+        state = node_state(k8s, name)
+        assert CLAIMED_BY_ANNOTATION not in state.annotations
+        assert state.taint(MODE_TAINT)["value"] == "inference"
+        record = json.loads(state.annotations[ACTION_ANNOTATION])
+        assert record["who"] == "carol" and record["what"] == f"capacity of run {RUN} returned"
+
+
+def test_pages_and_their_scripts_are_served_from_the_package(ui):
+    http, _ = ui
+    page = http.get("/trainops/fleet")
+    assert page.status_code == 200 and '<script src="/trainops/static/fleet.js">' in page.text
+    assert "http" not in page.text.replace("http-equiv", "")  # nothing from a CDN
+    script = http.get("/trainops/static/fleet.js")
+    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+    assert "/trainops/api/fleet" in script.text
+    assert http.get("/trainops/static/..%2Fapp.py").status_code == 404
+    assert "/trainops/api/runs/" in http.get("/trainops/static/run.js").text
