@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 from trainops.operators._errors import translate_errors
+from trainops.plugins.links import TrainingRunLink
 
 from trainops.errors import TemporaryError
 
@@ -27,6 +28,7 @@ class CheckpointVerifyOperator(BaseOperator):
     :param aws_conn_id: Airflow ``aws`` connection of the S3 store (endpoint, credentials, region).
     """
 
+    operator_extra_links = (TrainingRunLink(),)  # the run view of the UI plugin
     template_fields: Sequence[str] = ("uri", "run_uri", "level")
 
     def __init__(

@@ -25,6 +25,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 from trainops.operators._errors import translate_errors
+from trainops.plugins.links import TrainingRunLink
 
 LEDGER_KEY = "trainops.gang_training"
 EVIDENCE_WAIT_S = 150.0  # the node probe publishes every 60 s: two rounds and a margin
@@ -82,6 +83,7 @@ class GangTrainingOperator(BaseOperator):
         differently in both is refused before anything is submitted.
     """
 
+    operator_extra_links = (TrainingRunLink(),)  # the run view of the UI plugin
     template_fields: Sequence[str] = (
         "image",
         "command",
