@@ -59,10 +59,18 @@ def up(state: Path, *, api_port: int = 8080, nodes: int = 8, admin_password: str
     running = _running(state)
     if running is not None:
         return running
-    down(state)
+    if state.exists() and any(state.iterdir()) and not (state / "pids").is_dir():
+        raise StackError(
+            f"--state-dir {state}: not empty and not a stack's folder (no pids/); name a new folder"
+        )
+    if nodes < 3:
+        raise StackError(
+            f"--nodes {nodes}: the lifecycle DAGs' defaults need at least 3 (2 to train, 1 spare)"
+        )
+    down(state)  # what is left of an earlier stack here, which may hold the port
+    _check_port_free(api_port)
     if state.exists():
         shutil.rmtree(state)
-    _check_port_free(api_port)
     at = Endpoints(
         postgres=f"127.0.0.1:{free_port()}",
         redis=f"127.0.0.1:{free_port()}",
@@ -75,6 +83,7 @@ def up(state: Path, *, api_port: int = 8080, nodes: int = 8, admin_password: str
         scheduler_health_port=free_port(),
         worker_log_port=free_port(),
         trigger_log_port=free_port(),
+        prometheus_port=free_port(),
         devcluster_nodes=nodes,
     )
     for folder in ("pids", "logs", "airflow", "redis"):

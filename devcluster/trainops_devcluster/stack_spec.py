@@ -48,6 +48,7 @@ class Endpoints:
     scheduler_health_port: int = 8974
     worker_log_port: int = 8793
     trigger_log_port: int = 8794
+    prometheus_port: int = 9090  # the devcluster's Prometheus (Debian's), scraping its nodes' dcgm-exporter
     devcluster_nodes: int = 8
 
     @property
@@ -68,7 +69,7 @@ class Endpoints:
 
 
 # The containers share one network namespace with the devcluster (it binds loopback only), so the
-# API server, the devcluster and the log servers are on localhost there too; PostgreSQL, Redis and
+# API server, the devcluster, its Prometheus and the log servers are on localhost there too; PostgreSQL, Redis and
 # MinIO are services of their own.
 COMPOSE = Endpoints(
     postgres="postgres:5432",
@@ -119,7 +120,7 @@ def airflow_environment(at: Endpoints) -> dict[str, str]:
             }
         ),
         "AIRFLOW_CONN_PROMETHEUS_DEFAULT": json.dumps(
-            {"conn_type": "http", "host": f"{at.devcluster_url}/devcluster/prometheus"}
+            {"conn_type": "http", "host": f"http://127.0.0.1:{at.prometheus_port}"}
         ),
     }
 
@@ -144,6 +145,8 @@ def devcluster_command(at: Endpoints) -> list[str]:
         str(at.devcluster_port),
         "--nodes",
         str(at.devcluster_nodes),
+        "--prometheus-port",
+        str(at.prometheus_port),
         "--kubeconfig",
         at.kubeconfig,
     ]

@@ -74,6 +74,10 @@ def services(request) -> Stack:
     state = Path(tempfile.mkdtemp(prefix="trainops-stack-"))
     try:
         at = stack.up(state, api_port=free_port(), nodes=8)
+    except BaseException:  # up() stopped what it had started; its logs say why it failed
+        print(f"\nservices stack logs kept in {state}/logs")
+        raise
+    try:
         yield Stack(at, state)
     finally:
         stack.down(state)

@@ -121,8 +121,12 @@ def test_marking_the_run_failed_while_training_stops_the_job_and_returns_every_n
     states = seen[-1]
     assert states["train"] == "failed"
     assert states["return_capacity"] == "success", states
-    # The triggerer cancelled the trigger and its on_kill stopped the run: the Workload is deactivated.
-    assert [w["spec"]["active"] for w in unfinished_workloads(api)] == [False]
+    # The triggerer cancels the trigger and its on_kill deactivates the Workload. It may do so after
+    # the teardown has already returned the nodes (the teardown does not wait for the Job to stop).
+    wait_for(
+        lambda: [w["spec"]["active"] for w in unfinished_workloads(api)] == [False],
+        "the run's Workload to be deactivated (spec.active=false)",
+    )
     wait_for(lambda: running_pods(api) == [], "the training pods to stop")
     stopped_at = heartbeat_step(services.s3, run_uri)
     assert stopped_at < 3000
