@@ -35,6 +35,11 @@ _REFUSED = frozenset(
     "READONLY_BUFFER".split()
 )
 _MARK = ("mark", None)
+_GETS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+_SPECIAL = frozenset(
+    "PUT BINPUT LONG_BINPUT MEMOIZE GET BINGET LONG_BINGET DUP GLOBAL STACK_GLOBAL REDUCE NEWOBJ "
+    "NEWOBJ_EX BUILD LONG LONG1 LONG4 INT SETITEM".split()
+)
 
 
 def scan(data: bytes) -> None:
@@ -46,7 +51,24 @@ def scan(data: bytes) -> None:
         for count, (op, arg, pos) in enumerate(pickletools.genops(data)):  # noqa: B007 (pos: for the error)
             if count >= MAX_OPCODES:
                 raise RefusedPickle(f"more than {MAX_OPCODES} opcodes")
-            _step(op, arg, stack, memo)
+            name = op.name
+            if name == "MEMOIZE":  # the three commonest opcodes, handled inline
+                memo[len(memo)] = stack[-1]
+                continue
+            if name in _GETS:
+                stack.append(memo[arg])
+                continue
+            plan = _PLAIN.get(name)
+            if plan is None:
+                _step(op, arg, stack, memo)
+                continue
+            pops, pushes = plan  # the common case, inline: pop, push shared entries (no allocation)
+            if pops:
+                del stack[-pops:]
+            if pushes is None:
+                stack.append(("str", arg))
+            else:
+                stack.extend(pushes)
     except RefusedPickle as error:
         raise RefusedPickle(f"refused by the pre-scan at byte {pos} ({op and op.name}): {error}") from None
     except (ValueError, IndexError, KeyError) as error:  # a malformed opcode stream or stack
@@ -59,10 +81,6 @@ def _step(op: pickletools.OpcodeInfo, arg: object, stack: list, memo: dict) -> N
         raise RefusedPickle("DCP metadata has no sets, persistent ids, extension codes or buffers")
     if name in ("PUT", "BINPUT", "LONG_BINPUT"):
         memo[arg] = stack[-1]
-    elif name == "MEMOIZE":
-        memo[len(memo)] = stack[-1]
-    elif name in ("GET", "BINGET", "LONG_BINGET"):
-        stack.append(memo[arg])
     elif name == "DUP":
         stack.append(stack[-1])
     elif name == "GLOBAL":
@@ -86,8 +104,10 @@ def _step(op: pickletools.OpcodeInfo, arg: object, stack: list, memo: dict) -> N
         stack.pop()
         if stack[-1][0] != "record":
             raise RefusedPickle("BUILD sets state only on a DCP metadata record")
-    elif name in ("LONG", "LONG1", "LONG4", "INT") and type(arg) is int and not -INT64 <= arg < INT64:
-        raise RefusedPickle("an integer outside int64")
+    elif name in ("LONG", "LONG1", "LONG4", "INT"):
+        if type(arg) is int and not -INT64 <= arg < INT64:
+            raise RefusedPickle("an integer outside int64")
+        stack.append((op.stack_after[0].name, None))
     elif name == "SETITEM":
         stack.pop()
         _check_keys([stack.pop()])
@@ -100,22 +120,24 @@ def _step(op: pickletools.OpcodeInfo, arg: object, stack: list, memo: dict) -> N
         if name in ("LIST", "TUPLE", "DICT"):
             stack.append((op.stack_after[0].name, None))  # APPENDS and SETITEMS leave theirs in place
     else:
-        _generic(op, arg, stack)
+        raise RefusedPickle("an opcode the pre-scan does not know")
 
 
-def _generic(op: pickletools.OpcodeInfo, arg: object, stack: list) -> None:
-    """Any other opcode: pop what it takes, push what it makes (the text of a string it pushes)."""
-    if op.stack_before:
-        del stack[-len(op.stack_before) :]
-    for produced in op.stack_after:
-        if produced is pickletools.markobject:
-            stack.append(_MARK)
-        else:
-            stack.append((produced.name, arg if produced.name == "str" else None))
+def _plan(op: pickletools.OpcodeInfo) -> tuple[int, tuple | None]:
+    """How many entries ``op`` pops and the entries it pushes (None: one string, kept with its text)."""
+    if [produced.name for produced in op.stack_after] == ["str"]:
+        return len(op.stack_before), None
+    pushes = tuple(_MARK if s is pickletools.markobject else (s.name, None) for s in op.stack_after)
+    return len(op.stack_before), pushes
 
 
 def _pop_to_mark(stack: list) -> list:
-    index = len(stack) - 1 - stack[::-1].index(_MARK)
+    """The entries above the topmost mark, removed with it (each entry is passed over once)."""
+    index = len(stack) - 1
+    while index >= 0 and stack[index] is not _MARK:
+        index -= 1
+    if index < 0:
+        raise RefusedPickle("an opcode that needs a MARK found none")
     items = stack[index + 1 :]
     del stack[index:]
     return items
@@ -138,3 +160,10 @@ def _check_keys(keys: list) -> None:
     for kind, _ in keys:
         if kind not in _KEY_KINDS:
             raise RefusedPickle(f"a dict key of kind {kind}: DCP metadata keys are strings or records")
+
+
+_PLAIN = {
+    op.name: _plan(op)
+    for op in pickletools.opcodes
+    if op.name not in _SPECIAL | _REFUSED and pickletools.stackslice not in op.stack_before
+}  # opcodes with no rule of their own: pop and push by their stack effect
