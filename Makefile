@@ -15,7 +15,10 @@ $(STAMP): pyproject.toml setup.py core/pyproject.toml devcluster/pyproject.toml 
 	scripts/install-system-packages
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ./core -e ".[test]" -e ./devcluster
+	# core in compat mode (a path on sys.path): its regular `trainops` package must win over the
+	# namespace the provider's editable finder implies for `trainops.hooks` and friends.
+	$(BIN)/python -m pip install --quiet -e ./core --config-settings editable_mode=compat
+	$(BIN)/python -m pip install --quiet -e ".[test]" -e ./devcluster
 	touch $(STAMP)
 
 demo: setup
