@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-torch test bench lint wheels up down
+.PHONY: setup demo demo-torch test bench campaign lint wheels up down
 
 setup: $(STAMP)
 
@@ -43,6 +43,11 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/run.py
+
+# Seeded faults over 200 claim/return runs on the devcluster; prints the table, writes benchmarks/campaign.json.
+# (An 8-run seeded subset runs in `make test`: tests/capacity/test_campaign.py.)
+campaign: setup
+	$(BIN)/python benchmarks/campaign.py --runs 200 --seed 1 --json benchmarks/campaign.json
 
 # The three wheels into dist/ (trainops-core, airflow-provider-trainops, trainops-devcluster), for the
 # images (Dockerfile, deploy/probe.Dockerfile) and for installing elsewhere.
