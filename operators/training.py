@@ -58,6 +58,8 @@ class GangTrainingOperator(BaseOperator):
     :param local_queue: the Kueue LocalQueue in ``namespace`` (``queue`` is Airflow's executor queue).
     :param node_names: run only on these nodes (e.g. the claim task's XCom); default: the GPU pool.
     :param hang_timeout: seconds without progress that count as a hang; None learns it from the run.
+        Progress is the heartbeat when the trainer writes one (``trainops.checkpoints.helper.heartbeat``),
+        else new checkpoints under ``run_uri`` (see ``trainops.training.progress``).
     :param max_resumes: resume at most this many times even when ``retries`` allows more (templated, so a
         DAG param can set it; ``retries`` is fixed when the DAG is parsed); None: ``retries`` decides.
     :param hang_policy: overrides of ``trainops.training.progress.HangPolicy`` fields.
@@ -237,8 +239,14 @@ class GangTrainingOperator(BaseOperator):
         )
 
     def _last_retry(self, ti) -> int:
-        """The try number after which no resume is left: ``retries``, or ``max_resumes`` when lower."""
-        return ti.max_tries if self.max_resumes is None else min(ti.max_tries, int(self.max_resumes))
+        """The try number after which no resume is left: ``retries``, or ``max_resumes`` when lower.
+
+        Counted from the first try since the run started or was last cleared: a Clear sets
+        ``max_tries`` to the last try number + ``retries``, so every Clear gives a fresh budget."""
+        if self.max_resumes is None:
+            return ti.max_tries
+        first_try = ti.max_tries - self.retries + 1
+        return min(ti.max_tries, first_try - 1 + int(self.max_resumes))
 
     def _attempts_possible(self, context):
         ti, last = context["ti"], self._last_retry(context["ti"])

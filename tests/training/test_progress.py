@@ -11,13 +11,39 @@ def beat(t, step, saving=False):
     return {"time": t, "step": step, "saving": saving}
 
 
-def test_no_deadline_until_pods_run_then_startup_bound():
-    tracker = ProgressTracker(POLICY)
+def test_no_deadline_until_pods_run_then_startup_bound_for_a_trainer_that_writes_heartbeats():
+    tracker = ProgressTracker(HangPolicy(startup_timeout=60, progress="heartbeat"))
     assert tracker.deadline() is None and tracker.hung(1e9) is None
     tracker.running(100)
     assert tracker.deadline() == 160
     assert tracker.hung(159) is None
     assert "no heartbeat from this attempt" in tracker.hung(160)
+
+
+def test_a_trainer_without_heartbeat_is_not_hung_at_the_startup_bound_but_judged_by_checkpoints():
+    tracker = ProgressTracker(POLICY, checkpoint_step=100)  # resumed from step 100
+    tracker.running(0)
+    assert not tracker.by_heartbeat
+    assert tracker.hung(60) is None and tracker.deadline() == 7200
+    assert not tracker.observe_checkpoint(100, now=500)  # the checkpoint it resumed from
+    assert tracker.observe_checkpoint(200, now=1000) and tracker.observe_checkpoint(300, now=1600)
+    bound, basis = tracker.bound()
+    assert bound == 5 * 600 and "between new checkpoints" in basis
+    assert tracker.hung(1600 + 2999) is None
+    assert "newest checkpoint step 300" in tracker.hung(1600 + 3000)
+
+
+def test_the_first_heartbeat_switches_to_heartbeat_progress():
+    tracker = ProgressTracker(POLICY)
+    tracker.running(0)
+    assert tracker.deadline() == POLICY.checkpoint_timeout
+    assert tracker.observe(beat(30, 5), now=30)
+    assert tracker.by_heartbeat and tracker.deadline() == 30 + 60
+
+
+def test_a_bad_progress_source_names_the_field():
+    with pytest.raises(ValueError, match="progress must be one of auto, heartbeat, checkpoints"):
+        HangPolicy(progress="logs")
 
 
 def test_bound_learned_from_heartbeat_intervals():

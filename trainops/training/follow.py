@@ -1,13 +1,15 @@
-"""Follow one attempt to its end: the Job, its pods, its Kueue Workload and its heartbeat.
+"""Follow one attempt to its end: the Job, its pods, its Kueue Workload and its progress.
 
 ``RunFollower.follow()`` watches (never polls) the API objects, reads the heartbeat from S3 every
-``heartbeat_poll`` seconds (S3 has no watch), and returns an ``Outcome`` as soon as one of these
-holds:
+``heartbeat_poll`` seconds (S3 has no watch) and, while the trainer has written no heartbeat, lists
+the run path's checkpoint directories every ``CHECKPOINT_POLLS`` heartbeat polls (progress from
+checkpoints, see ``progress``). It returns an ``Outcome`` as soon as one of these holds:
 
 - ``succeeded``: the Job is Complete;
 - ``failed``: a pod of the gang failed, or the Job is Failed (with the pods as last seen, for
   the failure classification);
-- ``hang``: no new heartbeat within the learned bound (see ``progress``);
+- ``hang``: no new heartbeat (or, for a trainer without one, no new checkpoint) within the
+  learned bound (see ``progress``);
 - ``start_timeout``: admitted, but the gang's pods are not all running within ``start_timeout``;
 - ``admission_timeout``: not admitted by Kueue within ``admission_timeout``;
 - ``deactivated``: the Workload was deactivated (``spec.active=false``) by someone else or by
@@ -46,6 +48,7 @@ log = logging.getLogger(__name__)
 
 FAILURE_SETTLE_S = 0.2  # gather pods that fail together (a lost node, a peer's abort)
 HEARTBEAT_LIMIT = 64 << 10
+CHECKPOINT_POLLS = 5  # without a heartbeat: list the run's checkpoints every 5th heartbeat poll
 
 
 class Status(StrEnum):
@@ -135,13 +138,20 @@ def pod_failed(pod: dict) -> bool:
 class RunState:
     """What the follower knows about the attempt; ``verdict(now)`` says whether it is over."""
 
-    def __init__(self, config: FollowConfig, job: dict, baseline_beat: dict | None, now: float) -> None:
+    def __init__(
+        self,
+        config: FollowConfig,
+        job: dict,
+        baseline_beat: dict | None,
+        now: float,
+        baseline_checkpoint: int | None = None,
+    ) -> None:
         self.config = config
         self.job = job
         self.workload: dict | None = None
         self.pods: dict[str, dict] = {}
         self.job_gone = False
-        self.tracker = ProgressTracker(config.hang, baseline_beat)
+        self.tracker = ProgressTracker(config.hang, baseline_beat, baseline_checkpoint)
         self.queued_since: float | None = now
         self.admitted_since: float | None = None
         self.preemptions: list[str] = []
@@ -185,7 +195,9 @@ class RunState:
                     self.preemptions.append(evicted.get("message") or "preempted")
                 log.info("Workload evicted (%s): %s; Kueue requeues it", reason, evicted.get("message"))
                 self.queued_since, self.admitted_since = now, None
-                self.tracker = ProgressTracker(self.config.hang, self.tracker.last)
+                self.tracker = ProgressTracker(
+                    self.config.hang, self.tracker.last, self.tracker.checkpoint_step
+                )
 
     def _clocks(self, now: float) -> None:
         admitted = self.is_admitted()
@@ -207,6 +219,11 @@ class RunState:
         """A heartbeat read succeeded (``beat`` None: there is none yet)."""
         self.unreadable_since = None
         self.tracker.observe(beat, now)
+
+    def checkpoint(self, step: int | None, now: float) -> None:
+        """The newest checkpoint step under the run path, as read at ``now``."""
+        if self.tracker.observe_checkpoint(step, now):
+            log.info("progress: new checkpoint at step %s", step)
 
     def heartbeat_failed(self, error: BaseException, now: float) -> None:
         """A heartbeat read failed: logged, counted, and timed (see ``verdict``)."""
@@ -311,6 +328,15 @@ def read_heartbeat(store: CheckpointStore, run_uri: str) -> dict | None:
     return json.loads(data) if data else None
 
 
+def newest_checkpoint_step(store: CheckpointStore, run_uri: str) -> int | None:
+    """The highest step among the run path's checkpoint directories (one LIST; None while none)."""
+    from trainops.checkpoints.formats.base import step_from_name
+    from trainops.checkpoints.uri import S3Uri
+
+    names, _ = store.list_dir(S3Uri.parse(run_uri, field="run_uri"))
+    return max((step for name in names if (step := step_from_name(name)) is not None), default=None)
+
+
 def watched(api, namespace: str, job_name: str, job_uid: str) -> list[Resource]:
     """The Job, its pods and its Kueue Workload, as watchable collections (``api``: a
     ``kubernetes_asyncio`` ApiClient)."""
@@ -366,7 +392,8 @@ class RunFollower:
             baseline, unread = await asyncio.to_thread(read_heartbeat, self.store, config.run_uri), None
         except Exception as error:  # counted below; without a baseline every heartbeat counts as new
             baseline, unread = None, error
-        state = RunState(config, job, baseline, self.clock())
+        checkpoint = await self._checkpoint_step()
+        state = RunState(config, job, baseline, self.clock(), checkpoint)
         if unread is not None:
             state.heartbeat_failed(unread, self.clock())
         async with self.async_client() as api:
@@ -375,7 +402,7 @@ class RunFollower:
                 asyncio.create_task(self._pump(resource, queue))
                 for resource in watched(api, config.namespace, config.job_name, job["metadata"]["uid"])
             ]
-            tasks.append(asyncio.create_task(self._beats(queue)))
+            tasks.append(asyncio.create_task(self._beats(queue, state)))
             try:
                 return await self._loop(state, queue)
             finally:
@@ -410,7 +437,9 @@ class RunFollower:
             if isinstance(item, BaseException):
                 raise item
             kind, event, obj = item
-            if kind != "heartbeat":
+            if kind == "checkpoint":
+                state.checkpoint(obj, self.clock())
+            elif kind != "heartbeat":
                 state.apply(kind, event, obj, self.clock())
             elif event == "ERROR":
                 state.heartbeat_failed(obj, self.clock())
@@ -426,9 +455,20 @@ class RunFollower:
         except Exception as error:  # a non-transient API error ends the follow with that error
             queue.put_nowait(error)
 
-    async def _beats(self, queue: asyncio.Queue) -> None:
-        last, failing = None, False
+    async def _checkpoint_step(self) -> int | None:
+        """``newest_checkpoint_step``; a failed listing is logged and reads as no new progress."""
+        try:
+            return await asyncio.to_thread(newest_checkpoint_step, self.store, self.config.run_uri)
+        except Exception as error:
+            log.warning("listing the run's checkpoints failed: %s: %s", type(error).__name__, error)
+            return None
+
+    async def _beats(self, queue: asyncio.Queue, state: RunState) -> None:
+        last, failing, polls = None, False, 0
         while True:
+            polls += 1
+            if polls % CHECKPOINT_POLLS == 0 and not state.tracker.by_heartbeat:
+                queue.put_nowait(("checkpoint", "MODIFIED", await self._checkpoint_step()))
             try:
                 beat = await asyncio.to_thread(read_heartbeat, self.store, self.config.run_uri)
             except Exception as error:  # surfaced: RunState logs, counts and times it

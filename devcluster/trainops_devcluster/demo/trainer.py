@@ -32,6 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     parser.add_argument("--step-seconds", type=float, default=0.02, help="simulated time per step")
     parser.add_argument("--heartbeat-every", type=int, default=5, help="steps between heartbeats (rank 0)")
+    parser.add_argument(
+        "--no-heartbeat", action="store_true", help="write no heartbeat at all (a trainer without the helper)"
+    )
     parser.add_argument("--save-seconds", type=float, default=0.0, help="simulated extra time a save takes")
     parser.add_argument("--shard-bytes", type=int, default=4096, help="size of each rank's shard")
     parser.add_argument(
@@ -79,14 +82,7 @@ class Trainer:
     def save(self, step: int) -> None:
         checkpoint = self.run.child(f"step-{step}")
         if self.rank == 0:
-            heartbeat(
-                step,
-                ranks=self.world,
-                saving=True,
-                phase="checkpoint",
-                run_uri=str(self.run),
-                store=self.store,
-            )
+            self.beat(step, saving=True, phase="checkpoint")
         time.sleep(self.args.save_seconds)
         self.store.put(checkpoint.bucket, checkpoint.key(f"rank-{self.rank}.bin"), self.shard(step))
         if self.rank != 0:
@@ -94,7 +90,11 @@ class Trainer:
         self.wait_for_shards(checkpoint)
         result = commit(str(checkpoint), step=step, store=self.store)
         self.log(f"checkpoint {checkpoint} committed ({result.files} files, {result.bytes} bytes)")
-        heartbeat(step, ranks=self.world, run_uri=str(self.run), store=self.store)
+        self.beat(step)
+
+    def beat(self, step: int, **state) -> None:
+        if not self.args.no_heartbeat:
+            heartbeat(step, ranks=self.world, run_uri=str(self.run), store=self.store, **state)
 
     def wait_for_shards(self, checkpoint: S3Uri) -> None:
         wanted = {checkpoint.key(f"rank-{r}.bin") for r in range(self.world)}
@@ -115,7 +115,7 @@ class Trainer:
                 self.log(f"step {step}: simulated bug, exiting with code {self.args.exit_code}")
                 return self.args.exit_code
             if self.rank == 0 and step % self.args.heartbeat_every == 0:
-                heartbeat(step, ranks=self.world, run_uri=str(self.run), store=self.store)
+                self.beat(step)
             if step % self.args.checkpoint_every == 0 or step == self.args.steps:
                 self.save(step)
         self.log(f"training done at step {step}")
