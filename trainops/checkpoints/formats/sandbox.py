@@ -27,7 +27,7 @@ def read_requirements(
 ) -> ShardRequirements:
     """What the ``.metadata`` bytes require of the shard files, read in a limited child process;
     raises RefusedPickle (a refused or fatal payload) or ValueError (not DCP metadata)."""
-    command = [sys.executable, "-m", __name__, str(memory), str(cpu_s)]
+    command = [sys.executable, "-P", "-m", __name__, str(memory), str(cpu_s)]  # -P: not the cwd on sys.path
     try:
         child = subprocess.run(command, input=data, capture_output=True, timeout=2 * cpu_s + 30, check=False)
     except subprocess.TimeoutExpired:
