@@ -88,6 +88,8 @@ def training_lifecycle(
         cluster_queue="{{ params.cluster_queue }}",
         inference_deployments="{{ params.inference_workloads }}",
         kubernetes_conn_id=kubernetes_conn_id,
+        retries=2,  # idempotent: a retry finishes the same claim (the nodes it already holds first)
+        retry_delay=retry_delay,
         doc_md=CLAIM_DOC,
     )
     fabric_ready = FabricHealthSensor(

@@ -1,4 +1,5 @@
-"""``trainops capacity``: see which nodes training runs hold, and return one run's capacity by hand."""
+"""``trainops capacity``: see which nodes training runs hold, return one run's capacity by hand, and
+reap what DAG runs that are gone still hold (``reap``, asking Airflow's REST API which runs are alive)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     give.add_argument("--run", required=True, help="the run to return, as <dag_id>/<run_id>")
     give.add_argument("--ready-deadline", type=float, default=600, help="seconds for inference to be Ready")
     give.set_defaults(func=run_return)
+
+    reap = commands.add_parser(
+        "reap", parents=[common], help="return the capacity of runs whose DAG run is no longer running"
+    )
+    reap.add_argument("--airflow-url", required=True, help="Airflow's API server, e.g. http://localhost:8080")
+    reap.add_argument(
+        "--token-env",
+        default="AIRFLOW_API_TOKEN",
+        help="environment variable holding a bearer token for the API (default AIRFLOW_API_TOKEN)",
+    )
+    reap.add_argument("--grace", type=float, default=600, help="seconds a claim is left alone (default 600)")
+    reap.add_argument("--dry-run", action="store_true", help="only say what would be returned")
+    reap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    reap.set_defaults(func=run_reap)
 
 
 def _kube(args: argparse.Namespace):
@@ -139,3 +154,36 @@ def run_return(args: argparse.Namespace) -> int:
         f"still quarantined: {', '.join(summary.quarantined) or 'none'}"
     )
     return 0
+
+
+def run_reap(args: argparse.Namespace) -> int:
+    import dataclasses
+    import logging
+    import os
+
+    from trainops.capacity.reaper import AirflowRuns, reap
+    from trainops.errors import TrainopsError
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        runs = AirflowRuns(args.airflow_url, os.environ.get(args.token_env) or None)
+        summary = reap(
+            _kube(args),
+            runs.alive,
+            cluster_queue=args.cluster_queue,
+            grace_s=args.grace,
+            dry_run=args.dry_run,
+        )
+    except (ValueError, TrainopsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(dataclasses.asdict(summary), indent=2))
+    else:
+        for run in summary.returned:
+            print(f"returned {run}")
+        for run, why in summary.kept.items():
+            print(f"kept {run}: {why}")
+        for run, why in summary.failed.items():
+            print(f"FAILED {run}: {why}")
+    return 1 if summary.failed else 0

@@ -119,7 +119,7 @@ def claim(
     others = {n for n, holder in holders.items() if holder not in (None, run)}
     # one pod list serves the ranking and the inference shrink (the drain follows the pods itself)
     pods = list_pods(kube.core, step) if count is not None or refs else []
-    nodes = candidates if count is None else least_disruptive(candidates, pods, count, held=others)
+    nodes = candidates if count is None else _choose(candidates, holders, run, pods, count, others)
     states = {n: NodeState.of(by_name[n]) for n in nodes}
     held = {n: holders[n] for n in nodes if n in others}
     if held:
@@ -150,6 +150,18 @@ def claim(
     if set_grant(kube.custom, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
         log.info("ClusterQueue %s: %s quota of this run set to %d", cluster_queue, GPU_RESOURCE, summary.gpus)
     return summary
+
+
+def _choose(
+    candidates: list[str], holders: dict, run: str, pods: list[dict], count: int, others: set[str]
+) -> list[str]:
+    """``count`` nodes: those ``run`` already holds first (a retried claim finishes the same claim),
+    then the least disruptive of the rest."""
+    mine = [n for n in candidates if holders[n] == run][:count]
+    if len(mine) == count:
+        return mine
+    rest = [n for n in candidates if n not in mine]
+    return mine + least_disruptive(rest, pods, count - len(mine), held=others)
 
 
 def _shrink_inference(
