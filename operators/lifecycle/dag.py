@@ -1,7 +1,8 @@
 """The lifecycle's task chain, added to the DAG being defined: ``training_lifecycle(dag_id)``.
 
-health gate -> claim nodes (setup) -> fabric of the claimed nodes -> gang training (each retry a resume) -> verify the final
-checkpoint (outlet: an Airflow Asset) -> return capacity (teardown, runs on every path).
+health gate -> claim nodes -> fabric of the claimed nodes (the three are setups) -> gang training (each
+retry a resume) -> verify the final checkpoint (outlet: an Airflow Asset), and beside it return capacity
+(teardown, runs on every path; its failure fails the run).
 The tasks are the provider's operators as they are; everything heavy (kubernetes, boto3) is imported
 inside them, so this module parses fast. Values flow typed (the DAG renders native objects):
 the form's ``nodes`` count reaches the Job as an int, node names travel as ``node_names`` lists
@@ -45,6 +46,8 @@ POLICY_OVERRIDES = (
     f"else dict(params.health_policy_overrides, **{FABRIC_OFF!r}) }}}}"
 )
 FABRIC_WAIT_S = 600
+# A teardown that fails fails the DAG run (GPUs may still be held), after this many retries.
+TEARDOWN_RETRIES = 3
 
 
 def final_checkpoint_asset(dag_id: str) -> Asset:
@@ -135,6 +138,14 @@ def training_lifecycle(
         cluster_queue="{{ params.cluster_queue }}",
         kubernetes_conn_id=kubernetes_conn_id,
         doc_md=RETURN_DOC,
-    ).as_teardown(setups=claim)
-    gate >> claim >> fabric_ready >> train >> verify >> give_back
+        retries=TEARDOWN_RETRIES,
+        retry_delay=retry_delay,
+    ).as_teardown(setups=claim, on_failure_fail_dagrun=True)
+    # The gate and the fabric check are setups too, so a Clear on train re-runs them with the claim:
+    # the resumed run goes to nodes that pass the gate again, never to the node just quarantined.
+    gate.as_setup()
+    fabric_ready.as_setup()
+    # verify_checkpoint stays a leaf beside the teardown: it holds no GPUs, and with the teardown able
+    # to fail the run (on_failure_fail_dagrun), Airflow judges the run by both of them.
+    gate >> claim >> fabric_ready >> train >> [verify, give_back]
     return {task.task_id: task for task in (gate, claim, fabric_ready, train, verify, give_back)}

@@ -15,9 +15,11 @@ One DAG run is one training run on the Kubernetes GPU cluster that serves infere
 5. **return_capacity** (teardown) always gives the nodes back to inference, even when a task failed or
    the run was marked failed by hand.
 
-Checkpoints live under `<checkpoint_uri>/<run_name>/`. A "Clear" on **train** resumes from the
-latest verified checkpoint. If **return_capacity** itself failed, run
-`trainops capacity return --run <dag_id>/<run_id>`.
+Checkpoints live under `<checkpoint_uri>/<run_name>/`, which one DAG run owns (a second run with
+the same `run_name` is refused). A "Clear" on **train** re-runs the gate and the claim with it (they
+are setups), so the run resumes from the latest verified checkpoint, with a fresh `max_resumes`
+budget, on nodes that pass the gate again. If **return_capacity** fails after its retries, the DAG
+run fails (GPUs may still be held): run `trainops capacity return --run <dag_id>/<run_id>`.
 """
 
 GATE_DOC = """
@@ -80,6 +82,6 @@ quota, flips the nodes this run claimed back to inference (quarantined nodes kee
 repays the inference replicas it borrowed and waits until inference is Ready again. It works from what
 the cluster records, so it is safe to run twice.
 
-**When it fails:** run `trainops capacity return --run <dag_id>/<run_id>` (the log shows the exact
-command) or clear this task.
+**When it fails** (after its retries; the DAG run then fails too, never a silent success): run
+`trainops capacity return --run <dag_id>/<run_id>` (the log shows the exact command) or clear this task.
 """

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from trainops.checkpoints.owner import claim_run_path
 from trainops.checkpoints.store import CheckpointStore
 from trainops.training import follow
 from trainops.training.attempts import AttemptRecord, Phase, RunLedger
@@ -106,6 +107,8 @@ class GangRun:
     def start(self, attempts_possible: Callable[[int], int]) -> tuple[AttemptRecord, bool]:
         """Reattach or submit; returns the attempt and whether this try reattached.
         ``attempts_possible(n)``: how many attempts the run can have, given this is attempt n."""
+        if claim_run_path(self.store, self.spec.run_path, f"{self.dag_id}/{self.run_id}"):
+            self.log.info("run path %s now belongs to this DAG run", self.spec.run_path)
         live = self.ledger.live
         if live is not None:
             job = self.cluster.read_job(self.spec.namespace, live.job)
