@@ -71,7 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="inject a fault into a running devcluster",
         description="Faults: crash-pod NS/POD, crash-job NS/JOB, hang NS/JOB, xid NODE --code N, "
         "ecc NODE --uncorrectable N, ib-down NODE, nvlink-errors NODE --replay N, slow-gpu NODE --factor F, "
-        "telemetry-missing NODE, node-notready NODE, api-fault --path REGEX --status S (--count N | --fraction F), "
+        "telemetry-missing NODE, repair NODE, node-notready NODE, api-fault --path REGEX --status S (--count N | --fraction F), "
         "drop-watches.",
     )
     inject.add_argument("--kubeconfig", type=Path, required=True, help="the devcluster's kubeconfig")

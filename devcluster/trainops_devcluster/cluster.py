@@ -267,6 +267,7 @@ class DevCluster:
                 target, float(factor), gpu=None if gpu is None else int(gpu)
             ),
             "telemetry-missing": lambda target: faults.telemetry_missing(target),
+            "repair": lambda target: faults.repair(target),
             "node-notready": lambda target: faults.node_not_ready(target),
             "api-fault": lambda target="", *, path, status, count=None, fraction=None: server.faults.add(
                 path,

@@ -124,6 +124,11 @@ class Faults:
         self._telemetry(node).slow_gpu(factor, gpu=gpu)
         return {"failed_pods": []}
 
+    def repair(self, node: str) -> dict:
+        """The node rebooted with its faults fixed (its probe then reports it healthy again)."""
+        self._telemetry(node).repair()
+        return {"failed_pods": []}
+
     def telemetry_missing(self, node: str) -> dict:
         """The node's telemetry stops being available."""
         self._telemetry(node).set_missing(True)
