@@ -9,6 +9,7 @@ from typing import Any
 
 from trainops.conventions import (
     CLAIMED_BY_ANNOTATION,
+    GPU_HEALTHY_CONDITION,
     GPU_POOL_LABEL,
     MODE_TAINT,
     QUARANTINE_EVIDENCE_ANNOTATION,
@@ -44,6 +45,13 @@ def _quarantine(taints: list[dict], annotations: dict) -> dict | None:
     return {"reason": taint.get("value", ""), "since": since if isinstance(since, int | float) else None}
 
 
+def _reported_at(node: dict) -> str | None:
+    """When the node probe last wrote the node's verdict (its ``GPUHealthy`` condition's heartbeat)."""
+    conditions = (node.get("status") or {}).get("conditions") or []
+    found = next((c for c in conditions if c.get("type") == GPU_HEALTHY_CONDITION), None)
+    return found.get("lastHeartbeatTime") if found else None
+
+
 def node_row(node: dict) -> dict[str, Any] | None:
     """The fleet row of ``node``; None for a node that is not a GPU node."""
     meta = node.get("metadata") or {}
@@ -65,6 +73,7 @@ def node_row(node: dict) -> dict[str, Any] | None:
         "claimed_by": annotations.get(CLAIMED_BY_ANNOTATION),
         "gpus": gpus,
         "report": summary.get("report") if summary else None,
+        "reported_at": _reported_at(node),
     }
 
 

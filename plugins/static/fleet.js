@@ -3,6 +3,10 @@
 const api = "/trainops/api";
 let rows = [], sortKey = "name", sortDir = 1;
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
+const age = (stamp) => {
+  const s = Math.max(0, Math.round((Date.now() - Date.parse(stamp)) / 1000));
+  return s < 120 ? `${s}s ago` : s < 7200 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`;
+};
 const since = (q) => q && q.since ? new Date(q.since * 1000).toISOString().replace(".000", "") : "";
 
 function showError(response, text) {
@@ -22,7 +26,7 @@ function rowHtml(n) {
   const q = n.quarantine;
   const health = n.health === "ok" || n.health === "warn" ? "ok" : n.health === "unknown" ? "muted" : "bad";
   return `<tr data-node="${esc(n.name)}"><td>${esc(n.name)}</td><td>${esc(n.mode)}</td><td>${runLink(n.claimed_by)}</td>` +
-    `<td class="${health}">${esc(n.health)}</td><td>${esc(n.reasons.join("; "))}</td>` +
+    `<td class="${health}">${esc(n.health)}${n.reported_at ? ` <span class="muted">${esc(age(n.reported_at))}</span>` : ""}</td><td>${esc(n.reasons.join("; "))}</td>` +
     `<td class="${q ? "bad" : ""}">${q ? esc(q.reason) + ` <span class="muted">since ${esc(since(q))}</span>` : ""}</td>` +
     `<td>${n.gpus}</td><td>${q ? `<button class="release" data-node="${esc(n.name)}">Release…</button>` : ""}</td></tr>`;
 }

@@ -70,7 +70,7 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
     assert bad["health"] == "quarantine" and any("xid" in r.lower() for r in bad["reasons"])
     assert bad["quarantine"]["reason"] == "gpu_lost.xid_fatal" and bad["quarantine"]["since"] > 0
     assert rows["gpu-node-010"]["claimed_by"] == RUN and rows["gpu-node-010"]["mode"] == "training"
-    assert rows["gpu-node-001"] | {"reasons": None} == {
+    assert rows["gpu-node-001"] | {"reasons": None, "reported_at": None} == {
         "name": "gpu-node-001",
         "mode": "inference",
         "health": rows["gpu-node-001"]["health"],
@@ -79,7 +79,9 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
         "claimed_by": None,
         "gpus": 8,
         "report": "trainops-system/node-health-gpu-node-001",
+        "reported_at": None,
     }
+    assert rows["gpu-node-001"]["reported_at"].endswith("Z")
     assert rows["gpu-node-001"]["health"] in ("ok", "warn")
     assert fleet["counts"] == {
         "total": 16,
