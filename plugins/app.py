@@ -27,9 +27,22 @@ def setting(key: str, default: str | None) -> str | None:
 
 
 def kube():
+    """The cluster's clients; 503 naming the setting to fix when the connection is missing or unusable."""
+    from airflow.exceptions import AirflowNotFoundException
     from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
 
-    return KubernetesClusterHook(conn_id=setting("kubernetes_conn_id", "kubernetes_default")).kube()
+    from trainops.kube.client import KubeconfigError
+
+    conn_id = setting("kubernetes_conn_id", "kubernetes_default")
+    try:
+        return KubernetesClusterHook(conn_id=conn_id).kube()
+    except AirflowNotFoundException:
+        raise HTTPException(
+            status.HTTP_503_SERVICE_UNAVAILABLE,
+            f"no Airflow connection {conn_id!r}: create it, or name another in [trainops] kubernetes_conn_id",
+        ) from None
+    except KubeconfigError as error:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from None
 
 
 def _asset(name: str) -> str:

@@ -151,3 +151,14 @@ def test_pages_and_their_scripts_are_served_from_the_package(ui):
     assert "/trainops/api/fleet" in script.text
     assert http.get("/trainops/static/..%2Fapp.py").status_code == 404
     assert "/trainops/api/runs/" in http.get("/trainops/static/run.js").text
+
+
+def test_a_missing_cluster_connection_is_named_with_its_fix(ui, monkeypatch):
+    http, token = ui
+    monkeypatch.delenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", raising=False)
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__KUBERNETES_CONN_ID", "gpu_cluster")
+    answer = http.get("/trainops/api/fleet", headers=bearer(token("viewer")))
+    assert answer.status_code == 503
+    assert answer.json()["detail"] == (
+        "no Airflow connection 'gpu_cluster': create it, or name another in [trainops] kubernetes_conn_id"
+    )
