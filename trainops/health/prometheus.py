@@ -100,11 +100,18 @@ def fleet_reports(
 ) -> dict[str, HealthReport]:
     """One report per node seen in Prometheus, plus an empty one for each of ``nodes`` not seen."""
     now = time.time() if now is None else now
+
+    def ask(expr: str, labels: str = "") -> list[dict[str, Any]]:
+        # Only the labels the reports need: a dcgm-exporter series carries ten (UUID, modelName,
+        # driver version...), so this moves and decodes a fraction of the raw series.
+        return client.query(f"max by ({node_label}, gpu{labels}) ({expr})", at=now)
+
     # one selector per metric: Prometheus answers a ``{__name__=~"A|B|..."}`` regex over the whole
     # fleet 2-3x slower than the same series asked for by name (measured, 2.42, 1,024 nodes)
-    series = [item for name in [*GAUGES, XID_LAST, XID_COUNT] for item in client.query(name, at=now)]
-    scraped = client.query(f"timestamp({FRESHNESS})", at=now)
-    rates = {name: client.query(f"increase({name}[{rate_window_s}s])", at=now) for name in COUNTERS}
+    series = {name: ask(name) for name in [*GAUGES, XID_LAST]}
+    xid_counts = ask(XID_COUNT, ", xid")
+    scraped = ask(f"timestamp({FRESHNESS})")
+    rates = {name: ask(f"increase({name}[{rate_window_s}s])") for name in COUNTERS}
 
     def key(labels: dict[str, str]) -> tuple[str, str] | None:
         node, gpu = labels.get(node_label), labels.get("gpu")
@@ -119,15 +126,15 @@ def fleet_reports(
     # node -> gpu -> metric values (grouped by node once, so building the reports is linear)
     values: dict[str, dict[str, dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
     xids: dict[tuple[str, str], set[int]] = defaultdict(set)
-    for item in series:
-        if not (k := key(item["metric"])):
-            continue
-        metric, value = item["metric"].get("__name__"), float(item["value"][1])
-        gpu_values = values[k[0]][k[1]]  # a GPU seen only through its XID count still gets a report entry
-        if metric != XID_COUNT:
-            gpu_values[metric] = value
-        elif value > 0:
-            xids[k].add(int(item["metric"]["xid"]))
+    for metric, result in series.items():
+        for item in result:
+            if k := key(item["metric"]):
+                values[k[0]][k[1]][metric] = float(item["value"][1])
+    for item in xid_counts:
+        if k := key(item["metric"]):
+            values[k[0]].setdefault(k[1], {})  # a GPU seen only through its XID count still gets an entry
+            if float(item["value"][1]) > 0:
+                xids[k].add(int(item["metric"]["xid"]))
     for name, result in rates.items():
         for item in result:
             if k := key(item["metric"]):
