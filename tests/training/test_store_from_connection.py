@@ -3,11 +3,13 @@ MinIO endpoint is only in the connection resumes from the right store."""
 
 from __future__ import annotations
 
+import boto3
 from trainops_devcluster.airflow_home import xcom_value
 
 from tests.training.conftest import idle_nodes, jobs
 from tests.training.test_gang_e2e import assert_capacity_returned, conf, env_of
 from trainops.checkpoints.latest import latest_verified
+from trainops.checkpoints.owner import OWNER_FILE
 
 NOWHERE = "http://127.0.0.1:9"  # nothing listens on the discard port
 STEPS = ["--checkpoint-every", "20", "--step-seconds", "0.02", "--heartbeat-every", "5"]
@@ -21,6 +23,8 @@ def test_train_resumes_from_the_connection_store_when_the_ambient_boto3_env_poin
     assert first.state == "success"
     resume_point = latest_verified(run_uri).checkpoint.uri
     earlier_jobs = {j["metadata"]["name"] for j in jobs(api)}
+    # continuing that run on purpose from a second DAG run: release the run path as RunPathTaken says
+    boto3.client("s3").delete_object(Bucket=bucket, Key=f"runs/connection-only/{OWNER_FILE}")
 
     # the worker's ambient boto3 environment now points nowhere (the pods keep the devcluster's own env)
     for key in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
