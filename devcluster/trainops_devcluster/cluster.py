@@ -114,6 +114,8 @@ class DevCluster:
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> DevCluster:
         self._seed_objects()
+        for name in self.telemetry:  # the probe's first round at boot, GPUs idle: the GEMM is timed then
+            self.probe_daemon.probe(name)
         self._controllers = start_controllers(self.store, self.logs, self.telemetry, self._process_env)
         self._kueue = KueueController(self.store, self._kueue_config)
         self._kueue.start()
