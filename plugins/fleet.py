@@ -4,6 +4,8 @@ node list (the health verdict is the node probe's summary annotation on the node
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from collections import Counter
 from typing import Any
 
@@ -24,13 +26,30 @@ from trainops.kube.retry import Deadline
 LIST_DEADLINE_S = 60.0
 
 
-def list_nodes(kube: Kube) -> list[dict]:
-    """Every node of the cluster, ``PAGE`` per request."""
+def cluster_fleet(kube: Kube) -> dict[str, Any]:
+    """``fleet`` of every node of the cluster, listed ``PAGE`` per request; each page's rows are built
+    while the API server prepares the next one (a thread lists, this one builds)."""
+    pages: queue.Queue = queue.Queue()
 
     def fetch(token: str | None) -> dict:
-        return json_of(kube.core.list_node(limit=PAGE, _continue=token, _preload_content=False))
+        page = json_of(kube.core.list_node(limit=PAGE, _continue=token, _preload_content=False))
+        pages.put(page.get("items") or [])
+        return {"metadata": page.get("metadata") or {}}
 
-    return list_all(fetch, Deadline(LIST_DEADLINE_S), "list nodes")
+    def list_in_thread() -> None:
+        try:
+            list_all(fetch, Deadline(LIST_DEADLINE_S), "list nodes")
+            pages.put(None)
+        except BaseException as error:  # handed to the caller below
+            pages.put(error)
+
+    threading.Thread(target=list_in_thread, name="fleet-list", daemon=True).start()
+    rows: list[dict] = []
+    while (page := pages.get()) is not None:
+        if isinstance(page, BaseException):
+            raise page
+        rows += (row for node in page if (row := node_row(node)))
+    return fleet_rows(rows)
 
 
 def _quarantine(taints: list[dict], annotations: dict) -> dict | None:
@@ -77,9 +96,9 @@ def node_row(node: dict) -> dict[str, Any] | None:
     }
 
 
-def fleet(nodes: list[dict]) -> dict[str, Any]:
+def fleet_rows(rows: list[dict]) -> dict[str, Any]:
     """``{"nodes": [...rows by name], "counts": {"total", "mode": {...}, "health": {...}, "quarantined", "claimed"}}``."""
-    rows = sorted((row for node in nodes if (row := node_row(node))), key=lambda r: r["name"])
+    rows.sort(key=lambda r: r["name"])
     return {
         "nodes": rows,
         "counts": {
