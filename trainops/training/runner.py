@@ -17,6 +17,7 @@ from enum import StrEnum
 
 from trainops.checkpoints.owner import claim_run_path
 from trainops.checkpoints.store import CheckpointStore
+from trainops.kube.retry import Backoff
 from trainops.training import follow
 from trainops.training.attempts import AttemptRecord, Phase, RunLedger
 from trainops.training.blame import quarantine_node
@@ -240,9 +241,10 @@ class GangRun:
             "the pods printed GPU/NCCL errors; waiting up to %gs for the nodes' own health reports",
             self.evidence_wait_s,
         )
-        until = time.monotonic() + self.evidence_wait_s
+        until, backoff = time.monotonic() + self.evidence_wait_s, Backoff(base=0.1, cap=EVIDENCE_POLL_S)
         while time.monotonic() < until:
-            time.sleep(min(EVIDENCE_POLL_S, max(0.0, until - time.monotonic())))
+            # soon at first (a probe that saw the fault may have published already), then every few s
+            time.sleep(min(backoff.next(), max(0.0, until - time.monotonic())))
             nodes = self.cluster.read_nodes(sorted(nodes))
             failure = classify(outcome.pods, nodes, logs, container=CONTAINER_NAME)
             if failure.kind is not FailureKind.USER_CODE:
