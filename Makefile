@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml setup.py core/pyproject.toml devcluster/pyproject.toml 
 	# core in compat mode (a path on sys.path): its regular `trainops` package must win over the
 	# namespace the provider's editable finder implies for `trainops.hooks` and friends.
 	$(BIN)/python -m pip install --quiet -e ./core --config-settings editable_mode=compat
-	$(BIN)/python -m pip install --quiet -e ".[test]" -e ./devcluster
+	$(BIN)/python -m pip install --quiet -e . -e ./devcluster --group dev
 	touch $(STAMP)
 
 demo: setup
