@@ -6,8 +6,9 @@ the run path's checkpoint directories every ``CHECKPOINT_POLLS`` heartbeat polls
 checkpoints, see ``progress``). It returns an ``Outcome`` as soon as one of these holds:
 
 - ``succeeded``: the Job is Complete;
-- ``failed``: a pod of the gang failed, or the Job is Failed (with the pods as last seen, for
-  the failure classification);
+- ``failed``: a pod of the gang failed, the Job is Failed, or its Workload Finished without the
+  Job completing (confirmed on the Job and its pods read again, which the outcome carries for the
+  failure classification);
 - ``hang``: no new heartbeat (or, for a trainer without one, no new checkpoint) within the
   learned bound (see ``progress``);
 - ``start_timeout``: admitted, but the gang's pods are not all running within ``start_timeout``;
@@ -414,6 +415,10 @@ class RunFollower:
         while True:
             now = self.clock()
             if verdict := state.verdict(now):
+                if verdict[0] is Status.FAILED:
+                    await self._refresh(state)
+                    now = self.clock()
+                    verdict = state.verdict(now) or verdict
                 status, message = verdict
                 outcome = Outcome(
                     status,
@@ -445,6 +450,19 @@ class RunFollower:
                 state.heartbeat_failed(obj, self.clock())
             else:
                 state.heartbeat(obj, self.clock())
+
+    async def _refresh(self, state: RunState) -> None:
+        """Read the Job and its pods again before a failure is judged on them.  The watches deliver
+        them and the Workload on separate streams, so one can lag another: Kueue marks the Workload
+        Finished once the Job has completed, and the pods fail before their Job does; on a follow that
+        starts late, the Job read at the start may already be Failed before any pod was listed."""
+        namespace, name = self.config.namespace, self.config.job_name
+        job = await asyncio.to_thread(self.cluster.read_job, namespace, name)
+        pods = await asyncio.to_thread(self.cluster.job_pods, namespace, name)
+        now = self.clock()
+        state.apply("job", "DELETED" if job is None else "MODIFIED", job or state.job, now)
+        for pod in pods:
+            state.apply("pod", "MODIFIED", pod, now)
 
     async def _pump(self, resource: Resource, queue: asyncio.Queue) -> None:
         try:
