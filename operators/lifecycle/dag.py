@@ -39,7 +39,7 @@ NODES_WITH_SPARES = "{{ params.nodes + params.spare_nodes }}"
 FABRIC_OFF = {
     row.name: {"verdict": "ok", "if_unknown": "ok"}
     for row in DEFAULT_POLICY.rows
-    if row.scope == "ib_port" or row.name == "ib_port_count"
+    if row.scope == "ib_port" or row.name in ("ib_port_count", "ib_ports_missing")
 }
 POLICY_OVERRIDES = (
     "{{ params.health_policy_overrides if params.fabric_gate "
@@ -140,11 +140,11 @@ def training_lifecycle(
         doc_md=RETURN_DOC,
         retries=TEARDOWN_RETRIES,
         retry_delay=retry_delay,
-    ).as_teardown(setups=claim, on_failure_fail_dagrun=True)
-    # The gate and the fabric check are setups too, so a Clear on train re-runs them with the claim:
-    # the resumed run goes to nodes that pass the gate again, never to the node just quarantined.
-    gate.as_setup()
-    fabric_ready.as_setup()
+    ).as_teardown(setups=[gate, claim, fabric_ready], on_failure_fail_dagrun=True)
+    # The gate and the fabric check are setups of the teardown too, so a Clear on train re-runs them with
+    # the claim (the resumed run goes to nodes that pass the gate again, never to the node just
+    # quarantined), and a Clear on verify_checkpoint, which the teardown is not downstream of, runs
+    # verify_checkpoint alone: a setup without a teardown would be re-run for every task after it.
     # verify_checkpoint stays a leaf beside the teardown: it holds no GPUs, and with the teardown able
     # to fail the run (on_failure_fail_dagrun), Airflow judges the run by both of them.
     gate >> claim >> fabric_ready >> train >> [verify, give_back]

@@ -35,15 +35,15 @@ def test_dags_folder_has_no_import_errors_and_both_dags_run_the_same_lifecycle(a
 
 def test_a_clear_on_train_re_runs_the_gate_and_the_claim_and_a_failed_teardown_fails_the_run(airflow_db):
     dag = dag_bag().get_dag("training_lifecycle")
-    # what Airflow's Clear adds to a cleared task: its relevant setups and their teardowns
-    cleared = dag.partial_subset(task_ids={"train"}, include_downstream=False, include_upstream=False)
-    assert set(cleared.task_dict) == {
-        "health_gate",
-        "claim_nodes",
-        "fabric_ready",
-        "train",
-        "return_capacity",
-    }
+
+    def cleared(task_id: str) -> set[str]:
+        """What Airflow's Clear of one task runs: the task, its relevant setups and their teardowns."""
+        subset = dag.partial_subset(task_ids={task_id}, include_downstream=False, include_upstream=False)
+        return set(subset.task_dict)
+
+    assert cleared("train") == {"health_gate", "claim_nodes", "fabric_ready", "train", "return_capacity"}
+    # re-verifying the checkpoint holds no GPUs: no gate, no claim, no fabric check
+    assert cleared("verify_checkpoint") == {"verify_checkpoint"}
     teardown = dag.get_task("return_capacity")
     assert teardown.is_teardown and teardown.on_failure_fail_dagrun and teardown.retries > 0
 
