@@ -15,11 +15,9 @@ from __future__ import annotations
 import copy
 
 from trainops_devcluster.deployments import template_hash
-from trainops_devcluster.events import WARNING, EventRecorder
-from trainops_devcluster.informer import InformerController, Key, key_of
-from trainops_devcluster.podutil import controller_uid, delete_pod, is_active, is_ready, pod_from_template
+from trainops_devcluster.owners import PodOwnerController
+from trainops_devcluster.podutil import is_active, is_ready, pod_from_template
 from trainops_devcluster.scheduler import matches_node_selector_term, untolerated_taint
-from trainops_devcluster.store import NotFound, Store, StoreError
 
 HASH_LABEL = "controller-revision-hash"
 #: tolerations the DaemonSet controller adds to every pod (pkg/controller/daemon/util)
@@ -60,45 +58,18 @@ class _NodeView:
         self.name, self.labels = name, labels
 
 
-class DaemonSetController(InformerController):
+class DaemonSetController(PodOwnerController):
+    owner = "daemonsets.apps"
+    component = "daemonset-controller"
     watches = ("daemonsets.apps", "pods", "nodes")
-
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
-        self.events = EventRecorder(store, "daemonset-controller")
-        self._pods_of: dict[str, set[Key]] = {}
-        self._keys: dict[str, Key] = {}
 
     def changed(self, resource: str, old: dict | None, new: dict | None) -> None:
         if resource == "nodes":
-            for key in self._keys.values():
-                self.mark(key)
-        elif resource == "daemonsets.apps":
-            if new is None:
-                self._pods_of.pop(old["metadata"]["uid"], None)
-                self._keys.pop(old["metadata"]["uid"], None)
-            else:
-                self._keys[new["metadata"]["uid"]] = key_of(new)
-                self.mark(key_of(new))
+            self.mark_all()
         else:
-            pod = new or old
-            owner = controller_uid(pod)
-            if owner is None:
-                return
-            if new is None:
-                self._pods_of.get(owner, set()).discard(key_of(pod))
-            else:
-                self._pods_of.setdefault(owner, set()).add(key_of(pod))
-            if owner in self._keys:
-                self.mark(self._keys[owner])
+            super().changed(resource, old, new)
 
-    def reconcile(self, keys: set[Key]) -> None:
-        for key in sorted(keys):
-            daemon_set = self.cache["daemonsets.apps"].get(key)
-            if daemon_set is not None and not daemon_set["metadata"].get("deletionTimestamp"):
-                self._sync(daemon_set)
-
-    def _sync(self, daemon_set: dict) -> None:
+    def sync(self, daemon_set: dict) -> None:
         template = daemon_set["spec"]["template"]
         current_hash = template_hash(template)
         wanted = {
@@ -106,10 +77,8 @@ class DaemonSetController(InformerController):
             for node in self.cache["nodes"].values()
             if eligible(template.get("spec") or {}, node)
         }
-        uid = daemon_set["metadata"]["uid"]
-        pods = [self.cache["pods"][k] for k in self._pods_of.get(uid, ()) if k in self.cache["pods"]]
         by_node: dict[str, list[dict]] = {}
-        for pod in pods:
+        for pod in self.pods_of(daemon_set):
             if is_active(pod):
                 by_node.setdefault(_node_of(pod), []).append(pod)
         kept: list[dict] = []
@@ -118,17 +87,13 @@ class DaemonSetController(InformerController):
                 p for p in on_node if (p["metadata"].get("labels") or {}).get(HASH_LABEL) == current_hash
             ]
             keep = current[:1] if node in wanted else []
-            for pod in on_node:
-                if pod not in keep and delete_pod(self.store, *key_of(pod), uid=pod["metadata"]["uid"]):
-                    self.events.record(
-                        daemon_set, "SuccessfulDelete", f"Deleted pod: {pod['metadata']['name']}"
-                    )
+            self.delete_pods(daemon_set, [p for p in on_node if p not in keep])
             kept += keep
         for node in sorted(wanted - {_node_of(p) for p in kept} - set(by_node)):
             created = self._create(daemon_set, node, current_hash)
             if created is not None:
                 kept.append(created)
-        self._write_status(daemon_set, kept, len(wanted), current_hash)
+        self.write_status(daemon_set, _status(daemon_set, kept, len(wanted), current_hash))
 
     def _create(self, daemon_set: dict, node: str, current_hash: str) -> dict | None:
         template = copy.deepcopy(daemon_set["spec"]["template"])
@@ -145,43 +110,24 @@ class DaemonSetController(InformerController):
             generate_name=f"{daemon_set['metadata']['name']}-",
             labels={HASH_LABEL: current_hash},
         )
-        try:
-            created = self.store.create("pods", pod)
-        except StoreError as error:
-            self.events.record(daemon_set, "FailedCreate", f"Error creating: {error}", WARNING)
-            return None
-        self.observe("pods", created)
-        self.events.record(daemon_set, "SuccessfulCreate", f"Created pod: {created['metadata']['name']}")
-        return created
+        return self.create_pod(daemon_set, pod)
 
-    def _write_status(self, daemon_set: dict, pods: list[dict], desired: int, current_hash: str) -> None:
-        ready = sum(1 for p in pods if is_ready(p))
-        status = {
-            **(daemon_set.get("status") or {}),
-            "observedGeneration": daemon_set["metadata"].get("generation", 1),
-            "desiredNumberScheduled": desired,
-            "currentNumberScheduled": len(pods),
-            "numberMisscheduled": 0,
-            "numberReady": ready,
-            "numberAvailable": ready,
-            "numberUnavailable": max(0, desired - ready),
-            "updatedNumberScheduled": sum(
-                1 for p in pods if (p["metadata"].get("labels") or {}).get(HASH_LABEL) == current_hash
-            ),
-        }
-        if status == (daemon_set.get("status") or {}):
-            return
-        uid = daemon_set["metadata"]["uid"]
 
-        def write(current: dict) -> None:
-            if current["metadata"]["uid"] != uid:
-                raise NotFound("replaced")
-            current["status"] = status
-
-        try:
-            self.observe("daemonsets.apps", self.store.mutate("daemonsets.apps", *key_of(daemon_set), write))
-        except NotFound:
-            pass
+def _status(daemon_set: dict, pods: list[dict], desired: int, current_hash: str) -> dict:
+    ready = sum(1 for p in pods if is_ready(p))
+    return {
+        **(daemon_set.get("status") or {}),
+        "observedGeneration": daemon_set["metadata"].get("generation", 1),
+        "desiredNumberScheduled": desired,
+        "currentNumberScheduled": len(pods),
+        "numberMisscheduled": 0,
+        "numberReady": ready,
+        "numberAvailable": ready,
+        "numberUnavailable": max(0, desired - ready),
+        "updatedNumberScheduled": sum(
+            1 for p in pods if (p["metadata"].get("labels") or {}).get(HASH_LABEL) == current_hash
+        ),
+    }
 
 
 def _node_of(pod: dict) -> str:

@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from trainops_devcluster.conditions import condition_true, set_condition
-from trainops_devcluster.events import WARNING, EventRecorder
-from trainops_devcluster.informer import InformerController, Key, key_of
+from trainops_devcluster.events import WARNING
+from trainops_devcluster.informer import Key, key_of
+from trainops_devcluster.owners import PodOwnerController
 from trainops_devcluster.podutil import (
-    controller_uid,
-    delete_pod,
     is_active,
     is_deleting,
     is_ready,
@@ -29,7 +28,7 @@ from trainops_devcluster.podutil import (
     phase,
     pod_from_template,
 )
-from trainops_devcluster.store import NotFound, Store, StoreError, now_iso
+from trainops_devcluster.store import Store, now_iso
 
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 SYNC_BATCH_S = 0.05  # a burst of pod changes becomes one sync per Job (real: 1 s) ...
@@ -66,44 +65,24 @@ def is_finished(job: dict) -> bool:
     return condition_true(job, "Complete") or condition_true(job, "Failed")
 
 
-class JobController(InformerController):
+class JobController(PodOwnerController):
+    owner = "jobs.batch"
+    component = "job-controller"
     watches = ("jobs.batch", "pods")
 
     def __init__(self, store: Store) -> None:
         super().__init__(store)
-        self.events = EventRecorder(store, "job-controller")
         self._tracking: dict[str, Tracking] = {}
-        self._pods_of: dict[str, set[Key]] = {}
-        self._job_keys: dict[str, Key] = {}
         self._flush_seconds = 0.0
 
     # ---- watching ----------------------------------------------------------------------
-    def changed(self, resource: str, old: dict | None, new: dict | None) -> None:
-        if resource == "jobs.batch":
-            if new is None:
-                uid = old["metadata"]["uid"]
-                self._tracking.pop(uid, None)
-                self._pods_of.pop(uid, None)
-                self._job_keys.pop(uid, None)
-            else:
-                self._job_keys[new["metadata"]["uid"]] = key_of(new)
-                self.mark(key_of(new))
-            return
-        pod = new or old
-        owner = controller_uid(pod)
-        if owner is None:
-            return
-        key = key_of(pod)
-        if new is None:
-            self._pods_of.get(owner, set()).discard(key)
-        else:
-            self._pods_of.setdefault(owner, set()).add(key)
-        self._count(owner, pod, gone=new is None)
-        if owner in self._job_keys:
-            self.mark(self._job_keys[owner])
+    def forget(self, uid: str) -> None:
+        super().forget(uid)
+        self._tracking.pop(uid, None)
 
-    def _count(self, owner: str, pod: dict, gone: bool) -> None:
-        tracking = self._tracking.setdefault(owner, Tracking())
+    def pod_changed(self, owner_uid: str, pod: dict, gone: bool) -> None:
+        """Count what the pod did (the job-tracking finalizer's role)."""
+        tracking = self._tracking.setdefault(owner_uid, Tracking())
         uid = pod["metadata"]["uid"]
         if phase(pod) == "Succeeded":
             tracking.succeeded.add(uid)
@@ -121,15 +100,14 @@ class JobController(InformerController):
         for key in sorted(keys):
             job = self.cache["jobs.batch"].get(key)
             if job is not None and not is_finished(job):
-                self._sync(job)
+                self.sync(job)
         self._flush_seconds = time.monotonic() - started
 
     # ---- reconciling -------------------------------------------------------------------
-    def _sync(self, job: dict) -> None:
+    def sync(self, job: dict) -> None:
         spec = job["spec"]
-        uid = job["metadata"]["uid"]
-        tracking = self._tracking.setdefault(uid, Tracking())
-        pods = [self.cache["pods"][k] for k in self._pods_of.get(uid, ()) if k in self.cache["pods"]]
+        tracking = self._tracking.setdefault(job["metadata"]["uid"], Tracking())
+        pods = self.pods_of(job)
         active = [p for p in pods if is_active(p)]
         indexed = spec.get("completionMode") == "Indexed"
         completions = spec.get("completions")
@@ -147,8 +125,7 @@ class JobController(InformerController):
             reason, message = failure
             if set_condition(probe, "FailureTarget", "True", reason, message):
                 self.events.record(job, reason, message, WARNING)
-            for pod in active:
-                delete_pod(self.store, *key_of(pod), uid=pod["metadata"]["uid"])
+            self.delete_pods(job, active)
             active = []
         elif spec.get("suspend"):
             if set_condition(probe, "Suspended", "True", "JobSuspended", "Job suspended"):
@@ -199,8 +176,7 @@ class JobController(InformerController):
                 )
                 status["completionTime"] = now_iso()
                 self.events.record(job, "Completed", "Job completed")
-        if status != (job.get("status") or {}):
-            self._write_status(job, status)
+        self.write_status(job, status)
 
     def _failure(self, job: dict, failed: int) -> tuple[str, str] | None:
         spec = job["spec"]
@@ -286,33 +262,11 @@ class JobController(InformerController):
             }
             for container in pod["spec"].get("containers") or []:
                 container["env"] = [*(container.get("env") or []), index_env]
-        try:
-            created = self.store.create("pods", pod)
-        except StoreError as error:
-            self.events.record(job, "FailedCreate", f"Error creating: {error}", WARNING)
-            return None
-        self.observe("pods", created)
-        self.events.record(job, "SuccessfulCreate", f"Created pod: {created['metadata']['name']}")
-        return created
+        return self.create_pod(job, pod)
 
     def _delete(self, job: dict, pods: list[dict], tracking: Tracking) -> None:
-        for pod in pods:
-            tracking.not_failures.add(pod["metadata"]["uid"])
-            if delete_pod(self.store, *key_of(pod), uid=pod["metadata"]["uid"]):
-                self.events.record(job, "SuccessfulDelete", f"Deleted pod: {pod['metadata']['name']}")
-
-    def _write_status(self, job: dict, status: dict) -> None:
-        uid = job["metadata"]["uid"]
-
-        def write(current: dict) -> None:
-            if current["metadata"]["uid"] != uid:
-                raise NotFound("replaced")
-            current["status"] = status
-
-        try:
-            self.observe("jobs.batch", self.store.mutate("jobs.batch", *key_of(job), write))
-        except NotFound:
-            pass
+        tracking.not_failures.update(pod["metadata"]["uid"] for pod in pods)
+        self.delete_pods(job, pods)
 
 
 def _age_seconds(stamp: str) -> float:
