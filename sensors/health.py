@@ -98,14 +98,7 @@ class _SideHealthSensor(BaseSensorOperator):
     def execute(self, context: Any) -> Any:
         if not self.deferrable:
             return super().execute(context)
-        result = self._check()
-        if result.enough:
-            return _xcom(result)
-        self.defer(
-            trigger=HealthGateTrigger(self._spec().to_dict(), time.time() + self.timeout, self.poke_interval),
-            method_name="execute_complete",
-            timeout=timedelta(seconds=self.timeout + self.poke_interval + 60),
-        )
+        return self._done_or_defer(time.time() + self.timeout)
 
     @translate_errors
     def execute_complete(self, context: Any, event: dict[str, Any]) -> dict[str, Any]:
@@ -115,7 +108,19 @@ class _SideHealthSensor(BaseSensorOperator):
             )
         if event["status"] != "ready":
             raise TemporaryError(f"{self.side} health check failed: {event.get('message')}")
-        return _xcom(self._check())
+        # The XCom is this check's: nodes may have failed (or their reports aged) since the trigger's.
+        return self._done_or_defer(event["deadline"])
+
+    def _done_or_defer(self, deadline: float) -> dict[str, Any]:
+        """The XCom when enough nodes pass now; else wait (deferred) for them until ``deadline``."""
+        result = self._check()
+        if result.enough:
+            return _xcom(result)
+        self.defer(
+            trigger=HealthGateTrigger(self._spec().to_dict(), deadline, self.poke_interval),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=max(deadline - time.time(), 0) + self.poke_interval + 60),
+        )
 
 
 def _xcom(result: GateResult) -> dict[str, Any]:

@@ -4,7 +4,9 @@ claimed nodes' InfiniBand ports are checked again (``fabric_ready``) before the 
 from __future__ import annotations
 
 import json
+import time
 
+import pytest
 from trainops_devcluster.airflow_home import xcom_value
 
 from tests.e2e.conftest import DAG_ID, assert_capacity_back, lifecycle_conf, task_instances, writes
@@ -41,3 +43,20 @@ def test_probe_only_gates_on_the_probe_and_fabric_ready_hands_train_its_nodes(
     assert sorted(fabric["node_names"]) == sorted(claimed)
     assert {p["spec"]["nodeName"] for p in pods(api)} <= set(fabric["node_names"])
     assert_capacity_back(api, capacity_before)
+
+
+def test_fabric_ready_hands_on_only_nodes_that_pass_when_it_returns(cluster):
+    """A port that goes down after the trigger saw the nodes pass is waited for again, not handed to train."""
+    from airflow.sdk.exceptions import TaskDeferred
+    from trainops.sensors.health import FabricHealthSensor
+
+    nodes = ["gpu-node-001", "gpu-node-002"]
+    sensor = FabricHealthSensor(task_id="fabric_ready", node_names=nodes, timeout=60)
+    ready = {"status": "ready", "selected": nodes, "deadline": time.time() + 60}
+    assert sorted(sensor.execute_complete({}, ready)["node_names"]) == nodes
+
+    cluster.inject("ib-down", nodes[1])
+    cluster.probe_daemon.wait_rounds(2)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute_complete({}, ready)
+    assert deferred.value.trigger.deadline == ready["deadline"]  # the wait keeps the sensor's deadline
