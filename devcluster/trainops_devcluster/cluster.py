@@ -28,7 +28,7 @@ from trainops_devcluster.controllers import start_controllers
 from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admission
 from trainops_devcluster.logs import PodLogs
 from trainops_devcluster.probe_daemon import ProbeDaemon
-from trainops_devcluster.prometheus import Prometheus, ScrapeTargets
+from trainops_devcluster.prometheus import Prometheus, ScrapeTargets, target_groups
 from trainops_devcluster.server import ApiServer
 from trainops_devcluster.store import Store
 from trainops_devcluster.telemetry import NodeTelemetry, render_dcgm
@@ -133,12 +133,11 @@ class DevCluster:
 
     def _start_prometheus(self) -> None:
         hostport = self.url.removeprefix("http://")
+        # the first targets file, written before Prometheus reads it, whatever the fleet's size
+        nodes = [obj["metadata"]["name"] for obj in self.store.list("nodes")[0]]
+        self.prometheus.set_targets(target_groups(hostport, [n for n in nodes if n in self.telemetry]))
         self._scrape_targets = ScrapeTargets(self.store, self.prometheus, hostport, self.telemetry)
         self._scrape_targets.start()
-        self._scrape_targets.mark("nodes")  # the first targets file, before Prometheus reads it
-        deadline = time.monotonic() + 10
-        while not self.prometheus.targets_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
         self.prometheus_url = self.prometheus.start()
 
     def wait_until_scraped(self, timeout: float = 120.0) -> None:
