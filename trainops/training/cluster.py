@@ -31,8 +31,8 @@ class GangCluster:
         self.core, self.batch, self.custom = kube.core, kube.batch, kube.custom
 
     def _call(self, fn, what: str, *, unless: int | None = None):
-        """``fn()`` (a raw ``_preload_content=False`` call) under the retry policy; None when the API
-        answers ``unless`` (an outcome here, not an error: the object is missing or exists)."""
+        """``fn()`` under the retry policy; None when the API answers ``unless`` (an outcome here, not
+        an error: the object is missing or exists)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -164,10 +164,14 @@ class GangCluster:
         return None if response is None else json_of(response)
 
     def _log_tail(self, namespace: str, pod: str) -> str | None:
+        """The pod's last lines; None when the API refuses them (the pod is gone, say)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.core.read_namespaced_pod_log(pod, namespace, tail_lines=LOG_TAIL_LINES)
+            return self._call(
+                lambda: self.core.read_namespaced_pod_log(pod, namespace, tail_lines=LOG_TAIL_LINES),
+                f"read the log of pod {namespace}/{pod}",
+            )
         except ApiException as error:
             log.info("no log for pod %s (%s)", pod, error.status)
             return None
