@@ -39,7 +39,8 @@ ROW_CASES = {
     "persistence_mode": (True, False),
     "gpu_in_use": (0, 1),
     "tensor_busy": (0.0, 0.6),
-    "ib_port_count": (8, 7),
+    "ib_port_count": (8, 0),
+    "ib_ports_missing": (0, 1),
     "ib_state": ("ACTIVE", "DOWN"),
     "ib_phys_state": ("LinkUp", "Polling"),
     "ib_rate": (400.0, 200.0),
@@ -50,6 +51,7 @@ ROW_CASES = {
     "ib_xmit_discards": (99, 100),
 }
 ROWS = {row.name: row for row in DEFAULT_POLICY.rows}
+DERIVED = {"gpus_missing": "gpu_count", "ib_ports_missing": "ib_port_count"}
 
 
 @pytest.fixture
@@ -61,8 +63,9 @@ def with_value(report: HealthReport, row_name: str, value) -> HealthReport:
     row = ROWS[row_name]
     if row.signal == "report_age_s":
         report.collected_at -= value
-    elif row.signal == "gpus_missing":  # derived: the node's own count minus what NVML sees
-        report.signals["gpu_count_expected"] = Signal(report.signals["gpu_count"].value + value)
+    elif row.signal in DERIVED:  # the node's own count minus what the probe sees
+        seen = DERIVED[row.signal]
+        report.signals[f"{seen}_expected"] = Signal(report.signals[seen].value + value)
     elif row.scope == "node":
         report.signals[row.signal] = Signal(value)
     elif row.scope == "gpu":

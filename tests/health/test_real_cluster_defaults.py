@@ -8,7 +8,7 @@ import json
 import pytest
 
 from trainops.cli import main
-from trainops.conventions import QUARANTINE_TAINT
+from trainops.conventions import IB_PORT_COUNT_LABEL, QUARANTINE_TAINT
 
 
 @pytest.mark.parametrize("probe_gemm", [False, True], ids=["as-deployed", "with-gemm"])
@@ -30,3 +30,27 @@ def test_gate_on_4_gpu_nodes_selects_every_healthy_node_and_quarantines_none(
     for name in gpu_nodes:
         taints = cluster.store.get("nodes", "", name)["spec"].get("taints") or []
         assert QUARANTINE_TAINT not in {t["key"] for t in taints}
+
+
+def test_gate_on_4_port_nodes_passes_them_and_excludes_one_short_of_its_label(make_devcluster, capsys):
+    cluster = make_devcluster(nodes=3, gpus_per_node=4)
+    gpu_nodes = sorted(cluster.telemetry)
+    for name in gpu_nodes:
+        telemetry = cluster.telemetry[name]
+        telemetry.ib_ports = telemetry.ib_ports[:4]
+    short = gpu_nodes[0]  # labelled as having 8 ports, sees 4: an adapter fell off
+    cluster.store.mutate(
+        "nodes", "", short, lambda n: n["metadata"]["labels"].update({IB_PORT_COUNT_LABEL: "8"})
+    )
+    cluster.probe_daemon.wait_rounds(2)
+
+    args = ["health", "gate", "--kubeconfig", str(cluster.kubeconfig), "--min-nodes", "2", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+
+    assert sorted(out["selected"]) == gpu_nodes[1:]
+    verdict = {n["name"]: n for n in out["nodes"]}[short]
+    assert verdict["verdict"] == "exclude"
+    assert verdict["reasons"][0].startswith(
+        "ib_ports_missing [node] fewer InfiniBand ports than the node has"
+    )

@@ -31,6 +31,7 @@ from trainops.conventions import (
     GPU_POOL_LABEL,
     GPU_RESOURCE,
     HEALTH_NAMESPACE,
+    IB_PORT_COUNT_LABEL,
     QUARANTINE_TAINT,
 )
 from trainops.errors import TemporaryError
@@ -46,7 +47,7 @@ DEFAULT_SELECTOR = f"{GPU_POOL_LABEL}=true"
 ON_UNAVAILABLE = ("fail", "probe-only")
 SIDES = {
     "gpu": ("gpu", {"report_age", "gpu_count", "gpus_missing"}),
-    "fabric": ("ib_port", {"report_age", "ib_port_count"}),
+    "fabric": ("ib_port", {"report_age", "ib_port_count", "ib_ports_missing"}),
 }
 
 
@@ -281,17 +282,29 @@ def expected_gpu_count(node: dict) -> Signal:
     found = [
         (status.get("capacity") or {}).get(GPU_RESOURCE),
         (status.get("allocatable") or {}).get(GPU_RESOURCE),
-        (node.get("metadata", {}).get("labels") or {}).get(GPU_COUNT_LABEL),
+        _labels(node).get(GPU_COUNT_LABEL),
     ]
+    return _most(found, f"the node has no {GPU_RESOURCE} capacity and no {GPU_COUNT_LABEL} label")
+
+
+def expected_ib_port_count(node: dict) -> Signal:
+    """The InfiniBand ports ``node`` should have: its label ``trainops.io/ib-port-count``."""
+    return _most([_labels(node).get(IB_PORT_COUNT_LABEL)], f"the node has no {IB_PORT_COUNT_LABEL} label")
+
+
+def _labels(node: dict) -> dict:
+    return node.get("metadata", {}).get("labels") or {}
+
+
+def _most(found: list[Any], unknown: str) -> Signal:
     counts = [int(v) for v in found if isinstance(v, str) and re.fullmatch(r"[0-9]{1,4}", v)]
-    if not counts:
-        return Signal.unknown(f"the node has no {GPU_RESOURCE} capacity and no {GPU_COUNT_LABEL} label")
-    return Signal(max(counts))
+    return Signal(max(counts)) if counts else Signal.unknown(unknown)
 
 
 def _judge(name: str, node: dict | None, report: HealthReport, config: GateConfig, now: float) -> NodeResult:
     if node is not None:
         report.signals["gpu_count_expected"] = expected_gpu_count(node)
+        report.signals["ib_port_count_expected"] = expected_ib_port_count(node)
     verdict = evaluate(report, config.policy, now=now)
     speed = node_speed(report)
     result = NodeResult(

@@ -7,9 +7,11 @@ gate cannot do without, ``warn`` for optional ones. A row whose verdict is ``ok`
 
 Verdicts, mildest first: ``ok``, ``warn`` (keep the node, say why), ``exclude`` (leave it out of
 this run), ``quarantine`` (taint it until ``trainops health release`` re-checks it).
-Defaults follow reference/health.md §8 (sources there). The GPUs a node should have come from the
-node itself (signal ``gpu_count_expected``: its ``nvidia.com/gpu`` capacity, allocatable and GPU
-Feature Discovery count label, added by the gate); ``gpus_missing`` is that minus what NVML sees.
+Defaults follow reference/health.md §8 (sources there). What a node should have comes from the
+node itself, added by the gate: ``gpu_count_expected`` (its ``nvidia.com/gpu`` capacity, allocatable
+and GPU Feature Discovery count label) and ``ib_port_count_expected`` (its ``trainops.io/ib-port-count``
+label); ``gpus_missing`` and ``ib_ports_missing`` are those minus what the probe sees. Without them
+(no label, or the probe judging itself) those rows do not apply.
 Override rows by name::
 
     DEFAULT_POLICY.with_overrides({"gpus_missing": {"threshold": 1}, "xid_warn": {"verdict": "exclude"}})
@@ -99,7 +101,8 @@ DEFAULT_ROWS = (
     Row("persistence_mode",    "gpu",     "persistence_mode",            "==",     False,         "warn",       "persistence mode off"),
     Row("gpu_in_use",          "gpu",     "running_processes",           ">",      0,             "warn",       "processes on the GPU (drained later)"),
     Row("tensor_busy",         "gpu",     "tensor_active",               ">",      0.05,          "warn",       "tensor cores busy", if_unknown="ok"),
-    Row("ib_port_count",       "node",    "ib_port_count",               "<",      8,             "exclude",    "fewer InfiniBand ports than expected", **MUST),
+    Row("ib_port_count",       "node",    "ib_port_count",               "<",      1,             "exclude",    "no InfiniBand port", **MUST),
+    Row("ib_ports_missing",    "node",    "ib_ports_missing",            ">",      0,             "exclude",    "fewer InfiniBand ports than the node has", if_unknown="ok"),
     Row("ib_state",            "ib_port", "ib_state",                    "!=",     "ACTIVE",      "quarantine", "InfiniBand port not ACTIVE", **MUST),
     Row("ib_phys_state",       "ib_port", "ib_phys_state",               "!=",     "LinkUp",      "quarantine", "InfiniBand link not up", **MUST),
     Row("ib_rate",             "ib_port", "ib_rate_gbps",                "<",      400,           "exclude",    "InfiniBand rate degraded", **MUST),
@@ -209,7 +212,8 @@ def evaluate(report: HealthReport, policy: Policy = DEFAULT_POLICY, now: float |
     node_signals = {
         **report.signals,
         "report_age_s": Signal(round(now - report.collected_at, 3)),
-        "gpus_missing": _gpus_missing(report.signals),
+        "gpus_missing": _missing(report.signals, "gpu_count"),
+        "ib_ports_missing": _missing(report.signals, "ib_port_count"),
     }
     evidence: list[dict[str, Any]] = []
     for row in policy.rows:
@@ -229,12 +233,13 @@ def evaluate(report: HealthReport, policy: Policy = DEFAULT_POLICY, now: float |
     return NodeVerdict(report.node, verdict, _reasons(evidence, verdict), evidence)
 
 
-def _gpus_missing(signals: Signals) -> Signal:
-    seen, expected = get_signal(signals, "gpu_count"), get_signal(signals, "gpu_count_expected")
+def _missing(signals: Signals, count: str) -> Signal:
+    """How many fewer ``count`` the probe sees than the node says it has (``<count>_expected``)."""
+    seen, expected = get_signal(signals, count), get_signal(signals, f"{count}_expected")
     if not seen.known:
         return seen
     if not expected.known:
-        return Signal.unknown(f"the node's own GPU count is unknown ({expected.reason})")
+        return Signal.unknown(f"the node's own {count} is unknown ({expected.reason})")
     return Signal(max(0, expected.value - seen.value))
 
 
