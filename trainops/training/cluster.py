@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from trainops.errors import TemporaryError
 from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, Kube
-from trainops.kube.nodes import json_of
+from trainops.kube.nodes import json_of, read_node
 from trainops.kube.retry import Deadline, call
 from trainops.training.job import JOB_NAME_LABEL
 
@@ -158,10 +158,7 @@ class GangCluster:
         return {name: self._node(name) for name in names}
 
     def _node(self, name: str) -> dict | None:
-        response = self._call(
-            lambda: self.core.read_node(name, _preload_content=False), f"read node {name}", unless=MISSING
-        )
-        return None if response is None else json_of(response)
+        return self._call(lambda: read_node(self.core, name), f"read node {name}", unless=MISSING)
 
     def _log_tail(self, namespace: str, pod: str) -> str | None:
         """The pod's last lines; None when the API refuses them (the pod is gone, say)."""
