@@ -321,14 +321,10 @@ def _redis_options(state: Path, at: Endpoints) -> list[str]:
 
 def _local_env() -> dict[str, str]:
     """This environment less any Airflow settings of its own (only the stack's apply), with this
-    venv's scripts first on PATH and the checkout on PYTHONPATH.
-
-    The editable installs of the checkout resolve ``trainops`` to a namespace package without the
-    core's ``__init__`` unless the checkout is on ``sys.path`` (as it is under pytest).
-    """
+    venv's scripts first on PATH."""
     inherited = {key: value for key, value in os.environ.items() if not key.startswith("AIRFLOW")}
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    return {**inherited, "PATH": path, "PYTHONPATH": str(REPO)}
+    return {**inherited, "PATH": path}
 
 
 def _devcluster_env(at: Endpoints) -> dict[str, str]:
