@@ -51,6 +51,19 @@ def default_inference(nodes: int) -> list[InferenceWorkload]:
 
 def gpu_node(index: int, gpus: int) -> dict:
     name = node_name(index)
+    labels = {
+        "node.kubernetes.io/instance-type": "gpu-8x-h200",
+        "topology.kubernetes.io/zone": f"zone-{'abcd'[index // 256 % 4]}",
+        "trainops.io/rack": f"rack-{index // 8:03d}",
+        "nvidia.com/gpu.product": GPU_PRODUCT,
+        "nvidia.com/gpu.count": str(gpus),
+        "nvidia.com/gpu.present": "true",
+        GPU_POOL_LABEL: "true",
+    }
+    spec = {
+        "podCIDR": f"10.{index // 256}.{index % 256}.0/24",
+        "taints": [{"key": MODE_TAINT, "value": MODE_INFERENCE, "effect": "NoSchedule"}],
+    }
     resources = {
         "cpu": "192",
         "memory": "2048Gi",
@@ -58,63 +71,21 @@ def gpu_node(index: int, gpus: int) -> dict:
         "pods": "110",
         "ephemeral-storage": "7000Gi",
     }
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "labels": {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "node.kubernetes.io/instance-type": "gpu-8x-h200",
-                "topology.kubernetes.io/zone": f"zone-{'abcd'[index // 256 % 4]}",
-                "trainops.io/rack": f"rack-{index // 8:03d}",
-                "nvidia.com/gpu.product": GPU_PRODUCT,
-                "nvidia.com/gpu.count": str(gpus),
-                "nvidia.com/gpu.present": "true",
-                GPU_POOL_LABEL: "true",
-            },
-        },
-        "spec": {
-            "podCIDR": f"10.{index // 256}.{index % 256}.0/24",
-            "taints": [{"key": MODE_TAINT, "value": MODE_INFERENCE, "effect": "NoSchedule"}],
-        },
-        "status": {
-            "capacity": resources,
-            "allocatable": dict(resources),
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "KubeletReady",
-                    "message": "kubelet is posting ready status",
-                }
-            ],
-            "addresses": [
-                {"type": "InternalIP", "address": f"10.0.{index // 256}.{index % 256}"},
-                {"type": "Hostname", "address": name},
-            ],
-            "nodeInfo": {
-                "machineID": f"{index:032x}",
-                "systemUUID": f"00000000-0000-0000-0000-{index:012x}",
-                "bootID": f"b00700000000{index:020x}",
-                "kubeletVersion": "v1.32.0",
-                "kubeProxyVersion": "v1.32.0",
-                "containerRuntimeVersion": "devcluster://0.1",
-                "osImage": "devcluster",
-                "kernelVersion": "6.8.0",
-                "operatingSystem": "linux",
-                "architecture": "amd64",
-            },
-        },
-    }
+    return _node(name, labels, spec, resources, f"10.0.{index // 256}.{index % 256}", series=0, index=index)
 
 
 def system_node(index: int) -> dict:
     """An untainted CPU node where system pods land (no GPUs, not in the GPU pool)."""
-    name = f"system-node-{index}"
+    labels = {"node.kubernetes.io/instance-type": "cpu-16", "node-role.kubernetes.io/system": ""}
+    spec = {"podCIDR": f"10.255.{index}.0/24"}
     resources = {"cpu": "16", "memory": "64Gi", "pods": "110", "ephemeral-storage": "500Gi"}
+    return _node(
+        f"system-node-{index}", labels, spec, resources, f"10.255.0.{index + 1}", series=0xFFFF, index=index
+    )
+
+
+def _node(name: str, labels: dict, spec: dict, resources: dict, ip: str, *, series: int, index: int) -> dict:
+    """A Ready node as a kubelet registers it; ``series`` and ``index`` make its machine ids unique."""
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -124,11 +95,10 @@ def system_node(index: int) -> dict:
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
                 "kubernetes.io/arch": "amd64",
-                "node.kubernetes.io/instance-type": "cpu-16",
-                "node-role.kubernetes.io/system": "",
+                **labels,
             },
         },
-        "spec": {"podCIDR": f"10.255.{index}.0/24"},
+        "spec": spec,
         "status": {
             "capacity": resources,
             "allocatable": dict(resources),
@@ -140,14 +110,11 @@ def system_node(index: int) -> dict:
                     "message": "kubelet is posting ready status",
                 }
             ],
-            "addresses": [
-                {"type": "InternalIP", "address": f"10.255.0.{index + 1}"},
-                {"type": "Hostname", "address": name},
-            ],
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
             "nodeInfo": {
-                "machineID": f"{0xFFFF0000 + index:032x}",
-                "systemUUID": f"00000000-0000-0000-ffff-{index:012x}",
-                "bootID": f"b007ffff0000{index:020x}",
+                "machineID": f"{(series << 16) + index:032x}",
+                "systemUUID": f"00000000-0000-0000-{series:04x}-{index:012x}",
+                "bootID": f"b007{series:04x}0000{index:020x}",
                 "kubeletVersion": "v1.32.0",
                 "kubeProxyVersion": "v1.32.0",
                 "containerRuntimeVersion": "devcluster://0.1",
