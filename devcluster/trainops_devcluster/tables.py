@@ -214,6 +214,8 @@ def _col(name: str, type_: str = "string", priority: int = 0, fmt: str = "") -> 
 
 
 _NAME = _col("Name", fmt="name")
+#: the ``-o wide`` columns of every workload kind, filled by ``_containers`` and ``_selector``
+_WORKLOAD_WIDE = [_col("Containers", priority=1), _col("Images", priority=1), _col("Selector", priority=1)]
 _BUILTIN: dict[str, tuple[list[dict], Cells]] = {
     "Node": (
         [
@@ -255,9 +257,7 @@ _BUILTIN: dict[str, tuple[list[dict], Cells]] = {
             _col("Up-to-date", "integer"),
             _col("Available", "integer"),
             _col("Age"),
-            _col("Containers", priority=1),
-            _col("Images", priority=1),
-            _col("Selector", priority=1),
+            *_WORKLOAD_WIDE,
         ],
         _deployment,
     ),
@@ -268,9 +268,7 @@ _BUILTIN: dict[str, tuple[list[dict], Cells]] = {
             _col("Completions"),
             _col("Duration"),
             _col("Age"),
-            _col("Containers", priority=1),
-            _col("Images", priority=1),
-            _col("Selector", priority=1),
+            *_WORKLOAD_WIDE,
         ],
         _job,
     ),
@@ -307,9 +305,7 @@ _BUILTIN: dict[str, tuple[list[dict], Cells]] = {
             _col("Available", "integer"),
             _col("Node Selector"),
             _col("Age"),
-            _col("Containers", priority=1),
-            _col("Images", priority=1),
-            _col("Selector", priority=1),
+            *_WORKLOAD_WIDE,
         ],
         _daemon_set,
     ),
