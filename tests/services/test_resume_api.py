@@ -1,4 +1,4 @@
-"""Resumes on the real services: an XID mid-run (the automatic retry resumes) and a "Clear"
+"""Resumes on the real services: an XID mid-run (the automatic retry resumes on the spare) and a "Clear"
 of ``train`` after a user-code failure (a resume with a fresh budget), all through REST API v2."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from trainops_devcluster import stack_spec
 from tests.e2e.conftest import Capacity, assert_capacity_back
 from tests.services.conftest import TERMINAL, trainer, wait_for
 from tests.training.conftest import heartbeat_step
+from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
 
 DAG_ID = "training_lifecycle"
 ATTEMPT_LABEL = "trainops.io/attempt"
@@ -29,9 +30,9 @@ def xcom(airflow, run_id: str, task_id: str):
     )["value"]
 
 
-def test_an_xid_mid_run_fails_the_attempt_and_the_automatic_retry_resumes_from_a_checkpoint(
-    services, airflow
-):
+def test_an_xid_mid_run_quarantines_the_node_and_the_automatic_retry_resumes_on_the_spare(services, airflow):
+    from kubernetes import client
+
     api = services.kube()
     before = Capacity.read(api)
     airflow.unpause(DAG_ID)
@@ -67,10 +68,14 @@ def test_an_xid_mid_run_fails_the_attempt_and_the_automatic_retry_resumes_from_a
     trained = xcom(airflow, "api-xid", "train")
     assert trained["attempts"] == 2 and trained["resumes_used"] == 1
     assert trained["history"][1]["resume_step"] >= 10  # a checkpoint attempt 1 committed
-    # Not asserted: the culprit's quarantine. Under the real triggerer the attempt's outcome sometimes
-    # carries no pods ("no failed container to explain it"), so no node is blamed (see the report).
+    node = client.CoreV1Api(api).read_node(culprit)
+    assert node.metadata.labels[HEALTH_LABEL] == "quarantined"
+    assert QUARANTINE_EVIDENCE_ANNOTATION in node.metadata.annotations
+    assert any(t.key == QUARANTINE_TAINT for t in node.spec.taints)
+    second = {p.spec.node_name for p in training_pods(api, "2")}
+    assert len(second) == 2 and culprit not in second
     assert xcom(airflow, "api-xid", "verify_checkpoint")["step"] == 200
-    assert_capacity_back(api, before)
+    assert_capacity_back(api, before)  # the culprit stays quarantined, out of both pools
 
 
 def test_clear_after_a_user_code_failure_resumes_from_the_last_verified_checkpoint(services, airflow):
