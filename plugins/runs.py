@@ -23,6 +23,8 @@ class RunNotFound(LookupError):
 def _ledger(session: Session, dag_id: str, run_id: str) -> dict[str, Any]:
     from airflow.models.task_state_store import TaskStateStoreModel
 
+    from trainops.training.attempts import RunLedger
+
     value = session.scalar(
         select(TaskStateStoreModel.value).where(
             TaskStateStoreModel.dag_id == dag_id,
@@ -31,8 +33,7 @@ def _ledger(session: Session, dag_id: str, run_id: str) -> dict[str, Any]:
             TaskStateStoreModel.key == LEDGER_KEY,
         )
     )
-    ledger = json.loads(value) if value else None
-    return ledger if isinstance(ledger, dict) else {"attempts": [], "excluded": {}, "preemptions": 0}
+    return RunLedger.from_dict(json.loads(value) if value else None).to_dict()
 
 
 def _xcom(session: Session, dag_id: str, run_id: str, task_id: str) -> Any:
