@@ -86,6 +86,7 @@ def run_up(args: argparse.Namespace) -> int:
     from trainops_devcluster.cluster import DevCluster
     from trainops_devcluster.prometheus import PrometheusUnavailable
 
+    log_file = (args.log_file or args.kubeconfig.resolve().with_name("devcluster.log")).resolve()
     try:
         cluster = DevCluster(
             args.nodes,
@@ -99,11 +100,11 @@ def run_up(args: argparse.Namespace) -> int:
             prometheus=not args.no_prometheus,
             scrape_interval_s=args.scrape_interval,
             prometheus_port=args.prometheus_port,
+            prometheus_log=log_file.with_name("prometheus.log"),
         )
     except ValueError as error:
         print(f"trainops devcluster up: {error}", file=sys.stderr)
         return 2
-    log_file = (args.log_file or args.kubeconfig.resolve().with_name("devcluster.log")).resolve()
     logging.basicConfig(
         filename=log_file, level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )

@@ -61,6 +61,7 @@ class DevCluster:
         prometheus: bool = False,
         scrape_interval_s: float = 1.0,
         prometheus_port: int = 0,
+        prometheus_log: Path | None = None,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("nodes and gpus_per_node must be at least 1")
@@ -103,7 +104,10 @@ class DevCluster:
         )
         self.prometheus = (
             Prometheus(
-                Path(self._prometheus_dir.name), scrape_interval_s=scrape_interval_s, port=prometheus_port
+                Path(self._prometheus_dir.name),
+                scrape_interval_s=scrape_interval_s,
+                port=prometheus_port,
+                log_file=prometheus_log,
             )
             if self._prometheus_dir
             else None

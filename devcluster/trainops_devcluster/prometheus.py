@@ -4,8 +4,8 @@ Targets come from file-based service discovery: :class:`ScrapeTargets` watches t
 rewrites ``targets/nodes.json`` (atomically) when nodes come and go, so Prometheus starts and
 stops scraping them as on a real cluster.  Each target is the node's exporter endpoint on the
 devcluster's API server (``__metrics_path__``), labelled ``instance=<node>:9400`` and
-``node=<node>``.  Prometheus logs, and records every query, under its work directory, never
-on the terminal.
+``node=<node>``.  Prometheus logs (to ``log_file``, by default in its work directory) and records
+every query in its work directory, never on the terminal.
 """
 
 from __future__ import annotations
@@ -38,7 +38,13 @@ class Prometheus:
     """One Prometheus process; ``start()`` returns its URL."""
 
     def __init__(
-        self, workdir: Path, *, scrape_interval_s: float = 1.0, port: int = 0, binary: str | None = None
+        self,
+        workdir: Path,
+        *,
+        scrape_interval_s: float = 1.0,
+        port: int = 0,
+        binary: str | None = None,
+        log_file: Path | None = None,
     ) -> None:
         if not 0.1 <= scrape_interval_s <= 300:
             raise ValueError(f"scrape_interval_s must be in [0.1, 300], got {scrape_interval_s}")
@@ -47,7 +53,7 @@ class Prometheus:
         self.port = port  # 0: a free one
         self.binary = binary or shutil.which("prometheus") or "/usr/bin/prometheus"
         self.targets_file = workdir / "targets" / "nodes.json"
-        self.log_file = workdir / "prometheus.log"
+        self.log_file = log_file or workdir / "prometheus.log"  # outlives the work directory if given
         self.query_log = workdir / "queries.log"
         self.url = ""
         self._process: subprocess.Popen | None = None

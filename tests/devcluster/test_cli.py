@@ -37,6 +37,7 @@ def running(tmp_path):
     assert lines[0].startswith("devcluster API listening on http://127.0.0.1:"), lines
     assert lines[2] == f"devcluster log: {tmp_path / 'devcluster.log'}\n", lines
     assert lines[3].startswith("prometheus: http://127.0.0.1:"), lines
+    assert lines[4] == f"prometheus log: {tmp_path / 'prometheus.log'}\n", lines
     yield {
         "url": lines[0].rsplit(" ", 1)[1].strip(),
         "kubeconfig": kubeconfig,
@@ -44,6 +45,7 @@ def running(tmp_path):
     }
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=30) == 0
+    assert (tmp_path / "prometheus.log").is_file()  # the log it pointed at outlives it
     terminal = server.stderr.read() + server.stdout.read()
     assert "HTTP/1.1" not in terminal and "level=" not in terminal  # no request or Prometheus log lines
 
