@@ -33,26 +33,22 @@ def test_the_form_rejects_a_bad_param_naming_it_and_the_cluster_sees_no_write(
     assert writes(cluster) == []
 
 
-def test_more_nodes_than_the_cluster_has_fails_at_the_gate_naming_nodes_before_any_write(
-    cluster, bucket, run_dag, capfd
+@pytest.mark.parametrize(
+    "params, named",
+    [
+        ({"nodes": 9}, "min_nodes: 10 node(s) needed, but the cluster has 8 node(s) matching"),
+        ({"gpus_per_node": 16}, "gpus_per_node: 16 asked, but no node matching"),
+    ],
+    ids=["more-nodes-than-the-cluster", "more-gpus-per-node-than-any-node"],
+)
+def test_a_run_the_cluster_cannot_hold_fails_at_the_gate_naming_the_field_before_any_write(
+    cluster, bucket, run_dag, capfd, params, named
 ):
-    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "too-big", nodes=9))
+    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "too-big", **params))
 
     assert dag_run.state == "failed"
     assert task_instances(dag_run)["health_gate"].state == "failed"
-    out = capfd.readouterr().out
-    assert "min_nodes: 10 node(s) needed, but the cluster has 8 node(s) matching" in out
-    assert writes(cluster) == []
-
-
-def test_more_gpus_per_node_than_any_node_has_fails_at_the_gate_naming_the_field_before_any_write(
-    cluster, bucket, run_dag, capfd
-):
-    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "too-wide", gpus_per_node=16))
-
-    assert dag_run.state == "failed"
-    assert task_instances(dag_run)["health_gate"].state == "failed"
-    assert "gpus_per_node: 16 asked, but no node matching" in capfd.readouterr().out
+    assert named in capfd.readouterr().out
     assert writes(cluster) == []
 
 
