@@ -71,18 +71,22 @@ def training_lifecycle(
     The DAG needs ``params=lifecycle_params()`` and ``render_template_as_native_obj=True``.
     ``run_path``: template of the run's S3 path (default ``<checkpoint_uri>/<run_name>/``).
     """
+    # The gate and the fabric check read health alike (fabric_gate off reaches both through the policy).
+    health_sources = {
+        "policy_overrides": POLICY_OVERRIDES,
+        "prometheus_conn_id": "{{ params.prometheus_conn_id }}",
+        "on_prometheus_unavailable": "{{ params.on_prometheus_unavailable }}",
+        "kubernetes_conn_id": kubernetes_conn_id,
+    }
     gate = NodeHealthGateOperator(
         task_id="health_gate",
         min_nodes=NODES_WITH_SPARES,
         gpus_per_node="{{ params.gpus_per_node }}",
-        policy_overrides=POLICY_OVERRIDES,
-        prometheus_conn_id="{{ params.prometheus_conn_id }}",
-        on_prometheus_unavailable="{{ params.on_prometheus_unavailable }}",
         speed_tiers="{{ params.speed_tiers }}",
         wait_timeout_s="{{ params.health_wait_s }}",
         poll_interval_s=10,
-        kubernetes_conn_id=kubernetes_conn_id,
         doc_md=GATE_DOC,
+        **health_sources,
     )
     claim = ClaimNodesOperator(
         task_id="claim_nodes",
@@ -99,13 +103,10 @@ def training_lifecycle(
         task_id="fabric_ready",
         node_names="{{ ti.xcom_pull(task_ids='claim_nodes')['node_names'] }}",
         min_healthy="{{ params.nodes }}",
-        policy_overrides=POLICY_OVERRIDES,
-        prometheus_conn_id="{{ params.prometheus_conn_id }}",
-        on_prometheus_unavailable="{{ params.on_prometheus_unavailable }}",
         poke_interval=10,
         timeout=FABRIC_WAIT_S,
-        kubernetes_conn_id=kubernetes_conn_id,
         doc_md=FABRIC_DOC,
+        **health_sources,
     )
     train = GangTrainingOperator(
         task_id="train",
