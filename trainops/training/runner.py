@@ -29,7 +29,9 @@ from trainops.training.naming import job_name
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
 
 log = logging.getLogger(__name__)
-EVIDENCE_POLL_S = 2.0
+# The evidence wait reads every node of the attempt per poll; the node probe publishes once a round
+# (60 s in deploy/node-probe.yaml), so polls at most this far apart cost little latency and few reads.
+EVIDENCE_POLL_S = 10.0
 
 
 class Decision(StrEnum):
@@ -243,7 +245,7 @@ class GangRun:
         )
         until, backoff = time.monotonic() + self.evidence_wait_s, Backoff(base=0.1, cap=EVIDENCE_POLL_S)
         while time.monotonic() < until:
-            # soon at first (a probe that saw the fault may have published already), then every few s
+            # soon at first (a probe that saw the fault may have published already), then less often
             time.sleep(min(backoff.next(), max(0.0, until - time.monotonic())))
             nodes = self.cluster.read_nodes(sorted(nodes))
             failure = classify(outcome.pods, nodes, logs, container=CONTAINER_NAME)
