@@ -8,6 +8,8 @@ Settings (``[trainops]`` in airflow.cfg, or ``AIRFLOW__TRAINOPS__<KEY>``): ``kub
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from typing import Annotated, Any
 
@@ -46,6 +48,28 @@ def kube():
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from None
 
 
+@contextmanager
+def cluster_answers() -> Iterator[None]:
+    """A route's cluster calls: a refusal (e.g. RBAC's 403 to the API server's identity) or an API server
+    that stays down is a 502 with what the cluster said, which the pages show, instead of a bare 500."""
+    from kubernetes.client.exceptions import ApiException
+
+    from trainops.kube.retry import DeadlineExceeded
+
+    try:
+        yield
+    except ApiException as error:
+        try:
+            said = json.loads(error.body)["message"]
+        except (TypeError, ValueError, KeyError):
+            said = error.reason
+        raise HTTPException(
+            status.HTTP_502_BAD_GATEWAY, f"the cluster answered {error.status}: {said}"
+        ) from None
+    except DeadlineExceeded as error:
+        raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"the cluster did not answer: {error}") from None
+
+
 def _asset(name: str) -> str:
     return resources.files("trainops.plugins").joinpath("static", name).read_text()
 
@@ -75,7 +99,9 @@ def get_fleet(user: User) -> Response:
     every value of 4,096 rows again and would cost more than the rows themselves."""
     from trainops.plugins.fleet import cluster_fleet
 
-    body = json.dumps(cluster_fleet(kube()), separators=(",", ":"))
+    with cluster_answers():
+        fleet = cluster_fleet(kube())
+    body = json.dumps(fleet, separators=(",", ":"))
     return Response(body, media_type="application/json")
 
 
@@ -111,10 +137,11 @@ def post_release(node: str, user: User, confirm: Annotated[str | None, Body(embe
 
     require_dag_run(user, "PUT")
     _confirmed(confirm, node)
-    try:
-        return release_node(kube(), node, user.get_name(), setting("prometheus_url", None))
-    except (ReleaseRefused, GateError) as error:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+    with cluster_answers():
+        try:
+            return release_node(kube(), node, user.get_name(), setting("prometheus_url", None))
+        except (ReleaseRefused, GateError) as error:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
 
 
 @app.post("/api/runs/{dag_id}/{run_id}/return")
@@ -129,9 +156,10 @@ def post_return(
     require_dag_run(user, "PUT", dag_id)
     run = f"{dag_id}/{run_id}"
     _confirmed(confirm, run)
-    try:
-        return return_capacity(kube(), run, user.get_name(), setting("cluster_queue", "training"))
-    except ValueError as error:
-        raise HTTPException(status.HTTP_400_BAD_REQUEST, str(error)) from None
-    except TrainopsError as error:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
+    with cluster_answers():
+        try:
+            return return_capacity(kube(), run, user.get_name(), setting("cluster_queue", "training"))
+        except ValueError as error:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, str(error)) from None
+        except TrainopsError as error:
+            raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None

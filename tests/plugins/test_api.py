@@ -4,6 +4,8 @@ say, and the two actions changing the cluster only when allowed and confirmed, r
 from __future__ import annotations
 
 import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from kubernetes import client
@@ -162,3 +164,59 @@ def test_a_missing_cluster_connection_is_named_with_its_fix(ui, monkeypatch):
     assert answer.json()["detail"] == (
         "no Airflow connection 'gpu_cluster': create it, or name another in [trainops] kubernetes_conn_id"
     )
+
+
+FORBIDDEN = 'nodes is forbidden: User "system:serviceaccount:airflow:airflow-api-server" cannot list resource'
+
+
+class _RefusingApiServer(BaseHTTPRequestHandler):
+    """A Kubernetes API server whose RBAC grants the API server's identity nothing."""
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        body = json.dumps(
+            {
+                "kind": "Status",
+                "apiVersion": "v1",
+                "status": "Failure",
+                "reason": "Forbidden",
+                "code": 403,
+                "message": FORBIDDEN,
+            }
+        ).encode()
+        self.send_response(403)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_cluster_that_refuses_the_api_server_is_named_not_a_bare_500(ui, tmp_path, monkeypatch):
+    http, token = ui
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusingApiServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT",
+        json.dumps({"conn_type": "kubernetes", "extra": {"kube_config_path": str(kubeconfig)}}),
+    )
+    try:
+        answer = http.get("/trainops/api/fleet", headers=bearer(token("viewer")))
+    finally:
+        server.shutdown()
+    assert answer.status_code == 502
+    assert answer.json()["detail"].startswith(f"the cluster answered 403: {FORBIDDEN}")
