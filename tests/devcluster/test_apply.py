@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 
 import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from tests.devcluster.kubectl_support import kubectl as run_kubectl
 from tests.devcluster.test_api_server import LocalApi
 
 APPLY = "application/apply-patch+yaml"
@@ -24,16 +25,7 @@ def api(tmp_path):
 
 @pytest.fixture
 def kubectl(api):
-    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["kubectl", "--kubeconfig", str(api.kubeconfig), *args],
-            capture_output=True,
-            text=True,
-            input=stdin,
-            timeout=120,
-        )
-
-    return run
+    return functools.partial(run_kubectl, api.kubeconfig, check=False)
 
 
 def deployment(replicas: int = 2, labels: dict | None = None, image: str = "nginx:1.27") -> dict:

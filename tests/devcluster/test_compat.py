@@ -11,6 +11,7 @@ import yaml
 from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
 
+from tests.devcluster.kubectl_support import kubectl as run_kubectl
 from tests.devcluster.test_api_server import LocalApi
 
 KUEUE = "kueue.x-k8s.io/v1beta2"
@@ -146,15 +147,7 @@ def test_official_client_drives_every_verb(api, api_version, kind, namespaced, b
 @pytest.mark.parametrize(("api_version", "kind", "namespaced", "body"), EXAMPLES, ids=IDS)
 def test_kubectl_drives_every_verb(api, api_version, kind, namespaced, body):
     def kubectl(*args: str, stdin: str | None = None) -> str:
-        result = subprocess.run(
-            ["kubectl", "--kubeconfig", str(api.kubeconfig), *args],
-            capture_output=True,
-            text=True,
-            input=stdin,
-            timeout=60,
-        )
-        assert result.returncode == 0, f"kubectl {' '.join(args)}: {result.stderr}"
-        return result.stdout
+        return run_kubectl(api.kubeconfig, *args, stdin=stdin).stdout
 
     name = f"kubectl-{kind.lower()}"
     group = api_version.split("/")[0] if "/" in api_version else ""

@@ -4,8 +4,8 @@ untainted system nodes take the pods that tolerate no GPU taint."""
 from __future__ import annotations
 
 import base64
+import functools
 import logging
-import subprocess
 import time
 from pathlib import Path
 
@@ -13,24 +13,14 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from tests.devcluster.kubectl_support import kubectl as run_kubectl
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
 def kubectl(devcluster):
-    def run(*args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            ["kubectl", "--kubeconfig", str(devcluster.kubeconfig), *args],
-            capture_output=True,
-            text=True,
-            input=stdin,
-            timeout=120,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
-        return result
-
-    return run
+    return functools.partial(run_kubectl, devcluster.kubeconfig)
 
 
 def wait_for(predicate, timeout: float = 30.0):

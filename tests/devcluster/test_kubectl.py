@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
 import time
 
 import pytest
 
-KUBECTL = "/usr/bin/kubectl"
+from tests.devcluster.kubectl_support import kubectl as run_kubectl
 
 
 @pytest.fixture
 def kubectl(devcluster):
-    def run(*args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [KUBECTL, "--kubeconfig", str(devcluster.kubeconfig), *args],
-            capture_output=True,
-            text=True,
-            input=stdin,
-            timeout=120,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr}")
-        return result
-
-    return run
+    return functools.partial(run_kubectl, devcluster.kubeconfig)
 
 
 def _node(devcluster, name: str) -> dict:
