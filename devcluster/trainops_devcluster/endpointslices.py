@@ -7,7 +7,7 @@ The slice is owned by its Service, so the garbage collector deletes it with it."
 from __future__ import annotations
 
 from trainops_devcluster.informer import InformerController, Key, key_of
-from trainops_devcluster.podutil import is_deleting, is_ready, is_terminal
+from trainops_devcluster.podutil import is_deleting, is_ready, is_terminal, owner_reference
 from trainops_devcluster.selectors import match_label_selector
 from trainops_devcluster.store import Conflict, NotFound, StoreError
 
@@ -92,16 +92,7 @@ class EndpointSliceController(InformerController):
                 "name": slice_name(service),
                 "namespace": namespace,
                 "labels": {SERVICE_NAME_LABEL: service["metadata"]["name"], MANAGED_BY_LABEL: MANAGER},
-                "ownerReferences": [
-                    {
-                        "apiVersion": "v1",
-                        "kind": "Service",
-                        "name": service["metadata"]["name"],
-                        "uid": service["metadata"]["uid"],
-                        "controller": True,
-                        "blockOwnerDeletion": True,
-                    }
-                ],
+                "ownerReferences": [owner_reference(service)],
             },
             "addressType": "IPv4",
             "endpoints": [endpoint(service, pod) for pod in pods],
