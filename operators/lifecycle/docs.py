@@ -74,6 +74,7 @@ marker, or the format's own index) without downloading it, and publishes it as t
 `final-checkpoint` Asset: the event's extra holds `uri`, `step` and `format` for evaluation or serving DAGs.
 
 **When it fails:** no checkpoint under the run path verifies; the log lists each one skipped and why.
+A "Clear" on this task verifies again alone: it claims no nodes.
 """
 
 RETURN_DOC = """
