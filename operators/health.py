@@ -128,8 +128,8 @@ class NodeHealthGateOperator(BaseOperator):
         from trainops.health.quarantine import apply_quarantine
         from trainops.kube.retry import Deadline
 
-        result = spec.evaluate()
         core_v1 = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube().core
+        result = spec.evaluate(core_v1)
         quarantined = apply_quarantine(core_v1, result, Deadline(self.api_deadline_s))
         self.log.info("health gate:\n%s", result.table())
         if quarantined:

@@ -59,14 +59,16 @@ class GateSpec:
             on_unavailable=self.on_prometheus_unavailable,
         )
 
-    def evaluate(self) -> GateResult:
-        """Run the gate once through the Airflow connections (reads only)."""
+    def evaluate(self, core_v1: Any = None) -> GateResult:
+        """Run the gate once through the Airflow connections (reads only); ``core_v1``: a client of the
+        Kubernetes connection the caller already made (building one may run a kubeconfig exec plugin)."""
         from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
         from trainops.hooks.prometheus import PrometheusHook
 
         config = self.config()
         prometheus = PrometheusHook(self.prometheus_conn_id).client() if self.prometheus_conn_id else None
-        core_v1 = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube().core
+        if core_v1 is None:
+            core_v1 = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube().core
         return run_gate(core_v1, config, prometheus=prometheus)
 
     def to_dict(self) -> dict[str, Any]:
