@@ -8,7 +8,7 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.rest import ApiException
 
-from tests.devcluster.test_api_server import LocalApi, pod
+from tests.devcluster.local_api import LocalApi, pod
 
 
 async def _api(local: LocalApi) -> client.ApiClient:

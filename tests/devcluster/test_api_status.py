@@ -9,14 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.devcluster.test_api_server import LocalApi, pod
-
-
-@pytest.fixture
-def api(tmp_path):
-    server = LocalApi(tmp_path)
-    yield server
-    server.close()
+from tests.devcluster.local_api import pod
 
 
 def failure(reason: str, code: int, message: str, details: dict | None) -> dict:

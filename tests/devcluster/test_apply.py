@@ -11,16 +11,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from tests.devcluster.kubectl_support import kubectl as run_kubectl
-from tests.devcluster.test_api_server import LocalApi
 
 APPLY = "application/apply-patch+yaml"
-
-
-@pytest.fixture
-def api(tmp_path):
-    server = LocalApi(tmp_path)
-    yield server
-    server.close()
 
 
 @pytest.fixture

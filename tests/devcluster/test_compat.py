@@ -12,7 +12,7 @@ from kubernetes import dynamic
 from kubernetes.client.rest import ApiException
 
 from tests.devcluster.kubectl_support import kubectl as run_kubectl
-from tests.devcluster.test_api_server import LocalApi
+from tests.devcluster.local_api import LocalApi
 
 KUEUE = "kueue.x-k8s.io/v1beta2"
 RBAC = "rbac.authorization.k8s.io/v1"
