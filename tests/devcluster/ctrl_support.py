@@ -16,6 +16,16 @@ from trainops_devcluster.telemetry import NodeTelemetry
 NS = "default"
 
 
+def wait_for(check: Callable[[], object], what: str = "", timeout: float = 60.0) -> object:
+    """Poll until ``check()`` is truthy and return it (the timeout only stops a broken test hanging)."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        time.sleep(0.02)
+    return value
+
+
 def node(name: str, gpus: int = 8, labels: dict | None = None, taints: list | None = None, **spec) -> dict:
     return {
         "apiVersion": "v1",
@@ -100,15 +110,7 @@ class Plane:
         return self.store.find("pods", NS, name)
 
     def wait(self, what: Callable[[], object], timeout: float = 60.0) -> object:
-        """Poll until ``what()`` is truthy and return it (the timeout only stops a broken test hanging)."""
-        deadline = time.monotonic() + timeout
-        while True:
-            value = what()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"condition not reached: {what}")
-            time.sleep(0.02)
+        return wait_for(what, timeout=timeout)
 
     def wait_phase(self, name: str, phase: str) -> dict:
         return self.wait(lambda: (p := self.pod(name)) and p["status"].get("phase") == phase and p)

@@ -15,6 +15,7 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.local_api import LocalApi, node, pod
 
 
@@ -509,22 +510,12 @@ def _pdb(name: str, selector: dict, min_available: int) -> dict:
     }
 
 
-def _wait_for(predicate, what: str):
-    import time
-
-    for _ in range(500):
-        if predicate():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"never happened: {what}")
-
-
 def test_eviction_honours_pod_disruption_budgets(api, core):
     policy = client.PolicyV1Api(api.client)
     for i in range(2):
         _ready_pod(api, f"db-{i}", f"node-{i}", {"app": "db"})
     policy.create_namespaced_pod_disruption_budget("default", _pdb("db", {"app": "db"}, 1))
-    _wait_for(
+    wait_for(
         lambda: (
             (api.store.get("poddisruptionbudgets.policy", "default", "db").get("status") or {}).get(
                 "disruptionsAllowed"
@@ -605,12 +596,12 @@ def test_delete_propagation(api, policy):
     for i in range(2):
         api.store.create("pods", _owned_pod(f"child-{i}", owner))
     apps.delete_namespaced_deployment("owner", "default", propagation_policy=policy)
-    _wait_for(lambda: api.store.find("deployments.apps", "default", "owner") is None, "the owner is gone")
+    wait_for(lambda: api.store.find("deployments.apps", "default", "owner") is None, "the owner is gone")
     children = [api.store.find("pods", "default", f"child-{i}") for i in range(2)]
     if policy == "Orphan":
         assert all(c is not None and not c["metadata"].get("ownerReferences") for c in children)
     else:
-        _wait_for(lambda: api.store.count("pods") == 0, "the dependents are gone")
+        wait_for(lambda: api.store.count("pods") == 0, "the dependents are gone")
 
 
 # ---- faults and audit -----------------------------------------------------------------------

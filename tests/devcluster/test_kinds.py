@@ -6,13 +6,13 @@ from __future__ import annotations
 import base64
 import functools
 import logging
-import time
 from pathlib import Path
 
 import pytest
 from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
+from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.kubectl_support import kubectl as run_kubectl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,16 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def kubectl(devcluster):
     return functools.partial(run_kubectl, devcluster.kubeconfig)
-
-
-def wait_for(predicate, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached")
 
 
 def probe_pods(devcluster) -> list[dict]:

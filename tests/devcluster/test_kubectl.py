@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 
 import pytest
 
+from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.kubectl_support import kubectl as run_kubectl
 
 
@@ -101,7 +101,7 @@ spec:
     assert "job.batch/hello created" in kubectl("create", "-f", str(manifest)).stdout
     job = devcluster.store.get("jobs.batch", "training", "hello")
     assert job["spec"]["completionMode"] == "Indexed"
-    pods = _wait(
+    pods = wait_for(
         lambda: [p for p in devcluster.store.list("pods", "training")[0] if p["spec"].get("nodeName")] or None
     )
     node = pods[0]["spec"]["nodeName"]
@@ -114,7 +114,7 @@ spec:
 def test_scale_deployment(kubectl, devcluster):
     kubectl("scale", "deployment", "llm-chat", "-n", "inference", "--replicas=3")
     assert devcluster.store.get("deployments.apps", "inference", "llm-chat")["spec"]["replicas"] == 3
-    _wait(
+    wait_for(
         lambda: (
             len(
                 [
@@ -155,7 +155,7 @@ def test_drain_respects_the_pod_disruption_budget(kubectl, devcluster):
         "-p",
         json.dumps({"spec": {"minAvailable": replicas}}),
     )
-    _wait(
+    wait_for(
         lambda: (
             devcluster.store.get("poddisruptionbudgets.policy", "inference", budget)["status"].get(
                 "disruptionsAllowed"
@@ -218,18 +218,8 @@ spec:
 """
     )
     kubectl("create", "-f", str(job))
-    out = _wait(
+    out = wait_for(
         lambda: (r := kubectl("get", "workloads.kueue.x-k8s.io", "-A").stdout) and "queued" in r and r
     )
     header = out.splitlines()[0].split()
     assert header[:3] == ["NAMESPACE", "NAME", "QUEUE"]
-
-
-def _wait(probe, timeout: float = 30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError("condition never became true")

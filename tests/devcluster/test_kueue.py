@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
-from collections.abc import Callable
 
 import pytest
 from trainops_devcluster.errors import Forbidden, Invalid
@@ -17,22 +16,13 @@ from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admiss
 from trainops_devcluster.patch import merge_patch
 from trainops_devcluster.store import Store
 
+from tests.devcluster.ctrl_support import wait_for
+
 NS = "train"
 CQ, LQ, FLAVOR = "cluster-queue", "team-queue", "gpu-shared"
 JOBS, WORKLOADS = "jobs.batch", "workloads.kueue.x-k8s.io"
 CQS, LQS = "clusterqueues.kueue.x-k8s.io", "localqueues.kueue.x-k8s.io"
 TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-
-
-def wait_for(check: Callable[[], object], what: str, timeout: float = 30.0):
-    """Poll until ``check()`` is truthy (a safety net against hangs, not a performance limit)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def cond(obj: dict | None, kind: str) -> dict | None:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 from trainops_devcluster.runtime import LOCAL_IMAGE
 
-from tests.devcluster.ctrl_support import NS, control_plane, job, node, pod
+from tests.devcluster.ctrl_support import NS, control_plane, job, node, pod, wait_for
 
 SLICES = "endpointslices.discovery.k8s.io"
 
@@ -51,14 +50,14 @@ def test_headless_service_owned_by_a_job_lists_its_pods_by_hostname_and_goes_awa
         )
         return sorted(e.hostname for s in slices.items for e in s.endpoints or [] if e.hostname)
 
-    assert wait(lambda: hostnames() == ["gang-0", "gang-1"])
+    assert wait_for(lambda: hostnames() == ["gang-0", "gang-1"])
     (found,) = discovery.list_namespaced_endpoint_slice(NS).items
     assert found.metadata.owner_references[0].kind == "Service" and found.ports[0].port == 29500
     assert all(e.target_ref.kind == "Pod" and e.addresses for e in found.endpoints)
 
     batch.delete_namespaced_job("gang", NS, propagation_policy="Background")
-    assert wait(lambda: not core.list_namespaced_service(NS).items)
-    assert wait(lambda: not discovery.list_namespaced_endpoint_slice(NS).items)
+    assert wait_for(lambda: not core.list_namespaced_service(NS).items)
+    assert wait_for(lambda: not discovery.list_namespaced_endpoint_slice(NS).items)
 
 
 def labelled(obj: dict, **labels) -> dict:
@@ -121,12 +120,3 @@ def test_process_pods_reach_rank_zero_by_its_dns_name_on_a_port_of_their_job():
     assert (
         seen["one-0"]["OTHER_ADDR"] == f"one-0.missing.{NS}.svc"
     )  # no such Service: left to fail as DNS would
-
-
-def wait(what, timeout: float = 60.0):
-    """Poll until ``what()`` is truthy (the timeout only stops a broken test hanging)."""
-    deadline = time.monotonic() + timeout
-    while not (value := what()):
-        assert time.monotonic() < deadline, f"condition not reached: {what}"
-        time.sleep(0.05)
-    return value
