@@ -6,7 +6,7 @@ process can resolve ``*.svc`` names, so the kubelet rewrites them in the environ
 the process with: the value of a variable named ``*_ADDR``, ``*_ADDRESS``, ``*_HOST`` or
 ``*_ENDPOINT`` that is a name served by a Service in the pod's namespace (``<svc>``,
 ``<svc>.<ns>``, ``<svc>.<ns>.svc[.cluster.local]``, and ``<hostname>.<svc>...`` for a pod with
-that hostname and subdomain) becomes ``127.0.0.1``; its port (``host:port`` in the value, or the
+that hostname and subdomain when the Service is headless) becomes ``127.0.0.1``; its port (``host:port`` in the value, or the
 matching ``*_PORT`` variable: ``MASTER_ADDR`` -> ``MASTER_PORT``) becomes a free local port,
 one per Service and port, the same for every pod of that Service.  Other names are left as
 they are and fail to resolve, as they would on a cluster.
@@ -51,6 +51,8 @@ class Loopback:
         service = self._service(labels[-1], namespace)
         if service is None or len(labels) == 1:
             return service
+        if (service.get("spec") or {}).get("clusterIP") != "None":
+            return None  # cluster DNS has per-pod records only under a headless Service
         host = labels[0]
         pods, _ = self.store.list("pods", namespace)
         named = any(

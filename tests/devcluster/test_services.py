@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import sys
 
+from trainops_devcluster.loopback import Loopback
 from trainops_devcluster.runtime import LOCAL_IMAGE
+from trainops_devcluster.store import Store
 
 from tests.devcluster.ctrl_support import NS, control_plane, job, node, pod, wait_for
 
@@ -120,3 +122,16 @@ def test_process_pods_reach_rank_zero_by_its_dns_name_on_a_port_of_their_job():
     assert (
         seen["one-0"]["OTHER_ADDR"] == f"one-0.missing.{NS}.svc"
     )  # no such Service: left to fail as DNS would
+
+
+def test_a_pods_own_name_resolves_only_under_a_headless_service():
+    store = Store()
+    store.create("services", headless("gang", {"job": "gang"}))
+    store.create("services", headless("vip", {"job": "vip"}, clusterIP="10.96.0.10"))
+    for group in ("gang", "vip"):
+        store.create("pods", labelled(pod(f"{group}-0", hostname=f"{group}-0", subdomain=group), job=group))
+    loopback = Loopback(store)
+
+    assert loopback.service_for(f"gang-0.gang.{NS}.svc", NS)["metadata"]["name"] == "gang"
+    assert loopback.service_for(f"vip.{NS}.svc", NS)["metadata"]["name"] == "vip"
+    assert loopback.service_for(f"vip-0.vip.{NS}.svc", NS) is None  # no such record on a real cluster
