@@ -9,8 +9,8 @@ import threading
 from collections import Counter
 from typing import Any
 
+from trainops.capacity.claims import holder_of, is_quarantined
 from trainops.conventions import (
-    CLAIMED_BY_ANNOTATION,
     GPU_HEALTHY_CONDITION,
     GPU_POOL_LABEL,
     MODE_TAINT,
@@ -20,7 +20,7 @@ from trainops.conventions import (
 from trainops.health.published import read_summary
 from trainops.kube.client import Kube
 from trainops.kube.lists import PAGE, list_all
-from trainops.kube.nodes import allocatable_gpus, json_of
+from trainops.kube.nodes import NodeState, allocatable_gpus, json_of
 from trainops.kube.retry import Deadline
 
 LIST_DEADLINE_S = 60.0
@@ -52,16 +52,20 @@ def cluster_fleet(kube: Kube) -> dict[str, Any]:
     return fleet_rows(rows)
 
 
-def _quarantine(taints: list[dict], annotations: dict) -> dict | None:
-    taint = next((t for t in taints if t.get("key") == QUARANTINE_TAINT), None)
-    if taint is None:
+def _quarantine(state: NodeState) -> dict | None:
+    """Reason (the taint's value) and since when, for a node the core counts as quarantined (taint or label)."""
+    if not is_quarantined(state):
         return None
     since = None
     try:
-        since = json.loads(annotations.get(QUARANTINE_EVIDENCE_ANNOTATION, "{}")).get("quarantined_at")
+        since = json.loads(state.annotations.get(QUARANTINE_EVIDENCE_ANNOTATION, "{}")).get("quarantined_at")
     except (ValueError, AttributeError):
         pass
-    return {"reason": taint.get("value", ""), "since": since if isinstance(since, int | float) else None}
+    taint = state.taint(QUARANTINE_TAINT)
+    return {
+        "reason": taint.get("value", "") if taint else "",
+        "since": since if isinstance(since, int | float) else None,
+    }
 
 
 def _reported_at(node: dict) -> str | None:
@@ -78,8 +82,8 @@ def node_row(node: dict) -> dict[str, Any] | None:
     gpus = allocatable_gpus(node)
     if not gpus and GPU_POOL_LABEL not in labels:
         return None
-    taints = (node.get("spec") or {}).get("taints") or []
-    mode = next((t.get("value") for t in taints if t.get("key") == MODE_TAINT), None)
+    state = NodeState(meta.get("name"), labels, annotations, (node.get("spec") or {}).get("taints") or [])
+    mode = (state.taint(MODE_TAINT) or {}).get("value")
     summary = read_summary(annotations)
     return {
         "name": meta.get("name"),
@@ -88,8 +92,8 @@ def node_row(node: dict) -> dict[str, Any] | None:
         "reasons": summary["reasons"]
         if summary
         else ["no health summary on the node (is the node probe running?)"],
-        "quarantine": _quarantine(taints, annotations),
-        "claimed_by": annotations.get(CLAIMED_BY_ANNOTATION),
+        "quarantine": _quarantine(state),
+        "claimed_by": holder_of(annotations),
         "gpus": gpus,
         "report": summary.get("report") if summary else None,
         "reported_at": _reported_at(node),

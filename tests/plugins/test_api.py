@@ -16,7 +16,7 @@ from trainops.conventions import CLAIMED_BY_ANNOTATION, MODE_TAINT, QUARANTINE_T
 from trainops.health.gate import GateConfig, run_gate
 from trainops.health.quarantine import apply_quarantine
 from trainops.kube.client import Kube
-from trainops.kube.nodes import NodeState, read_node
+from trainops.kube.nodes import NodeState, edit_node, read_node, without_taint
 from trainops.kube.retry import Deadline
 
 NODE = "gpu-node-003"
@@ -93,6 +93,16 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
         "claimed": 2,
     }
     assert fleet["counts"]["health"]["quarantine"] == 1
+
+
+def test_a_node_whose_quarantine_taint_was_removed_by_hand_still_shows_quarantined(ui, quarantined, k8s):
+    """The fleet counts a node as quarantined as a claim does (taint or label), so it can be released."""
+    http, token = ui
+    edit_node(client.CoreV1Api(k8s), NODE, lambda s: without_taint(s, QUARANTINE_TAINT), Deadline(30))
+    rows = {
+        r["name"]: r for r in http.get("/trainops/api/fleet", headers=bearer(token("viewer"))).json()["nodes"]
+    }
+    assert rows[NODE]["quarantine"]["since"] > 0 and rows["gpu-node-001"]["quarantine"] is None
 
 
 def test_the_cookie_of_the_airflow_ui_logs_in(ui, devcluster):
