@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from trainops.cli import main
 from trainops.conventions import HEALTH_LABEL, QUARANTINE_TAINT
@@ -149,3 +151,24 @@ def test_evidence_names_the_rows_signals_and_values(broken, core_v1):
     assert (
         HealthReport.from_json(published(core_v1)["data"]["report.json"]).gpus["0"]["gpu_lost"].value is True
     )
+
+
+def test_a_list_whose_continue_token_expires_is_restarted(devcluster, core_v1):
+    """The API server answers 410 Gone to a continue token it no longer honours (the fleet changed too
+    much between pages): the gate lists again from the first page and still judges every node once."""
+    firsts, expired = [], []
+
+    def list_node(**kwargs):
+        if not kwargs.get("_continue"):
+            firsts.append(kwargs)
+        elif not expired:
+            expired.append(kwargs["_continue"])
+            raise ApiException(status=410, reason="Expired")
+        return core_v1.list_node(**kwargs)
+
+    lister = SimpleNamespace(
+        list_node=list_node, list_namespaced_config_map=core_v1.list_namespaced_config_map
+    )
+    result = run_gate(lister, GateConfig(page_size=5, speed_tiers=False))
+    assert expired and len(firsts) == 2  # listed again from the first page
+    assert [n.name for n in result.nodes] == sorted(devcluster.telemetry)

@@ -40,6 +40,7 @@ from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_
 from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
 from trainops.health.report import HealthReport, Signal, merge_reports
 from trainops.health.stragglers import UNKNOWN_SPEED, USABLE, Selection, choose_nodes, node_speed
+from trainops.kube.lists import list_all
 from trainops.kube.nodes import NodeState, allocatable_gpus, json_of
 from trainops.kube.retry import Deadline, call
 
@@ -374,33 +375,14 @@ def _get(read: Any, deadline: Deadline, what: str) -> dict | None:
 
 
 def list_paginated(lister: Any, selector: str, page_size: int, deadline: Deadline, what: str) -> list[dict]:
-    """Every object ``lister`` (e.g. ``core_v1.list_node``) returns for ``selector``, ``page_size`` per
-    request; restarts when a continue token expires."""
-    from kubernetes.client.exceptions import ApiException
+    """Every object ``lister`` (e.g. ``core_v1.list_node``) returns for ``selector``, ``page_size`` per request."""
 
-    for _ in range(3):
-        token, items = None, []
-        try:
-            while True:
-                page = call(
-                    lambda token=token: json_of(
-                        lister(
-                            label_selector=selector, limit=page_size, _continue=token, _preload_content=False
-                        )
-                    ),
-                    deadline,
-                    f"list {what}",
-                )
-                items += page["items"]
-                token = page["metadata"].get("continue")
-                if not token:
-                    return items
-        except ApiException as err:
-            if err.status != 410:
-                raise
-    raise GateError(
-        f"listing {what}: the continue token expired three times in a row (the fleet changes too fast)"
-    )
+    def fetch(token: str | None) -> dict:
+        return json_of(
+            lister(label_selector=selector, limit=page_size, _continue=token, _preload_content=False)
+        )
+
+    return list_all(fetch, deadline, f"list {what}")
 
 
 @contextlib.contextmanager
