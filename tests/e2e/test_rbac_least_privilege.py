@@ -21,8 +21,9 @@ from trainops.cli import main
 
 RBAC = Path(__file__).parents[2] / "deploy" / "rbac.yaml"
 SUBJECT = ("airflow", "airflow-worker")
-# Grants for what the devcluster does not run: an HPA over an inference Deployment, KServe, and a Job
-# without a Kueue Workload (GangCluster.stop deletes the Job then; otherwise it deactivates the Workload).
+# Grants for what the devcluster does not run: an HPA over an inference Deployment, KServe, a Job
+# without a Kueue Workload (GangCluster.stop deletes the Job then; otherwise it deactivates the Workload),
+# and the OwnerReferencesPermissionEnforcement admission plugin (creating the Job's Service, which it owns).
 ONLY_WITH_INTEGRATIONS = {
     ("autoscaling", "horizontalpodautoscalers", "get"),
     ("autoscaling", "horizontalpodautoscalers", "patch"),
@@ -30,6 +31,7 @@ ONLY_WITH_INTEGRATIONS = {
     ("serving.kserve.io", "inferenceservices", "list"),
     ("serving.kserve.io", "inferenceservices", "patch"),
     ("batch", "jobs", "delete"),
+    ("", "services", "delete"),
 }
 
 
