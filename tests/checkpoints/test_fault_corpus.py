@@ -18,7 +18,7 @@ from tests.checkpoints.builders import (
     write_megatron_torch_dist,
 )
 from trainops.checkpoints.helper import commit
-from trainops.checkpoints.latest import latest_verified
+from trainops.checkpoints.latest import fresh_checkpoint, latest_verified
 from trainops.checkpoints.verify import verify_checkpoint
 
 
@@ -174,6 +174,17 @@ def test_hf_without_trainer_state(client, bucket, run):
     client.delete_object(Bucket=bucket, Key=prefix_of(run) + "checkpoint-200/trainer_state.json")
     assert_refused(f"{run}checkpoint-200/", "trainer_state.json is missing", level="structural")
     assert_latest(run, "checkpoint-100", skipped=["checkpoint-200"])
+
+
+def test_checkpoints_at_or_below_newer_than_step_are_not_verified(client, bucket, run):
+    write_hf(client, bucket, prefix_of(run) + "checkpoint-100/", step=100)
+    write_hf(client, bucket, prefix_of(run) + "checkpoint-200/", step=200)
+    client.delete_object(Bucket=bucket, Key=prefix_of(run) + "checkpoint-200/trainer_state.json")
+    latest = latest_verified(run, newer_than_step=100)
+    assert latest.checkpoint is None
+    assert [result.uri for result in latest.skipped] == [f"{run}checkpoint-200/"]  # 100 not looked at
+    assert fresh_checkpoint(run, newer_than_step=100) is None
+    assert fresh_checkpoint(run, newer_than_step=99).uri == f"{run}checkpoint-100/"
 
 
 def test_hf_without_weights(client, bucket, run):

@@ -34,12 +34,17 @@ class LatestResult:
 
 
 def latest_verified(
-    run_uri: str | S3Uri, *, level: str = METADATA, store: CheckpointStore | None = None
+    run_uri: str | S3Uri,
+    *,
+    level: str = METADATA,
+    store: CheckpointStore | None = None,
+    newer_than_step: int | None = None,
 ) -> LatestResult:
     """Verify the run's checkpoints newest first (by the step in their names) and stop at the first good one.
 
     Directories whose names carry no step (``step-N``, ``checkpoint-N``, ``iter_N``,
-    ``global_stepN``, ``...step=N...``) are not checkpoints and are ignored.
+    ``global_stepN``, ``...step=N...``) are not checkpoints and are ignored, and so are those at or
+    below ``newer_than_step``.
     """
     check_level(level)
     run = S3Uri.parse(run_uri, field="run_uri") if isinstance(run_uri, str) else run_uri
@@ -47,7 +52,13 @@ def latest_verified(
     names, objects = store.list_dir(run)
     sibling_names = {info.key[len(run.prefix) :] for info in objects}
     candidates = sorted(
-        ((step, name) for name in names if (step := step_from_name(name)) is not None), reverse=True
+        (
+            (step, name)
+            for name in names
+            if (step := step_from_name(name)) is not None
+            and (newer_than_step is None or step > newer_than_step)
+        ),
+        reverse=True,
     )
     result = LatestResult(str(run), None)
     for _, name in candidates:
@@ -69,11 +80,10 @@ def fresh_checkpoint(
     level: str = METADATA,
     store: CheckpointStore | None = None,
 ) -> VerifyResult | None:
-    """The latest verified checkpoint if it is past ``newer_than_step`` and younger than ``max_age``."""
-    latest = latest_verified(run_uri, level=level, store=store).checkpoint
+    """The latest verified checkpoint if it is past ``newer_than_step`` and younger than ``max_age``
+    (the checkpoints at or below ``newer_than_step`` are not verified at all)."""
+    latest = latest_verified(run_uri, level=level, store=store, newer_than_step=newer_than_step).checkpoint
     if latest is None:
-        return None
-    if newer_than_step is not None and (latest.step is None or latest.step <= newer_than_step):
         return None
     if max_age is not None and datetime.now(UTC) - latest.last_modified > max_age:
         return None
