@@ -61,3 +61,35 @@ def test_unreadable_heartbeat_before_the_pods_run_does_not_end_the_run():
     state.heartbeat_failed(OSError("no route to host"), 0.0)
 
     assert state.verdict(10 * BOUND) is None
+
+
+def test_an_earlier_attempts_heartbeat_read_again_after_a_requeue_is_not_progress():
+    """Preempted before its first heartbeat, the attempt waits in the queue; a heartbeat read that
+    fails and recovers returns the earlier attempt's heartbeat again, which must not start a hang clock."""
+    config = FollowConfig(
+        "training",
+        "job-1",
+        "s3://b/runs/r/",
+        nodes=1,
+        hang=HangPolicy(startup_timeout=BOUND),
+        admission_timeout=None,
+    )
+    earlier = {"step": 20, "time": 100.0}
+    state = RunState(config, {"metadata": {"name": "job-1"}, "spec": {}}, earlier, now=0.0)
+    admitted = {"type": "Admitted", "status": "True", "lastTransitionTime": "2026-01-01T00:00:01Z"}
+    state.apply("workload", "ADDED", {"metadata": {"name": "w"}, "status": {"conditions": [admitted]}}, 1.0)
+    pod = {"metadata": {"name": "job-1-0"}, "spec": {"nodeName": "n1"}, "status": {"phase": "Running"}}
+    state.apply("pod", "ADDED", pod, 2.0)
+    preempted = {
+        "type": "Evicted",
+        "status": "True",
+        "reason": "Preempted",
+        "lastTransitionTime": "2026-01-01T00:00:03Z",
+    }
+    requeued = {"metadata": {"name": "w"}, "status": {"conditions": [preempted]}}
+    state.apply("workload", "MODIFIED", requeued, 3.0)
+    state.heartbeat_failed(TimeoutError("read timed out"), 4.0)
+    state.heartbeat(dict(earlier), 6.0)
+
+    assert state.preemptions == ["preempted"]
+    assert state.verdict(6.0 + 100 * BOUND) is None  # still queued: nothing to call hung

@@ -196,9 +196,7 @@ class RunState:
                     self.preemptions.append(evicted.get("message") or "preempted")
                 log.info("Workload evicted (%s): %s; Kueue requeues it", reason, evicted.get("message"))
                 self.queued_since, self.admitted_since = now, None
-                self.tracker = ProgressTracker(
-                    self.config.hang, self.tracker.last, self.tracker.checkpoint_step
-                )
+                self.tracker = self.tracker.requeued()
 
     def _clocks(self, now: float) -> None:
         admitted = self.is_admitted()

@@ -66,7 +66,8 @@ class ProgressTracker:
         only heartbeats written after it count as this attempt's progress. ``checkpoint_step``: the
         newest checkpoint step then (None: none); only newer checkpoints count."""
         self.policy = policy
-        self._baseline_time = float(baseline["time"]) if baseline and "time" in baseline else None
+        self._baseline = baseline if baseline and "time" in baseline else None
+        self._baseline_time = float(baseline["time"]) if self._baseline else None
         self.checkpoint_step = checkpoint_step
         self._checkpoint_seen: float | None = None
         self._checkpoint_intervals: deque[float] = deque(maxlen=policy.window)
@@ -79,6 +80,11 @@ class ProgressTracker:
     def last(self) -> Mapping | None:
         """The newest heartbeat of this attempt."""
         return self._last
+
+    def requeued(self) -> ProgressTracker:
+        """A tracker for this attempt once Kueue has requeued it: its pods start again, and no
+        heartbeat seen so far (this attempt's or the baseline) counts as progress after that."""
+        return ProgressTracker(self.policy, self._last or self._baseline, self.checkpoint_step)
 
     def running(self, now: float) -> None:
         """All pods run from ``now``: the startup clock starts (only the first call counts)."""
