@@ -3,6 +3,9 @@ damaged ones do not: single rank and two gloo ranks, with ``save`` and ``async_s
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from tests.checkpoints import torch_dcp
@@ -83,3 +86,40 @@ def test_latest_is_the_newest_real_checkpoint_that_verifies(client, bucket, run)
     assert latest.checkpoint is not None and latest.checkpoint.uri == f"{run}step-200/"
     assert [result.uri for result in latest.skipped] == [unfinished, truncated]
     assert "truncated" in latest.skipped[1].reasons[0]
+
+
+WIDE = """
+import pickle, sys, torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties, TensorStorageMetadata)
+ranks, tensors = int(sys.argv[1]), int(sys.argv[2])
+items, storage = {}, {}
+for t in range(tensors):
+    fqn, chunks = f"layers.{t}.weight", []
+    for rank in range(ranks):  # row-sharded across every rank, 4 bf16 values each
+        offsets = torch.Size([rank, 0])
+        chunks.append(ChunkStorageMetadata(offsets, torch.Size([1, 4])))
+        storage[MetadataIndex(fqn, offsets)] = _StorageInfo(f"__{rank}_0.distcp", 8 * t, 8)
+    items[fqn] = TensorStorageMetadata(TensorProperties(torch.bfloat16), torch.Size([ranks, 4]), chunks)
+sys.stdout.buffer.write(pickle.dumps(Metadata(items, storage_data=storage)))
+"""
+
+
+def test_a_wide_runs_metadata_over_32_mib_verifies(client, bucket, run):
+    """A run sharded over many ranks writes one chunk per tensor per rank: 256 ranks x 1,200 tensors
+    (307,200 chunks) is a .metadata over 32 MiB, which must verify like a small one."""
+    ranks, tensors = 256, 1200
+    metadata = subprocess.run(
+        [sys.executable, "-c", WIDE, str(ranks), str(tensors)], capture_output=True, check=True
+    ).stdout
+    assert len(metadata) > 32 << 20
+    prefix = prefix_of(run) + "step-100/"
+    for rank in range(ranks):
+        put(client, bucket, f"{prefix}__{rank}_0.distcp", bytes(8 * tensors))
+    put(client, bucket, prefix + ".metadata", metadata)
+
+    result = verify_checkpoint(f"{run}step-100/")
+
+    assert result.ok, result.reasons
+    assert result.files == ranks + 1

@@ -14,7 +14,9 @@ from trainops.checkpoints.formats.base import STRUCTURAL, Checkpoint
 from trainops.checkpoints.formats.sandbox import read_requirements
 
 METADATA_FILE = ".metadata"
-METADATA_LIMIT = 32 << 20  # ~100,000 tensors; torch's own for 10,000 is 3.6 MiB
+# ~4 million chunks (one per tensor per rank it is sharded over; 1,000 tensors on 8 ranks is 1.0 MiB,
+# 10,000 on 2 ranks 3.6 MiB): e.g. 4,000 tensors with their optimizer state sharded 1,024 ways.
+METADATA_LIMIT = 512 << 20
 SHARD_SUFFIX = ".distcp"
 
 

@@ -24,7 +24,7 @@ from trainops.checkpoints.formats.dcp_metadata import (
     _Record,
 )
 
-MAX_OPCODES = 50_000_000
+MAX_OPCODES = 600_000_000  # torch writes ~2 bytes per opcode: above what dcp.METADATA_LIMIT (512 MiB) admits
 MAX_ITEMS = 10_000_000  # entries of one list or dict (storage_data holds one per chunk)
 MAX_TUPLE = 4096
 INT64 = 1 << 63

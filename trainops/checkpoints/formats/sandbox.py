@@ -1,7 +1,8 @@
 """Read untrusted DCP ``.metadata`` in a child process that a bomb can only kill itself.
 
 The child (``python -m trainops.checkpoints.formats.sandbox``) caps its own address space
-(``RLIMIT_AS``) and CPU time (``RLIMIT_CPU``) before it reads a byte, pre-scans the pickle
+(``RLIMIT_AS``) and CPU time (``RLIMIT_CPU``) before it reads a byte (by default a base plus what
+metadata of that size needs: a sharded run's ``.metadata`` grows with tensors x ranks), pre-scans the pickle
 (``pickle_scan``), unpickles it with the restricted unpickler and writes back the shard
 requirements as JSON.  Its death (killed by the kernel for CPU, MemoryError, a wall-clock
 timeout) becomes a RefusedPickle naming the limit.  The caller only waits on a pipe, so a
@@ -19,14 +20,22 @@ import sys
 from trainops.checkpoints.formats.dcp_metadata import RefusedPickle, ShardRequirements
 
 MEMORY_LIMIT = 1 << 30
+MEMORY_PER_BYTE = 16  # torch's metadata unpickles to ~13x its size (3.6 MiB: 72 MiB resident)
 CPU_LIMIT_S = 120
+CPU_S_PER_MIB = 1  # the pre-scan and the read take ~0.25 s per MiB
 
 
 def read_requirements(
-    data: bytes, *, memory: int = MEMORY_LIMIT, cpu_s: int = CPU_LIMIT_S
+    data: bytes, *, memory: int | None = None, cpu_s: int | None = None
 ) -> ShardRequirements:
     """What the ``.metadata`` bytes require of the shard files, read in a limited child process;
-    raises RefusedPickle (a refused or fatal payload) or ValueError (not DCP metadata)."""
+    raises RefusedPickle (a refused or fatal payload) or ValueError (not DCP metadata).
+
+    Limits (bytes of address space, CPU seconds) default to ``MEMORY_LIMIT`` plus 16 bytes per byte
+    of ``data`` and ``CPU_LIMIT_S`` plus 1 s per MiB of it.
+    """
+    memory = MEMORY_LIMIT + MEMORY_PER_BYTE * len(data) if memory is None else memory
+    cpu_s = CPU_LIMIT_S + CPU_S_PER_MIB * (len(data) >> 20) if cpu_s is None else cpu_s
     command = [sys.executable, "-P", "-m", __name__, str(memory), str(cpu_s)]  # -P: not the cwd on sys.path
     try:
         child = subprocess.run(command, input=data, capture_output=True, timeout=2 * cpu_s + 30, check=False)
