@@ -94,11 +94,13 @@ def static_file(name: str) -> Response:
 @app.get("/api/fleet")
 def get_fleet(user: User) -> Response:
     """Every GPU node: mode, holder, health verdict and reasons, quarantine; counts by state.
+    For users who may read DAG runs: the holders are DAG runs.
 
     Encoded once with ``json.dumps`` (plain JSON types already): FastAPI's generic encoder walks
     every value of 4,096 rows again and would cost more than the rows themselves."""
     from trainops.plugins.fleet import cluster_fleet
 
+    require_dag_run(user, "GET")
     with cluster_answers():
         fleet = cluster_fleet(kube())
     body = json.dumps(fleet, separators=(",", ":"))

@@ -60,6 +60,15 @@ def test_no_login_no_data(ui, devcluster, method, path):
     assert all("nodes" not in r.text and "ledger" not in r.text for r in (anonymous, forged, foreign_cookie))
 
 
+def test_a_login_that_may_not_read_dag_runs_gets_no_fleet(ui, devcluster, k8s):
+    """The fleet names the DAG runs holding nodes: like the run view, only for users who may read DAG runs."""
+    http, token = ui
+    claim(Kube(k8s), RUN, ["gpu-node-010"], cluster_queue="training")
+    answer = http.get("/trainops/api/fleet", headers=bearer(token(None, "mallory")))
+    assert answer.status_code == 403 and RUN not in answer.text
+    assert "'mallory' may not read the DAG runs" in answer.json()["detail"]
+
+
 def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quarantined, k8s):
     http, token = ui
     claim(Kube(k8s), RUN, ["gpu-node-010", "gpu-node-011"], cluster_queue="training")
