@@ -48,6 +48,9 @@ class GangTrainingOperator(BaseOperator):
     :param heartbeat_poll: seconds between reads of the run's heartbeat while it trains.
     :param fail_fast_on_user_error: a failure with no infrastructure evidence fails the task at once (no
         resume used); False retries it like an infrastructure failure.
+    :param unconfirmed_fault_retries: a failure whose pods printed GPU or NCCL errors that no node confirms
+        (an NCCL timeout on a flaky link looks like this) is retried this many times per run, from the last
+        verified checkpoint and without blaming a node, before it counts as the user's code.
     :param quarantine_culprits: quarantine (taint, label, evidence) the nodes blamed for a failure.
     :param evidence_wait_s: when the failed pods printed GPU or NCCL errors that no node confirms, how long
         to wait for the nodes' own health reports before judging it the user's code (the log is a hint only).
@@ -135,6 +138,7 @@ class GangTrainingOperator(BaseOperator):
         start_timeout: float = 600.0,
         heartbeat_poll: float = 2.0,
         fail_fast_on_user_error: bool = True,
+        unconfirmed_fault_retries: int = 1,
         quarantine_culprits: bool = True,
         evidence_wait_s: float = EVIDENCE_WAIT_S,
         kubernetes_conn_id: str = "kubernetes_default",
@@ -162,7 +166,7 @@ class GangTrainingOperator(BaseOperator):
             heartbeat_poll,
         )
         self.fail_fast_on_user_error, self.quarantine_culprits = fail_fast_on_user_error, quarantine_culprits
-        self.evidence_wait_s = evidence_wait_s
+        self.evidence_wait_s, self.unconfirmed_fault_retries = evidence_wait_s, unconfirmed_fault_retries
         self.kubernetes_conn_id, self.kubeconfig = kubernetes_conn_id, kubeconfig
         self.aws_conn_id = aws_conn_id
 
@@ -233,6 +237,7 @@ class GangTrainingOperator(BaseOperator):
             RunLedger.from_dict(state.get(LEDGER_KEY)),
             save=lambda ledger: state.set(LEDGER_KEY, ledger),
             fail_fast_on_user_error=self.fail_fast_on_user_error,
+            unconfirmed_fault_retries=self.unconfirmed_fault_retries,
             quarantine_culprits=self.quarantine_culprits,
             evidence_wait_s=self.evidence_wait_s,
             logger=self.log,

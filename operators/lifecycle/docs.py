@@ -60,7 +60,8 @@ its pods and the run's heartbeat without polling blindly. Each try is one attemp
 - infrastructure failure (XID, node lost, NCCL timeout, eviction) or a hang: the culprit node is
   quarantined with evidence and the task fails so Airflow retries it: the retry resumes from the latest
   verified checkpoint on the other claimed nodes, at most `max_resumes` times;
-- user code failure (non-zero exit, no hardware evidence): fails at once, no resume used;
+- user code failure (non-zero exit, no hardware evidence): fails at once, no resume used; when the pods
+  printed GPU or NCCL errors no node confirms, it first gets one retry of its own (a flaky link looks so);
 - preemption by a higher-priority Workload: Kueue requeues it; it keeps waiting, no resume used.
 
 **When it fails:** the log says attempt n of m, where each attempt resumed from and why it ended.

@@ -92,6 +92,7 @@ class GangRun:
         save: Callable[[dict], None],
         *,
         fail_fast_on_user_error: bool = True,
+        unconfirmed_fault_retries: int = 0,
         quarantine_culprits: bool = True,
         evidence_wait_s: float = 0.0,
         logger: logging.Logger = log,
@@ -99,6 +100,7 @@ class GangRun:
         self.spec, self.dag_id, self.run_id = spec, dag_id, run_id
         self.cluster, self.store, self.ledger, self._save = cluster, store, ledger, save
         self.fail_fast_on_user_error = fail_fast_on_user_error
+        self.unconfirmed_fault_retries = unconfirmed_fault_retries
         self.quarantine_culprits = quarantine_culprits
         self.evidence_wait_s = evidence_wait_s
         self.log = logger
@@ -226,6 +228,16 @@ class GangRun:
             self._blame(failure, nodes)
             self.log.info("stopping the attempt: %s", self._stop_attempt(outcome))
         self.ledger.end(failure.kind, failure.reason, failure.hints)
+        if failure.kind is FailureKind.USER_CODE and failure.hints:
+            # the pods printed GPU/NCCL errors no node confirms: the user's code, or a fault the nodes
+            # cannot see (a flaky link, an NCCL timeout): a small budget of its own, apart from resumes
+            used = sum(1 for a in self.ledger.attempts if a.kind == FailureKind.USER_CODE and a.hints)
+            if used <= self.unconfirmed_fault_retries:
+                return Verdict(
+                    Decision.RETRY,
+                    f"unconfirmed fault ({used} of {self.unconfirmed_fault_retries} such retries): {failure.reason}",
+                    failure,
+                )
         if failure.kind is FailureKind.USER_CODE and self.fail_fast_on_user_error:
             return Verdict(Decision.FAIL, f"user code failed (no resume used): {failure.reason}", failure)
         if failure.retryable or failure.kind is FailureKind.USER_CODE:
