@@ -230,7 +230,7 @@ class GangRun:
         self.ledger.end(failure.kind, failure.reason, failure.hints)
         if failure.kind is FailureKind.USER_CODE and failure.hints:
             # the pods printed GPU/NCCL errors no node confirms: the user's code, or a fault the nodes
-            # cannot see (a flaky link, an NCCL timeout): a small budget of its own, apart from resumes
+            # cannot see (a flaky link, an NCCL timeout): a small cap of its own (each retry is still a resume)
             used = sum(1 for a in self.ledger.attempts if a.kind == FailureKind.USER_CODE and a.hints)
             if used <= self.unconfirmed_fault_retries:
                 return Verdict(
