@@ -35,17 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainops.errors import TemporaryError
+    from trainops.errors import TemporaryError, TrainopsError
 
     args = build_parser().parse_args(argv)
     try:
         return args.func(args) or 0
-    except TemporaryError as error:
+    except (TrainopsError, ValueError) as error:  # the message names the field or object and the fix
         print(f"trainops: error: {error}", file=sys.stderr)
-        return 1
-    except ValueError as error:  # bad input: the message names the field and the fix
-        print(f"trainops: error: {error}", file=sys.stderr)
-        return 2
+        return 1 if isinstance(error, TemporaryError) else 2
 
 
 if __name__ == "__main__":
