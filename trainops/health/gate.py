@@ -388,7 +388,9 @@ def list_paginated(lister: Any, selector: str, page_size: int, deadline: Deadlin
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
     """No garbage-collection passes inside: a gate builds millions of short-lived containers, and each
-    pass would walk all of them. Collection resumes (as it was) on the way out."""
+    pass would walk all of them (4,096 nodes: 2.0 s instead of 3.1-3.6 s). Collection resumes (as it
+    was) on the way out. The pause is process-wide: in a triggerer every other trigger's cyclic
+    garbage waits those seconds too, which holds memory a little longer and changes nothing else."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
