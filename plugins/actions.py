@@ -14,6 +14,7 @@ from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from trainops.health.prometheus import PrometheusClient
 from trainops.kube.client import Kube
 from trainops.kube.nodes import NodeState, edit_node
 from trainops.kube.retry import Deadline
@@ -33,17 +34,12 @@ def record(kube: Kube, node: str, who: str, what: str) -> dict[str, str]:
     return entry
 
 
-def release_node(kube: Kube, node: str, who: str, prometheus_url: str | None) -> dict[str, Any]:
-    """Re-check ``node`` and lift its quarantine if it passes; raises ReleaseRefused/GateError otherwise."""
-    from trainops.health.prometheus import PrometheusClient
+def release_node(kube: Kube, node: str, who: str, prometheus: PrometheusClient | None) -> dict[str, Any]:
+    """Re-check ``node`` (with dcgm-exporter's metrics too when ``prometheus`` is given) and lift its
+    quarantine if it passes; raises ReleaseRefused/GateError otherwise."""
     from trainops.health.quarantine import release
 
-    outcome = release(
-        kube.core,
-        node,
-        Deadline(WRITE_DEADLINE_S),
-        prometheus=PrometheusClient(prometheus_url) if prometheus_url else None,
-    )
+    outcome = release(kube.core, node, Deadline(WRITE_DEADLINE_S), prometheus=prometheus)
     answer: dict[str, Any] = asdict(outcome)
     if outcome.released:
         answer["record"] = record(

@@ -2,7 +2,9 @@
 
 Settings (``[trainops]`` in airflow.cfg, or ``AIRFLOW__TRAINOPS__<KEY>``): ``kubernetes_conn_id``
 (default ``kubernetes_default``), ``aws_conn_id`` (``aws_default``), ``cluster_queue``
-(``training``), ``prometheus_url`` (none: releases re-check with the node probe's report alone).
+(``training``), ``training_namespace`` (``training``: where the attempts' Jobs are),
+``prometheus_conn_id`` (none: no tensor-core activity in the fleet view, and releases re-check with
+the node probe's report alone; else a ``trainops_prometheus`` connection, as the health gate's).
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from fastapi.responses import HTMLResponse, Response
 from trainops.plugins.auth import current_user, require_dag_run
 
 User = Annotated[Any, Depends(current_user)]
+JOBS_DEADLINE_S = (
+    15.0  # the run view waits this long for the attempts' Jobs, then shows it without their times
+)
 STATIC = {"fleet.js": "text/javascript", "run.js": "text/javascript", "trainops.css": "text/css"}
 
 app = FastAPI(title="trainops", description="GPU fleet and training runs", docs_url=None, redoc_url=None)
@@ -46,6 +51,28 @@ def kube():
         ) from None
     except KubeconfigError as error:
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from None
+
+
+class PrometheusUnusable(Exception):
+    """[trainops] prometheus_conn_id names a connection that cannot be used; the message says how to fix it."""
+
+
+def prometheus():
+    """A query client on the ``trainops_prometheus`` connection named by ``[trainops] prometheus_conn_id``
+    (the health gate's ``PrometheusHook``); None when the setting is empty."""
+    from airflow.exceptions import AirflowNotFoundException
+    from trainops.hooks.prometheus import PrometheusHook
+
+    conn_id = setting("prometheus_conn_id", None)
+    if not conn_id:
+        return None
+    try:
+        return PrometheusHook(conn_id).client()
+    except AirflowNotFoundException:
+        raise PrometheusUnusable(
+            f"no Airflow connection {conn_id!r}: create it (type trainops_prometheus), or name another "
+            "in [trainops] prometheus_conn_id, or leave that setting empty"
+        ) from None
 
 
 @contextmanager
@@ -93,7 +120,8 @@ def static_file(name: str) -> Response:
 
 @app.get("/api/fleet")
 def get_fleet(user: User) -> Response:
-    """Every GPU node: mode, holder, health verdict and reasons, quarantine; counts by state.
+    """Every GPU node: mode, holder, health verdict and reasons, quarantine, tensor-core activity
+    (with ``[trainops] prometheus_conn_id``; else None); counts by state.
     For users who may read DAG runs: the holders are DAG runs.
 
     Encoded once with ``json.dumps`` (plain JSON types already): FastAPI's generic encoder walks
@@ -101,24 +129,63 @@ def get_fleet(user: User) -> Response:
     from trainops.plugins.fleet import cluster_fleet
 
     require_dag_run(user, "GET")
+    try:
+        client, unusable = prometheus(), None
+    except PrometheusUnusable as error:
+        client, unusable = None, str(error)
     with cluster_answers():
-        fleet = cluster_fleet(kube())
+        fleet = cluster_fleet(kube(), client)
+    if unusable:
+        fleet["tensor_active"] = {"configured": True, "error": unusable}
     body = json.dumps(fleet, separators=(",", ":"))
     return Response(body, media_type="application/json")
 
 
 @app.get("/api/runs/{dag_id}/{run_id}")
 def get_run(dag_id: str, run_id: str, user: User) -> dict:
-    """The run view: attempt ledger, checkpoints as verified now, capacity claimed and returned."""
+    """The run view: attempt ledger, checkpoints as verified now, progress (heartbeat, rate, the
+    plot's data), capacity claimed and returned."""
     from airflow.utils.session import create_session
     from trainops.plugins.runs import RunNotFound, run_view
 
     require_dag_run(user, "GET", dag_id)
     try:
         with create_session() as session:
-            return run_view(session, dag_id, run_id, setting("aws_conn_id", "aws_default"))
+            return run_view(
+                session,
+                dag_id,
+                run_id,
+                setting("aws_conn_id", "aws_default"),
+                lambda: attempt_jobs(dag_id, run_id),
+            )
     except RunNotFound as error:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(error)) from None
+
+
+def attempt_jobs(dag_id: str, run_id: str) -> list[dict]:
+    """The Jobs of the run's attempts (labelled with the run), one list in ``[trainops] training_namespace``;
+    Unavailable with the cluster's answer when it cannot be read."""
+    from trainops.plugins.progress import Unavailable
+
+    from trainops.kube.nodes import json_of
+    from trainops.kube.retry import Deadline, call
+    from trainops.training.job import RUN_LABEL
+    from trainops.training.naming import run_key
+
+    namespace = setting("training_namespace", "training")
+    try:
+        with cluster_answers():
+            batch = kube().batch
+            listed = call(
+                lambda: batch.list_namespaced_job(
+                    namespace, label_selector=f"{RUN_LABEL}={run_key(dag_id, run_id)}", _preload_content=False
+                ),
+                Deadline(JOBS_DEADLINE_S),
+                f"list the Jobs of {dag_id}/{run_id} in namespace {namespace}",
+            )
+    except HTTPException as error:
+        raise Unavailable(f"{error.detail} (the attempts' times come from their Jobs)") from None
+    return json_of(listed).get("items") or []
 
 
 def _confirmed(confirm: str | None, expected: str) -> None:
@@ -139,9 +206,13 @@ def post_release(node: str, user: User, confirm: Annotated[str | None, Body(embe
 
     require_dag_run(user, "PUT")
     _confirmed(confirm, node)
+    try:
+        client = prometheus()
+    except PrometheusUnusable as error:
+        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, str(error)) from None
     with cluster_answers():
         try:
-            return release_node(kube(), node, user.get_name(), setting("prometheus_url", None))
+            return release_node(kube(), node, user.get_name(), client)
         except (ReleaseRefused, GateError) as error:
             raise HTTPException(status.HTTP_409_CONFLICT, str(error)) from None
 

@@ -1,10 +1,14 @@
 """The run view's data: the train task's attempt ledger, the run's checkpoints as verified now
-(``trainops.checkpoints.latest``), and the capacity the run claimed and returned, read from
-Airflow's metadata database (task instances, task state store, rendered fields, XCom) and S3."""
+(``trainops.checkpoints.latest``), its progress (``trainops.plugins.progress``: heartbeat, rate, the
+plot's data) and the capacity the run claimed and returned, read from Airflow's metadata database
+(task instances, task state store, rendered fields, XCom), S3 and the attempts' Jobs.  Each part
+that cannot be read is empty with its reason; the rest of the view is still answered."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -20,7 +24,11 @@ class RunNotFound(LookupError):
     """No DAG run with this dag_id and run_id."""
 
 
+LEDGER_LIMIT = 4 << 20  # characters; a ledger of hundreds of attempts with their hints is well under
+
+
 def _ledger(session: Session, dag_id: str, run_id: str) -> dict[str, Any]:
+    """The train task's attempt ledger; an unreadable one is empty with ``error`` saying why."""
     from airflow.models.task_state_store import TaskStateStoreModel
 
     from trainops.training.attempts import RunLedger
@@ -33,7 +41,15 @@ def _ledger(session: Session, dag_id: str, run_id: str) -> dict[str, Any]:
             TaskStateStoreModel.key == LEDGER_KEY,
         )
     )
-    return RunLedger.from_dict(json.loads(value) if value else None).to_dict()
+    where = f"the attempt ledger ({TRAIN}'s task state {LEDGER_KEY!r})"
+    try:
+        if value is not None and len(value) > LEDGER_LIMIT:
+            raise ValueError(f"{where} is {len(value)} characters, over the {LEDGER_LIMIT}-character limit")
+        ledger = RunLedger.from_dict(json.loads(value) if value else None).to_dict()
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
+        reason = str(error) if str(error).startswith(where) else f"{where} cannot be read: {error}"
+        return {**RunLedger().to_dict(), "error": reason[:500]}
+    return {**ledger, "error": None}
 
 
 def _xcom(session: Session, dag_id: str, run_id: str, task_id: str) -> Any:
@@ -59,18 +75,31 @@ def _run_uri(session: Session, dag_id: str, run_id: str) -> str | None:
     return None
 
 
-def checkpoints(run_uri: str | None, aws_conn_id: str) -> dict[str, Any]:
-    """The run's newest verified checkpoint and the newer ones skipped with their reasons, as of now."""
-    if run_uri is None:
-        return {"run_uri": None, "checkpoint": None, "skipped": [], "skipped_count": 0, "error": None}
+def _store(aws_conn_id: str):
+    """The run path's S3 store from the Airflow connection; Unavailable naming the setting to fix."""
+    from airflow.exceptions import AirflowNotFoundException
     from trainops.hooks.checkpoint_store import CheckpointStoreHook
+    from trainops.plugins.progress import Unavailable
+
+    try:
+        return CheckpointStoreHook(aws_conn_id=aws_conn_id).get_store()
+    except AirflowNotFoundException:
+        raise Unavailable(
+            f"no Airflow connection {aws_conn_id!r}: create it, or name another in [trainops] aws_conn_id"
+        ) from None
+
+
+def checkpoints(run_uri: str | None, store: Callable[[], Any]) -> dict[str, Any]:
+    """The run's newest verified checkpoint and the newer ones skipped with their reasons, as of now."""
+    from trainops.plugins.progress import Unavailable
 
     from trainops.checkpoints.latest import latest_verified
 
+    if run_uri is None:
+        return {"run_uri": None, "checkpoint": None, "skipped": [], "skipped_count": 0, "error": None}
     try:
-        store = CheckpointStoreHook(aws_conn_id=aws_conn_id).get_store()
-        return {**latest_verified(run_uri, store=store).to_dict(), "error": None}
-    except (TrainopsError, OSError) as error:
+        return {**latest_verified(run_uri, store=store()).to_dict(), "error": None}
+    except (Unavailable, TrainopsError, OSError) as error:
         return {
             "run_uri": run_uri,
             "checkpoint": None,
@@ -80,10 +109,13 @@ def checkpoints(run_uri: str | None, aws_conn_id: str) -> dict[str, Any]:
         }
 
 
-def run_view(session: Session, dag_id: str, run_id: str, aws_conn_id: str) -> dict[str, Any]:
-    """Everything the run view shows; raises RunNotFound."""
+def run_view(
+    session: Session, dag_id: str, run_id: str, aws_conn_id: str, jobs: Callable[[], list[dict]]
+) -> dict[str, Any]:
+    """Everything the run view shows; raises RunNotFound. ``jobs()``: the Jobs of the run's attempts."""
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
+    from trainops.plugins.progress import run_progress
 
     run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
     if run is None:
@@ -95,14 +127,17 @@ def run_view(session: Session, dag_id: str, run_id: str, aws_conn_id: str) -> di
         )
     }
     run_uri = _run_uri(session, dag_id, run_id)
+    store = functools.cache(lambda: _store(aws_conn_id))
+    ledger = _ledger(session, dag_id, run_id)
     return {
         "dag_id": dag_id,
         "run_id": run_id,
         "state": run.state,
         "tasks": tasks,
-        "ledger": _ledger(session, dag_id, run_id),
+        "ledger": ledger,
         "result": _xcom(session, dag_id, run_id, TRAIN),
-        "checkpoints": checkpoints(run_uri, aws_conn_id),
+        "checkpoints": checkpoints(run_uri, store),
+        "progress": run_progress(ledger, run_uri, store, jobs),
         "published_checkpoint": _xcom(session, dag_id, run_id, VERIFY),
         "capacity": {
             "claimed": _xcom(session, dag_id, run_id, CLAIM),

@@ -7,6 +7,7 @@ const age = (stamp) => {
   const s = Math.max(0, Math.round((Date.now() - Date.parse(stamp)) / 1000));
   return s < 120 ? `${s}s ago` : s < 7200 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`;
 };
+const tensor = (v) => v == null ? '<span class="muted">n/a</span>' : `${(v * 100).toFixed(0)}%`;
 const since = (q) => q && q.since ? new Date(q.since * 1000).toISOString().replace(".000", "") : "";
 
 function showError(response, text) {
@@ -28,13 +29,14 @@ function rowHtml(n) {
   return `<tr data-node="${esc(n.name)}"><td>${esc(n.name)}</td><td>${esc(n.mode)}</td><td>${runLink(n.claimed_by)}</td>` +
     `<td class="${health}">${esc(n.health)}${n.reported_at ? ` <span class="muted">${esc(age(n.reported_at))}</span>` : ""}</td><td>${esc(n.reasons.join("; "))}</td>` +
     `<td class="${q ? "bad" : ""}">${q ? esc(q.reason) + ` <span class="muted">since ${esc(since(q))}</span>` : ""}</td>` +
-    `<td>${n.gpus}</td><td>${q ? `<button class="release" data-node="${esc(n.name)}">Release…</button>` : ""}</td></tr>`;
+    `<td>${n.gpus}</td><td class="tensor">${tensor(n.tensor_active)}</td><td>${q ? `<button class="release" data-node="${esc(n.name)}">Release…</button>` : ""}</td></tr>`;
 }
 
 function sortValue(n, key) {
   const v = n[key];
   if (key === "quarantine") return v ? v.reason : "";
   if (key === "reasons") return v.join("; ");
+  if (key === "tensor_active") return v ?? -1;
   return v ?? "";
 }
 
@@ -62,6 +64,10 @@ async function load() {
   const data = JSON.parse(text);
   rows = data.nodes.map((n) => ({...n, _text: [n.name, n.mode, n.health, n.claimed_by, n.quarantine && n.quarantine.reason, ...n.reasons].join(" ").toLowerCase()}));
   renderCounts(data.counts);
+  const t = data.tensor_active;
+  document.getElementById("notes").textContent = !t.configured
+    ? "Tensor-core activity: n/a (no Prometheus: set [trainops] prometheus_conn_id to a trainops_prometheus connection)"
+    : t.error ? `Tensor-core activity: n/a (${t.error})` : "";
   render();
 }
 

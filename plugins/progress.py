@@ -1,0 +1,237 @@
+"""The run view's progress: the heartbeat step and rate, and the data of the plot of step against
+time with a crash and a resume marker per attempt.
+
+What exists to read (nothing here writes):
+
+- ``<run path>/heartbeat.json``: the trainer's newest heartbeat (``trainops.checkpoints.helper.heartbeat``
+  overwrites it: step, ``time`` on the trainer's clock, ``saving``, ``phase``);
+- ``<run path>/<checkpoint>/_COMMITTED``: written once per checkpoint by the helper's ``commit``; its
+  S3 ``LastModified`` is when the step was committed;
+- each attempt's Job (named in the ledger, labelled with the run): created when the attempt was
+  submitted, ``Complete``/``Failed`` (or ``Suspended``, when trainops stopped it) when it ended, and
+  the nodes kept out of it (so the culprits of attempt n are the nodes kept out of attempt n+1 only).
+
+Training pods write the S3 objects, so they are hostile input: each read is bounded in size and
+count, and an object that is too large or malformed fails alone with the reason, naming the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+from typing import Any
+
+from trainops.checkpoints.formats.base import step_from_name
+from trainops.checkpoints.formats.manifest import COMMITTED_FILE
+from trainops.checkpoints.helper import HEARTBEAT_FILE
+from trainops.checkpoints.store import CheckpointStore
+from trainops.checkpoints.uri import S3Uri
+from trainops.training.job import EXCLUDED_ANNOTATION
+
+HEARTBEAT_LIMIT = 64 << 10  # the helper writes ~200 bytes plus the trainer's ``extra``
+MAX_COMMITS = 200  # the newest checkpoints plotted; older ones are counted, not read
+COMMIT_READERS = 16  # concurrent one-key listings of _COMMITTED
+CLOCK_SKEW_S = 300.0  # how far ahead of this server a trainer's clock may run
+RATE_SPAN_S = 10.0  # the shortest span the rate is measured over when the run has a longer one
+SHOWN = 120  # characters of a bad value quoted in an error
+
+
+class Unavailable(Exception):
+    """A source of the view (the cluster, the S3 connection) could not be reached; the message says why."""
+
+
+def _quote(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= SHOWN else text[:SHOWN] + "..."
+
+
+def _stamp(value: Any) -> float | None:
+    """A Kubernetes timestamp (``2026-11-30T19:00:00Z``) as Unix seconds; None when absent or bad."""
+    try:
+        return datetime.fromisoformat(value).timestamp() if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+# ---- the heartbeat -------------------------------------------------------------------------------
+def parse_heartbeat(body: bytes, where: str, now: float) -> dict[str, Any]:
+    """The fields the view shows, checked; raises ValueError naming the field and what was found."""
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(
+            f"{where} is not JSON ({error}); the trainer should write it with heartbeat()"
+        ) from None
+    if not isinstance(document, dict):
+        raise ValueError(f"{where} must be a JSON object, got {type(document).__name__}")
+    step, at = document.get("step"), document.get("time")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"{where}: step must be a non-negative integer, got {_quote(step)}")
+    if isinstance(at, bool) or not isinstance(at, int | float) or not 0 < at <= now + CLOCK_SKEW_S:
+        raise ValueError(
+            f"{where}: time must be Unix seconds no later than now (+{CLOCK_SKEW_S:g}s of clock skew), got {_quote(at)}"
+        )
+    saving, phase = document.get("saving", False), document.get("phase", "")
+    return {
+        "step": step,
+        "at": float(at),
+        "saving": saving if isinstance(saving, bool) else None,
+        "phase": phase[:SHOWN] if isinstance(phase, str) else None,
+    }
+
+
+def read_heartbeat(store: CheckpointStore, run: S3Uri, now: float) -> dict[str, Any] | None:
+    """The run's heartbeat, or None when the trainer writes none; raises ValueError/OSError/TrainopsError."""
+    body = store.read(run.bucket, run.key(HEARTBEAT_FILE), limit=HEARTBEAT_LIMIT)
+    return None if body is None else parse_heartbeat(body, f"{run}{HEARTBEAT_FILE}", now)
+
+
+# ---- checkpoint commits --------------------------------------------------------------------------
+def commit_times(store: CheckpointStore, run: S3Uri) -> tuple[list[dict[str, Any]], int]:
+    """``([{"step", "at"}, ...] oldest first, how many older checkpoint directories were not read)``: when each
+    of the newest ``MAX_COMMITS`` checkpoints was committed, from a one-key listing of its
+    ``_COMMITTED`` (listings carry sub-second times where the server keeps them; uncommitted ones are left out)."""
+    names, _ = store.list_dir(run)
+    steps = sorted(
+        ((step, name) for name in names if (step := step_from_name(name)) is not None), reverse=True
+    )
+
+    def committed(item: tuple[int, str]) -> dict[str, Any] | None:
+        step, name = item
+        key = run.child(name).key(COMMITTED_FILE)
+        listed = store.client.list_objects_v2(Bucket=run.bucket, Prefix=key, MaxKeys=1).get("Contents") or []
+        found = next((o for o in listed if o["Key"] == key), None)
+        return {"step": step, "at": found["LastModified"].timestamp()} if found else None
+
+    with ThreadPoolExecutor(COMMIT_READERS) as pool:
+        found = [c for c in pool.map(committed, steps[:MAX_COMMITS]) if c]
+    return sorted(found, key=lambda c: (c["at"], c["step"])), max(0, len(steps) - MAX_COMMITS)
+
+
+# ---- attempts ------------------------------------------------------------------------------------
+def _ended_at(job: Mapping) -> float | None:
+    conditions = {
+        c.get("type"): c
+        for c in (job.get("status") or {}).get("conditions") or []
+        if c.get("status") == "True"
+    }
+    for kind in ("Failed", "Complete", "Suspended"):
+        if kind in conditions:
+            return _stamp(conditions[kind].get("lastTransitionTime"))
+    return None
+
+
+def _kept_out(job: Mapping) -> set[str]:
+    value = ((job.get("metadata") or {}).get("annotations") or {}).get(EXCLUDED_ANNOTATION) or ""
+    return {name for name in str(value).split(",") if name}
+
+
+def attempt_times(ledger: Mapping, jobs: list[Mapping] | None) -> list[dict[str, Any]]:
+    """One entry per attempt of the ledger: when it started and ended (its Job's times; None when the
+    Job is gone or was not read), where it resumed from, how it ended and its culprits (None: unknown)."""
+    by_name = {(j.get("metadata") or {}).get("name"): j for j in jobs or []}
+    attempts = ledger.get("attempts") or []
+    found = [by_name.get(a.get("job")) for a in attempts]
+    # the nodes kept out of each attempt, and after the last one (the ledger's own list)
+    kept_out = [_kept_out(job) if job is not None else None for job in found] + [
+        set(ledger.get("excluded") or {})
+    ]
+    rows = []
+    for index, (attempt, job) in enumerate(zip(attempts, found, strict=True)):
+        ended = attempt.get("phase") == "ended"
+        before, after = kept_out[index], kept_out[index + 1]
+        rows.append(
+            {
+                "number": attempt.get("number"),
+                "job": attempt.get("job"),
+                "started_at": _stamp(((job or {}).get("metadata") or {}).get("creationTimestamp")),
+                "ended_at": _ended_at(job) if job is not None and ended else None,
+                "resume_step": attempt.get("resume_step"),
+                "kind": attempt.get("kind"),
+                "ended": attempt.get("ended"),
+                "culprits": sorted(after - before) if ended and None not in (before, after) else None,
+            }
+        )
+    return rows
+
+
+# ---- the rate ------------------------------------------------------------------------------------
+def heartbeat_rate(
+    heartbeat: Mapping, commits: list[Mapping], attempt: Mapping | None
+) -> dict[str, Any] | None:
+    """Steps per second from earlier progress of the same attempt (a checkpoint it committed) to the
+    heartbeat: from the newest such commit at least ``RATE_SPAN_S`` older than the heartbeat (S3 and
+    Kubernetes keep whole seconds, so a shorter span would be mostly rounding), else from the oldest
+    one, else from the attempt's start at the step it resumed from; None when there is none."""
+    start = attempt.get("started_at") if attempt else None
+    earlier = [
+        {"step": c["step"], "at": c["at"], "what": f"checkpoint step {c['step']} committed"}
+        for c in commits
+        if c["step"] < heartbeat["step"] and c["at"] < heartbeat["at"] and (start is None or c["at"] >= start)
+    ]
+    if not earlier and start is not None and start < heartbeat["at"]:
+        resumed = attempt.get("resume_step") or 0
+        earlier = [
+            {
+                "step": resumed,
+                "at": start,
+                "what": f"attempt {attempt.get('number')} started at step {resumed}",
+            }
+        ]
+    if not earlier:
+        return None
+    spanning = [p for p in earlier if heartbeat["at"] - p["at"] >= RATE_SPAN_S]
+    since = max(spanning, key=lambda p: p["at"]) if spanning else min(earlier, key=lambda p: p["at"])
+    if since["step"] >= heartbeat["step"]:
+        return None
+    return {**since, "steps_per_s": (heartbeat["step"] - since["step"]) / (heartbeat["at"] - since["at"])}
+
+
+# ---- all of it -----------------------------------------------------------------------------------
+def _alone(read: Callable[[], Any], errors: dict[str, str | None], name: str, default: Any) -> Any:
+    """``read()``; on a bad object, an unreachable server or a refusal, ``default`` and the reason in ``errors``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainops.errors import TrainopsError
+
+    try:
+        return read()
+    except (Unavailable, ValueError, OSError, TrainopsError, ClientError, BotoCoreError) as error:
+        errors[name] = str(error)[:500]
+        return default
+
+
+def run_progress(
+    ledger: Mapping,
+    run_uri: str | None,
+    store: Callable[[], CheckpointStore],
+    jobs: Callable[[], list[Mapping]],
+    now: float | None = None,
+) -> dict[str, Any]:
+    """``{"heartbeat", "rate", "attempts", "commits", "checkpoints_unread", "errors": {part: reason}}``;
+    each part is read alone, and one that cannot be read is empty with its reason in ``errors``."""
+    now = time.time() if now is None else now
+    errors: dict[str, str | None] = {"heartbeat": None, "commits": None, "attempts": None}
+    attempts = attempt_times(ledger, _alone(jobs, errors, "attempts", None))
+    heartbeat, commits, unread = None, [], 0
+    if run_uri is not None:
+        run = S3Uri.parse(run_uri, field="run_uri")
+        opened = _alone(store, errors, "heartbeat", None)
+        if opened is None:
+            errors["commits"] = errors["heartbeat"]
+        else:
+            heartbeat = _alone(lambda: read_heartbeat(opened, run, now), errors, "heartbeat", None)
+            commits, unread = _alone(lambda: commit_times(opened, run), errors, "commits", ([], 0))
+    rate = heartbeat_rate(heartbeat, commits, attempts[-1] if attempts else None) if heartbeat else None
+    return {
+        "heartbeat": heartbeat,
+        "rate": rate if rate is None or math.isfinite(rate["steps_per_s"]) else None,
+        "attempts": attempts,
+        "commits": commits,
+        "checkpoints_unread": unread,
+        "errors": errors,
+    }
