@@ -91,6 +91,7 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
         "gpus": 8,
         "report": "trainops-system/node-health-gpu-node-001",
         "reported_at": None,
+        "tensor_active": None,  # no Prometheus configured: n/a, not an error
     }
     assert rows["gpu-node-001"]["reported_at"].endswith("Z")
     assert rows["gpu-node-001"]["health"] in ("ok", "warn")
@@ -102,6 +103,7 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
         "claimed": 2,
     }
     assert fleet["counts"]["health"]["quarantine"] == 1
+    assert fleet["tensor_active"] == {"configured": False, "error": None}
 
 
 def test_a_node_whose_quarantine_taint_was_removed_by_hand_still_shows_quarantined(ui, quarantined, k8s):
@@ -182,6 +184,56 @@ def test_a_missing_cluster_connection_is_named_with_its_fix(ui, monkeypatch):
     assert answer.status_code == 503
     assert answer.json()["detail"] == (
         "no Airflow connection 'gpu_cluster': create it, or name another in [trainops] kubernetes_conn_id"
+    )
+
+
+def test_fleet_shows_tensor_core_activity_from_one_prometheus_query(ui, make_devcluster, monkeypatch):
+    """With [trainops] prometheus_conn_id naming a trainops_prometheus connection, each node's
+    DCGM_FI_PROF_PIPE_TENSOR_ACTIVE (mean over its GPUs) as a real Prometheus scraped it."""
+    http, token = ui
+    cluster = make_devcluster(nodes=4, system_nodes=0, inference=[], prometheus=True)
+    cluster.telemetry["gpu-node-002"].set_training_active(True)
+    cluster.wait_until_scraped()
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_DCGM_PROMETHEUS",
+        json.dumps({"conn_type": "trainops_prometheus", "host": cluster.prometheus_url}),
+    )
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__PROMETHEUS_CONN_ID", "dcgm_prometheus")
+    before = len(cluster.prometheus.query_log.read_text().splitlines())
+
+    fleet = http.get("/trainops/api/fleet", headers=bearer(token("viewer"))).json()
+    assert {r["name"]: r["tensor_active"] for r in fleet["nodes"]} == {
+        "gpu-node-000": 0.0,
+        "gpu-node-001": 0.0,
+        "gpu-node-002": 0.58,
+        "gpu-node-003": 0.0,
+    }
+    assert fleet["tensor_active"] == {"configured": True, "error": None}
+    asked = [
+        json.loads(line)["params"]["query"] for line in cluster.prometheus.query_log.read_text().splitlines()
+    ]
+    assert asked[before:] == [
+        "avg by (Hostname) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)"
+    ]  # one for the whole fleet
+
+    cluster.prometheus.stop()
+    down = http.get("/trainops/api/fleet", headers=bearer(token("viewer")))
+    assert down.status_code == 200 and len(down.json()["nodes"]) == 4
+    assert all(r["tensor_active"] is None for r in down.json()["nodes"])
+    assert "unreachable" in down.json()["tensor_active"]["error"]
+
+
+def test_a_missing_prometheus_connection_leaves_the_column_empty_and_names_the_fix(
+    ui, devcluster, monkeypatch
+):
+    http, token = ui
+    monkeypatch.setenv("AIRFLOW__TRAINOPS__PROMETHEUS_CONN_ID", "dcgm_prometheus")
+    answer = http.get("/trainops/api/fleet", headers=bearer(token("viewer")))
+    assert answer.status_code == 200 and len(answer.json()["nodes"]) == 16
+    assert all(r["tensor_active"] is None for r in answer.json()["nodes"])
+    assert answer.json()["tensor_active"]["error"] == (
+        "no Airflow connection 'dcgm_prometheus': create it (type trainops_prometheus), or name another "
+        "in [trainops] prometheus_conn_id, or leave that setting empty"
     )
 
 
