@@ -17,7 +17,10 @@ class AuditLog:
         self._lock = threading.Lock()
         self._entries: collections.deque[dict] = collections.deque(maxlen=limit)
 
-    def record(self, *, verb: str, method: str, path: str, status: int, user_agent: str) -> None:
+    def record(
+        self, *, verb: str, method: str, path: str, status: int, user_agent: str, user: str = ""
+    ) -> None:
+        """One request: ``user`` is the authenticated user's name ("" when authentication failed)."""
         entry = {
             "time": time.time(),
             "verb": verb,
@@ -25,6 +28,7 @@ class AuditLog:
             "path": path,
             "status": status,
             "user_agent": user_agent,
+            "user": user,
         }
         with self._lock:
             self._entries.append(entry)

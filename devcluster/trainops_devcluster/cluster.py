@@ -13,6 +13,8 @@ objects of ``topology``, writes a kubeconfig, and serves the devcluster-only end
 
 from __future__ import annotations
 
+import base64
+import copy
 import json
 import tempfile
 import time
@@ -23,7 +25,7 @@ from urllib.parse import unquote
 import yaml
 
 from trainops.conventions import HEALTH_NAMESPACE
-from trainops_devcluster import defaults, kinds, topology
+from trainops_devcluster import authn, defaults, kinds, rbac, topology
 from trainops_devcluster.controllers import start_controllers
 from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admission
 from trainops_devcluster.logs import PodLogs
@@ -33,7 +35,7 @@ from trainops_devcluster.server import ApiServer
 from trainops_devcluster.store import Store
 from trainops_devcluster.telemetry import NodeTelemetry, render_dcgm
 
-TOKEN = "devcluster-admin-token"
+TOKEN = authn.ADMIN_TOKEN
 
 
 class FaultError(ValueError):
@@ -189,11 +191,14 @@ class DevCluster:
     def faults(self):
         return self._controllers.faults
 
-    def _seed_objects(self) -> None:
-        def create(resource: str, obj: dict) -> None:
-            defaults.apply(kinds.by_resource(resource), obj, creating=True)
-            self.store.create(resource, obj)
+    def _create(self, resource: str, obj: dict) -> None:
+        defaults.apply(kinds.by_resource(resource), obj, creating=True)
+        self.store.create(resource, obj)
 
+    def _seed_objects(self) -> None:
+        create = self._create
+        for resource, obj in rbac.BOOTSTRAP:
+            create(resource, copy.deepcopy(obj))
         for name in (
             "default",
             "kube-system",
@@ -212,17 +217,66 @@ class DevCluster:
         for resource, obj in topology.kueue_objects():
             create(resource, obj)
 
-    def write_kubeconfig(self, path: Path) -> Path:
-        """A kubeconfig that stock kubectl and both Python clients use unchanged."""
+    def create_from_file(self, manifest: Path) -> None:
+        """Create every object of a YAML manifest that is not there yet (``deploy/rbac.yaml``), as
+        the admin's ``kubectl create -f`` would: the namespaces it names are created first."""
+        docs = [d for d in yaml.safe_load_all(Path(manifest).read_text()) if d]
+        for doc in sorted(docs, key=lambda d: d["kind"] != "Namespace"):
+            group = doc["apiVersion"].rpartition("/")[0]
+            kind = next(k for k in kinds.KINDS if (k.group, k.kind) == (group, doc["kind"]))
+            meta = doc["metadata"]
+            if kind.namespaced:
+                self._ensure_namespace(meta.get("namespace") or "default")
+            if self.store.find(kind.resource, meta.get("namespace", ""), meta["name"]) is None:
+                self._create(kind.resource, copy.deepcopy(doc))
+
+    def _ensure_namespace(self, name: str) -> None:
+        if self.store.find("namespaces", "", name) is None:
+            self._create("namespaces", topology.namespace(name))
+
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, path: Path, *, expiration_s: int = 24 * 3600
+    ) -> Path:
+        """Write a kubeconfig at ``path`` whose user is ServiceAccount ``namespace/name`` (created
+        if absent) with a token from its TokenRequest subresource: what a pod running as that
+        account has.  RBAC then decides what it may do.  It names the HTTPS port, as kubectl sends
+        credentials only over TLS."""
+        self._ensure_namespace(namespace)
+        if self.store.find("serviceaccounts", namespace, name) is None:
+            self._create("serviceaccounts", {"metadata": {"name": name, "namespace": namespace}})
+        answer = self.server.tokens.request(namespace, name, {"spec": {"expirationSeconds": expiration_s}})
+        return self.write_kubeconfig(
+            path,
+            token=answer["status"]["token"],
+            user=f"{namespace}/{name}",
+            namespace=namespace,
+            secure=True,
+        )
+
+    def write_kubeconfig(
+        self,
+        path: Path,
+        *,
+        token: str = TOKEN,
+        user: str = "devcluster-admin",
+        namespace: str = "default",
+        secure: bool = False,
+    ) -> Path:
+        """A kubeconfig that stock kubectl and both Python clients use unchanged (the admin's unless
+        ``token`` is another user's; ``secure``: the HTTPS URL and its certificate)."""
+        cluster: dict = {"server": self.url}
+        if secure:
+            ca = base64.b64encode(self.server.serving_cert.cert_pem).decode()
+            cluster = {"server": self.server.secure_url, "certificate-authority-data": ca}
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "devcluster", "cluster": {"server": self.url}}],
-            "users": [{"name": "devcluster-admin", "user": {"token": TOKEN}}],
+            "clusters": [{"name": "devcluster", "cluster": cluster}],
+            "users": [{"name": user, "user": {"token": token}}],
             "contexts": [
                 {
                     "name": "devcluster",
-                    "context": {"cluster": "devcluster", "user": "devcluster-admin", "namespace": "default"},
+                    "context": {"cluster": "devcluster", "user": user, "namespace": namespace},
                 }
             ],
             "current-context": "devcluster",

@@ -9,6 +9,10 @@ class BadRequest(StoreError):
     code, reason = 400, "BadRequest"
 
 
+class Unauthorized(StoreError):
+    code, reason = 401, "Unauthorized"
+
+
 class Forbidden(StoreError):
     code, reason = 403, "Forbidden"
 
@@ -38,6 +42,18 @@ class Unprocessable(StoreError):
     """422 without field causes (a JSON patch ``test`` that failed, a path that does not exist)."""
 
     code, reason = 422, "Invalid"
+
+
+class AdmissionDenied(StoreError):
+    """An admission policy's denial (``admission.NewForbidden`` recast as the policy's reason,
+    422 ``Invalid`` by default): ``message`` names the object, ``causes`` holds the denial."""
+
+    code, reason = 422, "Invalid"
+
+    def __init__(self, denial: str, *, resource: str, name: str) -> None:
+        qualified = f'{resource} "{name}"' if name else resource
+        super().__init__(f"{qualified} is forbidden: {denial}", resource=resource, name=name)
+        self.causes = [{"message": denial}]
 
 
 class TooManyRequests(StoreError):
@@ -74,6 +90,8 @@ def status(error: StoreError) -> dict:
         if group:
             details["group"] = group
         details["kind"] = plural
+        if isinstance(error, AdmissionDenied):
+            details["causes"] = error.causes
     elif getattr(error, "causes", None):  # a PodDisruptionBudget's 429, an apply conflict
         details["causes"] = error.causes
     if isinstance(error, TooManyRequests) and error.retry_after:
@@ -90,6 +108,7 @@ def status(error: StoreError) -> dict:
         "details": details,
         "code": error.code,
     }
-    if isinstance(error, Gone | BadRequest):  # NewResourceExpired, NewBadRequest: no details
+    if isinstance(error, Gone | BadRequest | Unauthorized):  # NewResourceExpired, NewBadRequest,
+        # and the authentication filter's 401: no details
         del body["details"]
     return body

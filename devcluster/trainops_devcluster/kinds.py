@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 KUEUE = "kueue.x-k8s.io"
-RBAC = "rbac.authorization.k8s.io"  # stored, never enforced
+RBAC = "rbac.authorization.k8s.io"  # enforced by rbac.py
 K8S_VERSION = "1.33.0"
 
 
@@ -101,7 +101,7 @@ KINDS: tuple[Kind, ...] = (
         True,
         ("sa",),
         (),
-        (),
+        ("token",),
         "io.k8s.api.core.v1.ServiceAccount",
     ),
     Kind(
@@ -273,6 +273,7 @@ _SUBRESOURCE_INFO = {
     "eviction": ("policy", "v1", "Eviction", ["create"]),
     "binding": ("", "v1", "Binding", ["create"]),
     "log": ("", "v1", "Pod", ["get"]),
+    "token": ("authentication.k8s.io", "v1", "TokenRequest", ["create"]),
 }
 
 

@@ -1,5 +1,6 @@
 """Just enough of Kubernetes' protobuf encoding to read the bodies typed Go clients (kubectl's
-``create deployment|job|configmap|secret|serviceaccount|namespace``, ``drain``) send as protobuf.
+``create deployment|job|configmap|secret|serviceaccount|namespace|token``, ``drain``,
+``auth can-i``) send as protobuf.
 
 Each message is a table of field number -> (JSON name, type), with the numbers of the
 ``generated.proto`` files of k8s.io/api and apimachinery.  Go's encoder writes every
@@ -247,6 +248,42 @@ KINDS: dict[str, Schema] = {
     },
     "Eviction": {1: ("metadata", OBJECT_META), 2: ("deleteOptions", DELETE_OPTIONS)},
     "DeleteOptions": DELETE_OPTIONS,
+    # kubectl create token [--bound-object-kind ... --bound-object-name ... --duration ...]
+    "TokenRequest": {
+        1: ("metadata", OBJECT_META),
+        2: (
+            "spec",
+            {
+                1: ("audiences", rep(S)),
+                3: ("boundObjectRef", {1: ("kind", S), 2: ("apiVersion", S), 3: ("name", S), 4: ("uid", S)}),
+                4: ("expirationSeconds", INT_SET),
+            },
+        ),
+        3: ("status", SKIP),
+    },
+    # kubectl auth can-i
+    "SelfSubjectAccessReview": {
+        1: ("metadata", OBJECT_META),
+        2: (
+            "spec",
+            {
+                1: (
+                    "resourceAttributes",
+                    {
+                        1: ("namespace", S),
+                        2: ("verb", S),
+                        3: ("group", S),
+                        4: ("version", S),
+                        5: ("resource", S),
+                        6: ("subresource", S),
+                        7: ("name", S),
+                    },
+                ),
+                2: ("nonResourceAttributes", {1: ("path", S), 2: ("verb", S)}),
+            },
+        ),
+        3: ("status", SKIP),
+    },
 }
 
 

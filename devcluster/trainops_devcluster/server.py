@@ -15,6 +15,7 @@ import json
 import logging
 import queue
 import select
+import ssl
 import sys
 import threading
 import time
@@ -24,8 +25,23 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
-from trainops_devcluster import apply, defaults, gc, kinds, openapi, patch, pdb, protobuf, tables
+from trainops_devcluster import (
+    apply,
+    authn,
+    defaults,
+    gc,
+    kinds,
+    node_probe_policy,
+    openapi,
+    patch,
+    pdb,
+    protobuf,
+    rbac,
+    tables,
+    tls,
+)
 from trainops_devcluster.audit import ApiFaults, AuditLog
+from trainops_devcluster.authn import User
 from trainops_devcluster.errors import (
     BadRequest,
     Forbidden,
@@ -75,6 +91,7 @@ class _Call:
     query: dict[str, str]
     body: bytes
     handler: BaseHTTPRequestHandler
+    user: User
 
     @property
     def ns(self) -> str:
@@ -107,26 +124,39 @@ class ApiServer:
         self.extension = extension
         self.audit = AuditLog()
         self.faults = ApiFaults()
-        self.url = ""
-        self._httpd: ThreadingHTTPServer | None = None
+        self.tokens = authn.Tokens(store)
+        self.authorizer = rbac.Authorizer(store)
+        self.url = self.secure_url = ""
+        self.serving_cert = tls.ServingCert.self_signed()
+        self._servers: list[_HttpServer] = []
         self._stopping = threading.Event()
 
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> str:
-        httpd = _HttpServer((self.host, self.port), _Handler)
+        """Serve HTTP on ``port`` (``url``) and HTTPS on another free port (``secure_url``, with
+        ``serving_cert``): the same API, for clients that send credentials only over TLS."""
+        httpd = self._serve_on(self.port, None)
+        self.url = f"http://{self.host}:{httpd.server_address[1]}"
+        secure = self._serve_on(0, self.serving_cert.server_context())
+        self.secure_url = f"https://{self.host}:{secure.server_address[1]}"
+        return self.url
+
+    def _serve_on(self, port: int, context: ssl.SSLContext | None) -> _HttpServer:
+        httpd = _HttpServer((self.host, port), _Handler)
+        if context is not None:  # the handshake happens in the request's thread (_Handler.setup)
+            httpd.socket = context.wrap_socket(httpd.socket, server_side=True, do_handshake_on_connect=False)
         httpd.api = self  # type: ignore[attr-defined]
-        self._httpd = httpd
+        self._servers.append(httpd)
         threading.Thread(
             target=httpd.serve_forever, kwargs={"poll_interval": 0.2}, name="ApiServer", daemon=True
         ).start()
-        self.url = f"http://{self.host}:{httpd.server_address[1]}"
-        return self.url
+        return httpd
 
     def stop(self) -> None:
         self._stopping.set()
-        if self._httpd:
-            self._httpd.shutdown()
-            self._httpd.server_close()
+        for httpd in self._servers:
+            httpd.shutdown()
+            httpd.server_close()
         self.store.close_all_watches()
 
     def drop_watches(self) -> int:
@@ -138,7 +168,8 @@ class ApiServer:
         split = urlsplit(h.path)
         path = split.path.rstrip("/") or "/"
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-        verb = _verb(h.command, path, query)
+        attrs = rbac.attributes(h.command, path, query)
+        user: User | None = None
         recorded = False
 
         def record(code: int) -> None:
@@ -148,13 +179,20 @@ class ApiServer:
                 recorded = True
                 user_agent = h.headers.get("User-Agent", "")
                 self.audit.record(
-                    verb=verb, method=h.command, path=h.path, status=code, user_agent=user_agent
+                    verb=attrs.verb,
+                    method=h.command,
+                    path=h.path,
+                    status=code,
+                    user_agent=user_agent,
+                    user=user.name if user else "",
                 )
 
         h.on_status = record  # type: ignore[attr-defined]
         code = 500
         try:
             body = _read_body(h)
+            user = self.tokens.authenticate(h.headers.get("Authorization"))  # 401
+            self._authorize(user, attrs)  # 403
             if h.headers.get("Content-Type", "").startswith(protobuf.MEDIA_TYPE):
                 body = _from_protobuf(body)
             if path.startswith("/devcluster/") and self.extension:
@@ -165,7 +203,7 @@ class ApiServer:
             if injected:
                 code = self._send_error(h, _injected(injected, h.path))
                 return
-            code = self._route(h, path, query, body)
+            code = self._route(h, path, query, body, user)
         except StoreError as error:
             code = self._send_error(h, error)
         except (BrokenPipeError, ConnectionResetError):
@@ -175,6 +213,11 @@ class ApiServer:
             code = self._send_error(h, InternalError(f"Internal error occurred: {exc}"))
         finally:
             record(code)
+
+    def _authorize(self, user: User, attrs: rbac.Attributes) -> None:
+        """403 unless RBAC allows ``user`` the request, before anything else looks at it."""
+        if self.authorizer.allowed_by(user, attrs) is None:
+            raise rbac.forbidden(user, attrs)
 
     def _send_error(self, h: BaseHTTPRequestHandler, error: StoreError) -> int:
         headers = None
@@ -186,12 +229,15 @@ class ApiServer:
             return error.code
 
     # ---- routing -----------------------------------------------------------------------
-    def _route(self, h: BaseHTTPRequestHandler, path: str, query: dict, body: bytes) -> int:
+    def _route(self, h: BaseHTTPRequestHandler, path: str, query: dict, body: bytes, user: User) -> int:
         if h.command == "GET":
             static = self._static(path)
             if static is not None:
                 return _send(h, 200, static)
-        call = _resource_call(h, path, query, body)
+        if h.command == "POST" and path == rbac.REVIEW_PATH:
+            review = rbac.self_subject_access_review(self.authorizer, user, _json_body(body))
+            return _send(h, 201, _dumps(review))
+        call = _resource_call(h, path, query, body, user)
         if call is None:
             raise NotFound(_NOT_FOUND)
         return self._resource(call)
@@ -241,6 +287,7 @@ class ApiServer:
             ("GET", "log"): self._log,
             ("POST", "eviction"): self._evict,
             ("POST", "binding"): self._bind,
+            ("POST", "token"): self._token_request,
             ("PUT", ""): self._update,
             ("PUT", "status"): self._update,
             ("PUT", "scale"): self._update,
@@ -388,12 +435,7 @@ class ApiServer:
     # ---- writes ------------------------------------------------------------------------
     def _decode(self, call: _Call, kind: Kind | None = None) -> dict:
         kind = kind or call.kind
-        try:
-            obj = json.loads(call.body or b"null")
-        except ValueError as exc:
-            raise BadRequest(f"the object provided is unrecognized or malformed: {exc}") from None
-        if not isinstance(obj, dict):
-            raise BadRequest("the object provided is unrecognized (a JSON object is required)")
+        obj = _json_body(call.body or b"null")
         # gvkWithDefaults: a missing kind or apiVersion is the URL's, as kube-apiserver decodes it
         obj["kind"] = obj.get("kind") or kind.kind
         obj["apiVersion"] = obj.get("apiVersion") or kind.api_version
@@ -411,6 +453,7 @@ class ApiServer:
         return obj
 
     def _admit(self, call: _Call, operation: str, obj: dict, old: dict | None) -> dict:
+        node_probe_policy.check(call.user, operation, call.kind.resource, call.sub, call.ns, obj, old)
         for admit in self.admission:
             obj = admit(call.kind.resource, operation, obj, old)
         return obj
@@ -641,6 +684,8 @@ class ApiServer:
         return options
 
     def _delete_one(self, call: _Call, name: str, options: dict) -> dict:
+        named = {"metadata": {"name": name}}
+        node_probe_policy.check(call.user, "DELETE", call.kind.resource, "", call.ns, None, named)
         if options.get("dryRun") is True:
             return self.store.get(call.kind.resource, call.ns, name)
         pre = options.get("preconditions") or {}
@@ -680,6 +725,7 @@ class ApiServer:
                                     q,
                                     b"",
                                     call.handler,
+                                    call.user,
                                 ),
                                 obj["metadata"]["name"],
                                 options,
@@ -767,6 +813,10 @@ class ApiServer:
         self.store.mutate("pods", call.ns, call.name, assign)
         return _send(call.handler, 201, _dumps(_success(201)))
 
+    def _token_request(self, call: _Call) -> int:
+        answer = self.tokens.request(call.ns, call.name, _json_body(call.body))
+        return _send(call.handler, 201, _dumps(answer))
+
     def _log(self, call: _Call) -> int:
         q = call.query
         pod = self.store.get("pods", call.ns, call.name)
@@ -816,8 +866,8 @@ class _HttpServer(ThreadingHTTPServer):
     request_queue_size = 256  # the stdlib's 5 refuses connections when many clients arrive at once
 
     def handle_error(self, request, client_address) -> None:
-        if isinstance(sys.exc_info()[1], ConnectionError):
-            return  # a client that went away is not a server error
+        if isinstance(sys.exc_info()[1], ConnectionError | ssl.SSLError):
+            return  # a client that went away, or refused the certificate, is not a server error
         log.exception("connection from %s failed", client_address)  # to the log, not the terminal
 
 
@@ -836,6 +886,11 @@ class _Handler(BaseHTTPRequestHandler):
         on_status = getattr(self, "on_status", None)
         if on_status:
             on_status(code)
+
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()
+        super().setup()
 
     def _serve(self) -> None:
         self.server.api.serve(self)  # type: ignore[attr-defined]
@@ -917,6 +972,8 @@ def _client_gone(h: BaseHTTPRequestHandler) -> bool:
     """True once the client closed its end of a long-running response."""
     try:
         readable, _, _ = select.select([h.connection], [], [], 0)
+        if readable and isinstance(h.connection, ssl.SSLSocket):
+            return True  # TLS cannot peek; a client sends nothing but its close alert mid-response
         return bool(readable) and not h.connection.recv(1, 0x2)  # MSG_PEEK
     except OSError:
         return True
@@ -1074,27 +1131,19 @@ def _selected_event(event: Event, selects: list, matched: dict) -> str | None:
     return DELETED if before is not False and event.type == MODIFIED else None
 
 
-def _verb(method: str, path: str, query: dict) -> str:
-    if method == "GET":
-        parts = path.strip("/").split("/")
-        if _flag(query, "watch"):
-            return "watch"
-        collection = (parts[0] == "api" and len(parts) in (3, 5)) or (
-            parts[0] == "apis" and len(parts) in (4, 6)
-        )
-        if parts[0] == "api" and len(parts) == 4 and parts[2] == "namespaces":
-            collection = False
-        return "list" if collection and parts[-1] not in ("status", "log", "scale") else "get"
-    if method == "DELETE":
-        parts = path.strip("/").split("/")
-        collection = (parts[0] == "api" and len(parts) in (3, 5)) or (
-            parts[0] == "apis" and len(parts) in (4, 6)
-        )
-        return "deletecollection" if collection and not (parts[0] == "api" and len(parts) == 4) else "delete"
-    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+def _json_body(body: bytes) -> dict:
+    try:
+        obj = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise BadRequest(f"the object provided is unrecognized or malformed: {exc}") from None
+    if not isinstance(obj, dict):
+        raise BadRequest("the object provided is unrecognized (a JSON object is required)")
+    return obj
 
 
-def _resource_call(h: BaseHTTPRequestHandler, path: str, query: dict, body: bytes) -> _Call | None:
+def _resource_call(
+    h: BaseHTTPRequestHandler, path: str, query: dict, body: bytes, user: User
+) -> _Call | None:
     parts = path.strip("/").split("/")
     if parts[0] == "api" and len(parts) >= 3:
         group, version, rest = "", parts[1], parts[2:]
@@ -1118,4 +1167,4 @@ def _resource_call(h: BaseHTTPRequestHandler, path: str, query: dict, body: byte
     sub = rest[2] if len(rest) > 2 else ""
     if kind.namespaced and namespace is None and h.command != "GET":
         return None
-    return _Call(h.command, kind, namespace, name, sub, query, body, h)
+    return _Call(h.command, kind, namespace, name, sub, query, body, h, user)

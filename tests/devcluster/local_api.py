@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from kubernetes import config
+from trainops_devcluster.authn import ADMIN_TOKEN
 from trainops_devcluster.disruption import DisruptionController
 from trainops_devcluster.gc import GarbageCollector
 from trainops_devcluster.logs import PodLogs
@@ -63,7 +64,7 @@ def kubeconfig(url: str) -> dict:
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "dev", "cluster": {"server": url}}],
-        "users": [{"name": "dev", "user": {"token": "test-token"}}],
+        "users": [{"name": "dev", "user": {"token": ADMIN_TOKEN}}],
         "contexts": [{"name": "dev", "context": {"cluster": "dev", "user": "dev", "namespace": "default"}}],
         "current-context": "dev",
     }

@@ -7,6 +7,7 @@ import sys
 import pytest
 import yaml
 from kubernetes import client, config, watch
+from trainops_devcluster.authn import ADMIN_TOKEN
 from trainops_devcluster.controllers import start_controllers
 from trainops_devcluster.logs import PodLogs
 from trainops_devcluster.runtime import LOCAL_IMAGE
@@ -33,7 +34,7 @@ def api_client(tmp_path):
                 "apiVersion": "v1",
                 "kind": "Config",
                 "clusters": [{"name": "dev", "cluster": {"server": url}}],
-                "users": [{"name": "dev", "user": {"token": "t"}}],
+                "users": [{"name": "dev", "user": {"token": ADMIN_TOKEN}}],
                 "contexts": [{"name": "dev", "context": {"cluster": "dev", "user": "dev"}}],
                 "current-context": "dev",
             }
