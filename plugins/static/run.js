@@ -122,7 +122,11 @@ $("return").addEventListener("click", async () => {
   });
   const text = await response.text();
   if (!response.ok) return showError(response, text);
+  const r = JSON.parse(text);
   $("error").textContent = "";
+  $("returned").textContent = `You returned ${r.node_names.length ? r.node_names.join(", ") : "nothing (the run held no nodes)"}` +
+    ` (${r.gpus_returned} GPUs)` + (r.quarantined.length ? `; still quarantined: ${r.quarantined.join(", ")}` : "") +
+    (r.workloads_restored.length ? `; inference restored: ${r.workloads_restored.join(", ")}` : "");
   await load();
 });
 load();
