@@ -1,6 +1,8 @@
 """The real ``dags/training_lifecycle.py`` against a devcluster and the local S3: fixtures and end-state checks.
 
 Each scenario is short (2 training nodes + 1 spare of an 8-node cluster, a few dozen fast steps).
+The package runs as the Airflow workers' ServiceAccount with ``deploy/rbac.yaml`` applied, so a call
+RBAC denies fails the run; the tests' own checks (``api``) use the admin's kubeconfig.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import asyncio
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from trainops_devcluster import airflow_home
@@ -17,6 +20,10 @@ from tests.training.conftest import heartbeat_step, raw
 from trainops.conventions import CLAIMED_BY_ANNOTATION, GPU_RESOURCE, MODE_TAINT, MODE_TRAINING
 
 DAG_ID = "training_lifecycle"
+RBAC = Path(__file__).parents[2] / "deploy" / "rbac.yaml"
+#: the ServiceAccount deploy/rbac.yaml binds for the Airflow workers (the Helm chart's name)
+WORKER = ("airflow", "airflow-worker")
+WORKER_KUBECONFIG = "worker-kubeconfig"
 WRITES = {"create", "update", "patch", "delete"}
 TRAINER = [
     "python",
@@ -39,18 +46,25 @@ def process_env(s3) -> dict[str, str]:
 
 
 @pytest.fixture
-def cluster(s3, monkeypatch):
-    """An 8-node devcluster (inference settled, every node probed once); Airflow points at it."""
+def cluster(s3, monkeypatch, tmp_path):
+    """An 8-node devcluster (inference settled, every node probed once) with deploy/rbac.yaml applied;
+    Airflow points at it as the workers' ServiceAccount (``worker_kubeconfig``)."""
     from trainops_devcluster.cluster import DevCluster
 
     with DevCluster(nodes=8, gpus_per_node=8, process_env=process_env(s3)) as dev:
         dev.wait_until_settled()
         dev.probe_daemon.wait_rounds(1)
-        monkeypatch.setenv("KUBECONFIG", str(dev.kubeconfig))
-        monkeypatch.setenv(
-            "AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(dev.kubeconfig)
-        )
+        dev.create_from_file(RBAC)
+        worker = dev.service_account_kubeconfig(*WORKER, tmp_path / WORKER_KUBECONFIG)
+        monkeypatch.setenv("KUBECONFIG", str(worker))
+        monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(worker))
         yield dev
+
+
+@pytest.fixture
+def worker_kubeconfig(cluster, tmp_path) -> Path:
+    """The kubeconfig the package runs with: a token of the workers' ServiceAccount."""
+    return tmp_path / WORKER_KUBECONFIG
 
 
 @pytest.fixture
