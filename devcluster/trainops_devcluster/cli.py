@@ -122,6 +122,9 @@ def run_up(args: argparse.Namespace) -> int:
         if cluster.prometheus_url:
             print(f"prometheus: {cluster.prometheus_url}", flush=True)
             print(f"prometheus log: {cluster.prometheus.log_file}", flush=True)
+        ca = cluster.kubeconfig.with_name("devcluster-ca.crt")
+        ca.write_bytes(cluster.server.serving_cert.cert_pem)
+        print(f"HTTPS for ServiceAccount tokens: {cluster.server.secure_url} (certificate: {ca})", flush=True)
         stop.wait()
     except KeyboardInterrupt:
         pass

@@ -1,5 +1,6 @@
 """Just enough of Kubernetes' protobuf encoding to read the bodies typed Go clients (kubectl's
-``create deployment|job|configmap|secret|serviceaccount|namespace|token``, ``drain``,
+``create deployment|job|configmap|secret|serviceaccount|namespace|token``, ``create role|clusterrole|
+rolebinding|clusterrolebinding``, ``drain``,
 ``auth can-i``) send as protobuf.
 
 Each message is a table of field number -> (JSON name, type), with the numbers of the
@@ -219,6 +220,19 @@ DELETE_OPTIONS: Schema = {
     4: ("propagationPolicy", S),
     5: ("dryRun", rep(S)),
 }
+POLICY_RULE: Schema = {
+    1: ("verbs", rep(S)),
+    2: ("apiGroups", rep(S)),
+    3: ("resources", rep(S)),
+    4: ("resourceNames", rep(S)),
+    5: ("nonResourceURLs", rep(S)),
+}
+ROLE: Schema = {1: ("metadata", OBJECT_META), 2: ("rules", rep(POLICY_RULE))}
+ROLE_BINDING: Schema = {
+    1: ("metadata", OBJECT_META),
+    2: ("subjects", rep({1: ("kind", S), 2: ("apiGroup", S), 3: ("name", S), 4: ("namespace", S)})),
+    3: ("roleRef", {1: ("apiGroup", S), 2: ("kind", S), 3: ("name", S)}),
+}
 KINDS: dict[str, Schema] = {
     "Deployment": DEPLOYMENT,
     "Job": JOB,
@@ -248,6 +262,11 @@ KINDS: dict[str, Schema] = {
     },
     "Eviction": {1: ("metadata", OBJECT_META), 2: ("deleteOptions", DELETE_OPTIONS)},
     "DeleteOptions": DELETE_OPTIONS,
+    # kubectl create role|clusterrole|rolebinding|clusterrolebinding
+    "Role": ROLE,
+    "ClusterRole": {**ROLE, 3: ("aggregationRule", {1: ("clusterRoleSelectors", rep(LABEL_SELECTOR))})},
+    "RoleBinding": ROLE_BINDING,
+    "ClusterRoleBinding": ROLE_BINDING,
     # kubectl create token [--bound-object-kind ... --bound-object-name ... --duration ...]
     "TokenRequest": {
         1: ("metadata", OBJECT_META),

@@ -33,15 +33,19 @@ def running(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    lines = [server.stdout.readline() for _ in range(5)]
+    lines = [server.stdout.readline() for _ in range(6)]
     assert lines[0].startswith("devcluster API listening on http://127.0.0.1:"), lines
     assert lines[2] == f"devcluster log: {tmp_path / 'devcluster.log'}\n", lines
     assert lines[3].startswith("prometheus: http://127.0.0.1:"), lines
     assert lines[4] == f"prometheus log: {tmp_path / 'prometheus.log'}\n", lines
+    ca = tmp_path / "devcluster-ca.crt"
+    assert lines[5].startswith("HTTPS for ServiceAccount tokens: https://127.0.0.1:"), lines
+    assert lines[5].endswith(f" (certificate: {ca})\n"), lines
     yield {
         "url": lines[0].rsplit(" ", 1)[1].strip(),
         "kubeconfig": kubeconfig,
         "prometheus": lines[3].split()[1],
+        "secure": ["--server", lines[5].split()[4], "--certificate-authority", str(ca)],
     }
     server.send_signal(signal.SIGTERM)
     assert server.wait(timeout=30) == 0
@@ -117,3 +121,17 @@ def test_up_refuses_to_bind_beyond_loopback(tmp_path):
         timeout=60,
     )
     assert result.returncode == 2 and "loopback" in result.stderr
+
+
+def test_a_service_account_token_works_against_the_https_port_it_prints(running):
+    def kubectl(*args: str) -> subprocess.CompletedProcess:
+        command = ["kubectl", "--kubeconfig", str(running["kubeconfig"]), *args]
+        return subprocess.run(command, capture_output=True, text=True)
+
+    assert kubectl("create", "serviceaccount", "reader").returncode == 0
+    token = kubectl("create", "token", "reader").stdout.strip()
+    as_reader = [*running["secure"], "--token", token]
+    assert kubectl("auth", "can-i", "list", "nodes", *as_reader).stdout.strip() == "no"
+    assert kubectl("create", "clusterrolebinding", "reader", "--clusterrole=cluster-admin",
+                   "--serviceaccount=default:reader").returncode == 0  # fmt: skip
+    assert kubectl("auth", "can-i", "list", "nodes", *as_reader).stdout.strip() == "yes"

@@ -94,6 +94,39 @@ def test_kubectl_create_token_then_auth_can_i_answers_per_rbac_yaml(cluster):
     assert kubectl(cluster.kubeconfig, "auth", "can-i", "delete", "nodes").stdout.strip() == "yes"
 
 
+def test_kubectl_create_role_and_rolebinding_grant_by_resource_name(cluster):
+    admin = cluster.kubeconfig
+    kubectl(admin, "create", "serviceaccount", "reader", "-n", "default")
+    kubectl(
+        admin,
+        "create",
+        "role",
+        "one-pod",
+        "--verb=get",
+        "--resource=pods",
+        "--resource-name=a",
+        "-n",
+        "default",
+    )
+    kubectl(
+        admin,
+        "create",
+        "rolebinding",
+        "one-pod",
+        "--role=one-pod",
+        "--serviceaccount=default:reader",
+        "-n",
+        "default",
+    )
+    reader = as_token(cluster, create_token(cluster, "reader", "default"))
+
+    def can_i(*args: str, namespace: str = "default") -> str:
+        return kubectl(admin, "auth", "can-i", *args, "-n", namespace, *reader, check=False).stdout.strip()
+
+    assert [can_i("get", "pods/a"), can_i("get", "pods/b"), can_i("list", "pods")] == ["yes", "no", "no"]
+    assert can_i("get", "pods/a", namespace="training") == "no"  # a Role grants in its own namespace only
+
+
 def test_a_service_account_token_acts_as_its_account_and_the_audit_log_says_who(cluster):
     token = create_token(cluster)
     cluster.server.audit.clear()
@@ -255,6 +288,7 @@ def test_the_probe_may_change_its_own_node_and_report_only(cluster, probe_token)
     report = {"apiVersion": "v1", "kind": "ConfigMap", "data": {"verdict": "healthy"}}
     path = "/api/v1/namespaces/trainops-system/configmaps"
     # the devcluster's probe daemon (which writes the store, not the API) published one already
+    cluster.probe_daemon.stop()
     kubectl(cluster.kubeconfig, "delete", "configmap", "node-health-gpu-node-000", "-n", "trainops-system")
     mine = call(
         cluster, "POST", path, probe_token, {**report, "metadata": {"name": "node-health-gpu-node-000"}}
