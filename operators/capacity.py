@@ -167,8 +167,12 @@ class ReturnCapacityOperator(BaseOperator):
 
     Works from what the cluster records (node and object annotations), so it needs no XCom and is
     right after a claim that died halfway.  Returns a summary (nodes, quarantined nodes, workloads).
+    First it stops the DAG run's training Jobs that are still running and waits for their pods to
+    go: when the run or ``train`` is marked failed, the trigger's stop may come after this task, or
+    never (a triggerer that was down).
 
     :param cluster_queue: the training ClusterQueue the claim raised.
+    :param training_namespace: the namespace of the run's ``GangTrainingOperator`` Jobs (None: none).
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
     :param api_deadline_s: seconds each API step may keep retrying conflicts and 429/5xx answers.
     :param ready_deadline_s: seconds for the inference workloads to be Ready again.
@@ -180,6 +184,7 @@ class ReturnCapacityOperator(BaseOperator):
         self,
         *,
         cluster_queue: str = "training",
+        training_namespace: str | None = "training",
         kubernetes_conn_id: str = DEFAULT_CONN_ID,
         api_deadline_s: float = 120,
         ready_deadline_s: float = 600,
@@ -187,6 +192,7 @@ class ReturnCapacityOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         self.cluster_queue = cluster_queue
+        self.training_namespace = training_namespace
         self.kubernetes_conn_id = kubernetes_conn_id
         self.deadlines = Deadlines(api_s=api_deadline_s, ready_s=ready_deadline_s)
 
@@ -194,8 +200,17 @@ class ReturnCapacityOperator(BaseOperator):
     def execute(self, context) -> dict:
         from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
 
+        from trainops.kube.retry import Deadline
+        from trainops.training.cluster import GangCluster
+
         run = run_key(context)
         kube = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube()
+        if self.training_namespace:
+            dag_run = context["dag_run"]
+            for stopped in GangCluster(kube).stop_run(
+                self.training_namespace, dag_run.dag_id, dag_run.run_id, Deadline(self.deadlines.ready_s)
+            ):
+                self.log.info("stopped the run's training before returning its nodes: %s", stopped)
         summary = give_back(
             kube, run, cluster_queue=self.cluster_queue, deadlines=self.deadlines, log=self.log
         )

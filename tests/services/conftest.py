@@ -110,6 +110,8 @@ class AirflowApi:
         return answer.json()
 
     def unpause(self, dag_id: str) -> None:
+        """Unpause the DAG once the dag-processor has parsed it (the stack may have just started)."""
+        wait_for(lambda: self.call("GET", f"/dags/{dag_id}").status_code == 200, f"the DAG {dag_id} parsed")
         self.ok("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
 
     def trigger(self, dag_id: str, run_id: str, conf: dict) -> requests.Response:

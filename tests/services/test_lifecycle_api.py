@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 
 import pytest
 from trainops_devcluster import stack, stack_spec
@@ -15,22 +16,26 @@ from trainops_devcluster import stack, stack_spec
 from tests.e2e.conftest import Capacity, assert_capacity_back
 from tests.services.conftest import TERMINAL, trainer, wait_for
 from tests.training.conftest import heartbeat_step
+from trainops.training.cluster import JOB_UID_LABEL
+from trainops.training.job import RUN_LABEL
+from trainops.training.naming import run_key
 
 DAG_ID = "training_lifecycle"
 KUEUE = ("kueue.x-k8s.io", "v1beta2", "training", "workloads")
 
 
-def unfinished_workloads(api) -> list[dict]:
-    """Kueue Workloads without a ``Finished`` condition (earlier runs' Workloads are finished)."""
+def run_workloads(api, run_id: str) -> list[dict]:
+    """The Kueue Workloads of the run's Jobs."""
     from kubernetes import client
 
+    jobs = client.BatchV1Api(api).list_namespaced_job(
+        "training", label_selector=f"{RUN_LABEL}={run_key(DAG_ID, run_id)}"
+    )
+    uids = {job.metadata.uid for job in jobs.items}
     return [
         w
         for w in client.CustomObjectsApi(api).list_namespaced_custom_object(*KUEUE)["items"]
-        if not any(
-            c["type"] == "Finished" and c["status"] == "True"
-            for c in (w.get("status") or {}).get("conditions", [])
-        )
+        if w["metadata"].get("labels", {}).get(JOB_UID_LABEL) in uids
     ]
 
 
@@ -101,39 +106,67 @@ def test_bad_params_are_refused_by_the_api_naming_the_field_and_nothing_is_writt
     assert services.bucket_keys() == keys_before
 
 
+def start_long_run(services, airflow, run_id: str) -> None:
+    """Trigger a run that trains for minutes; return once ``train`` is deferred and past step 10."""
+    answer = airflow.trigger(DAG_ID, run_id, {"run_name": run_id, "command": trainer(3000, 0.05)})
+    assert answer.status_code == 200, answer.text
+    airflow.follow(DAG_ID, run_id, lambda _, states: states["train"] == "deferred")
+    run_uri = f"s3://{stack_spec.BUCKET}/runs/{run_id}/"
+    wait_for(lambda: heartbeat_step(services.s3, run_uri) >= 10, "the trainer's heartbeat at step 10")
+
+
+def mark_failed(airflow, run_id: str) -> dict[str, str | None]:
+    """The UI's "Mark run as failed"; returns the task states once the teardown has ended."""
+    airflow.ok("PATCH", f"/dags/{DAG_ID}/dagRuns/{run_id}", json={"state": "failed"})
+    seen = airflow.follow(
+        DAG_ID, run_id, lambda _, states: states["return_capacity"] in ("success", "failed")
+    )
+    return seen[-1]
+
+
+def assert_stopped_before_returned(services, api, run_id: str, states: dict) -> None:
+    """The teardown succeeded, and by the time it had the run's Workload was deactivated and its pods
+    had stopped: it stops the run before it gives the nodes back."""
+    assert (states["train"], states["return_capacity"]) == ("failed", "success"), states
+    assert [w["spec"]["active"] for w in run_workloads(api, run_id)] == [False]
+    assert running_pods(api) == []
+    assert heartbeat_step(services.s3, f"s3://{stack_spec.BUCKET}/runs/{run_id}/") < 3000
+
+
 def test_marking_the_run_failed_while_training_stops_the_job_and_returns_every_node(services, airflow):
     api = services.kube()
     before = Capacity.read(api)
     airflow.unpause(DAG_ID)
-    run_uri = f"s3://{stack_spec.BUCKET}/runs/api-stopped/"
-    answer = airflow.trigger(
-        DAG_ID, "api-stopped", {"run_name": "api-stopped", "command": trainer(3000, 0.05)}
-    )
-    assert answer.status_code == 200, answer.text
-    airflow.follow(DAG_ID, "api-stopped", lambda _, states: states["train"] == "deferred")
-    wait_for(lambda: heartbeat_step(services.s3, run_uri) >= 10, "the trainer's heartbeat at step 10")
+    start_long_run(services, airflow, "api-stopped")
 
-    airflow.ok("PATCH", f"/dags/{DAG_ID}/dagRuns/api-stopped", json={"state": "failed"})
-    seen = airflow.follow(
-        DAG_ID, "api-stopped", lambda _, states: states["return_capacity"] in ("success", "failed")
-    )
+    states = mark_failed(airflow, "api-stopped")
 
-    states = seen[-1]
-    assert states["train"] == "failed"
-    assert states["return_capacity"] == "success", states
-    # The triggerer cancels the trigger and its on_kill deactivates the Workload. It may do so after
-    # the teardown has already returned the nodes (the teardown does not wait for the Job to stop).
-    wait_for(
-        lambda: [w["spec"]["active"] for w in unfinished_workloads(api)] == [False],
-        "the run's Workload to be deactivated (spec.active=false)",
-    )
-    wait_for(lambda: running_pods(api) == [], "the training pods to stop")
-    stopped_at = heartbeat_step(services.s3, run_uri)
-    assert stopped_at < 3000
+    assert_stopped_before_returned(services, api, "api-stopped", states)
     assert_capacity_back(api, before)
     # The run's own final state is Airflow's to decide: teardowns are not leaves, and the tasks the
     # PATCH failed or skipped are not leaves either, so Airflow 3.3 ends such a run "success".
     airflow.follow(DAG_ID, "api-stopped", lambda run, _: run["state"] in TERMINAL)
+
+
+def test_with_the_triggerer_down_marking_the_run_failed_still_stops_the_job_before_the_nodes_return(
+    services, airflow
+):
+    """No trigger on_kill stops this run (its triggerer is paused, as during a restart, which does
+    not run on_kill at all): the teardown stops it before it returns the nodes."""
+    api = services.kube()
+    before = Capacity.read(api)
+    airflow.unpause(DAG_ID)
+    start_long_run(services, airflow, "api-stopped-no-triggerer")
+    triggerer = json.loads((services.state / "pids" / "airflow-triggerer.json").read_text())["pid"]
+
+    os.killpg(triggerer, signal.SIGSTOP)  # the triggerer and the trigger runner it started
+    try:
+        states = mark_failed(airflow, "api-stopped-no-triggerer")
+        assert_stopped_before_returned(services, api, "api-stopped-no-triggerer", states)
+        assert_capacity_back(api, before)
+    finally:
+        os.killpg(triggerer, signal.SIGCONT)
+    airflow.follow(DAG_ID, "api-stopped-no-triggerer", lambda run, _: run["state"] in TERMINAL)
 
 
 def test_an_asset_event_through_the_api_runs_scheduled_retraining(services, airflow):

@@ -24,6 +24,15 @@ def training_pods(api, attempt: str) -> list:
     return [p for p in pods if (p.metadata.labels or {}).get(ATTEMPT_LABEL) == attempt]
 
 
+def committed_steps(services, prefix: str) -> list[int]:
+    """The steps of the committed checkpoints under ``prefix`` (``runs/<run>/``)."""
+    return [
+        int(k.split("/")[2].removeprefix("step-"))
+        for k in services.bucket_keys(prefix)
+        if k.endswith("/_COMMITTED")
+    ]
+
+
 def xcom(airflow, run_id: str, task_id: str):
     return airflow.ok(
         "GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/return_value"
@@ -59,6 +68,11 @@ def test_an_xid_mid_run_quarantines_the_node_and_the_automatic_retry_resumes_on_
         timeout=30,
     )
     assert injected.status_code == 200, injected.text
+    # Attempt 1 can commit nothing more once its gang is broken: this is where attempt 2 must resume.
+    wait_for(
+        lambda: not any(p.status.phase == "Running" for p in training_pods(api, "1")), "attempt 1 to end"
+    )
+    last_committed = max(committed_steps(services, "runs/api-xid/"))
 
     airflow.follow(DAG_ID, "api-xid", lambda run, _: run["state"] in TERMINAL)
 
@@ -67,7 +81,7 @@ def test_an_xid_mid_run_quarantines_the_node_and_the_automatic_retry_resumes_on_
     assert train["try_number"] == 2  # the automatic retry was the resume
     trained = xcom(airflow, "api-xid", "train")
     assert trained["attempts"] == 2 and trained["resumes_used"] == 1
-    assert trained["history"][1]["resume_step"] >= 10  # a checkpoint attempt 1 committed
+    assert trained["history"][1]["resume_step"] == last_committed >= 20  # step 20 came before beat 25
     node = client.CoreV1Api(api).read_node(culprit)
     assert node.metadata.labels[HEALTH_LABEL] == "quarantined"
     assert QUARANTINE_EVIDENCE_ANNOTATION in node.metadata.annotations
@@ -96,11 +110,7 @@ def test_clear_after_a_user_code_failure_resumes_from_the_last_verified_checkpoi
     states = airflow.task_states(DAG_ID, "api-clear")
     assert (states["train"], states["return_capacity"]) == ("failed", "success"), states
     assert_capacity_back(api, before)
-    committed = [
-        int(k.split("/")[2].removeprefix("step-"))
-        for k in services.bucket_keys("runs/api-clear/")
-        if k.endswith("/_COMMITTED")
-    ]
+    committed = committed_steps(services, "runs/api-clear/")
     assert committed, "the failed attempt committed no checkpoint before step 25"
 
     # The UI's "Clear" on train (with its downstream tasks), as the dialog sends it.

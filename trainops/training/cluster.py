@@ -12,7 +12,8 @@ from trainops.errors import TemporaryError
 from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, Kube
 from trainops.kube.nodes import json_of, read_node
 from trainops.kube.retry import Deadline, call
-from trainops.training.job import JOB_NAME_LABEL
+from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
+from trainops.training.naming import run_key
 
 log = logging.getLogger(__name__)
 API_DEADLINE_S = 120.0
@@ -125,6 +126,41 @@ class GangCluster:
             unless=MISSING,
         )
         return f"deleted Job {namespace}/{job_name} (Foreground propagation)"
+
+    def stop_run(self, namespace: str, dag_id: str, run_id: str, deadline: Deadline) -> list[str]:
+        """Stop every unfinished Job of the DAG run (``stop``: idempotent) and wait, until ``deadline``,
+        until none of its pods is pending or running; returns what was done.  What gives the run's
+        nodes back calls it first: the trigger that stops a run whose task was failed by hand may come
+        later than the teardown, or never (a triggerer that was down does not run ``on_kill``)."""
+        selector = f"{RUN_LABEL}={run_key(dag_id, run_id)}"
+        listed = self._call(
+            lambda: self.batch.list_namespaced_job(
+                namespace, label_selector=selector, _preload_content=False
+            ),
+            f"list the Jobs of {dag_id}/{run_id}",
+        )
+        done = [
+            self.stop(namespace, job["metadata"]["name"])
+            for job in json_of(listed)["items"]
+            if not any(
+                c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
+                for c in (job.get("status") or {}).get("conditions") or []
+            )
+        ]
+        while live := self._live_pods(namespace, selector):
+            deadline.sleep(0.5, f"the pods of {dag_id}/{run_id} to stop ({', '.join(live)})")
+        return done
+
+    def _live_pods(self, namespace: str, selector: str) -> list[str]:
+        response = self._call(
+            lambda: self.core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False),
+            f"list the pods of {selector}",
+        )
+        return sorted(
+            pod["metadata"]["name"]
+            for pod in json_of(response)["items"]
+            if (pod.get("status") or {}).get("phase") in ("Pending", "Running", None)
+        )
 
     def job_pods(self, namespace: str, name: str) -> list[dict]:
         response = self._call(
