@@ -22,6 +22,7 @@ from pathlib import Path
 
 DAG_ID = "training_lifecycle"
 BUCKET = "trainops-demo"
+WORKER = ("airflow", "airflow-worker")  # the ServiceAccount deploy/rbac.yaml binds for the workers
 # per trainer: nodes, steps, checkpoint every, seconds per step, crash after step
 DEFAULTS = {"simulated": (3, 400, 25, 0.1, 150), "torch": (2, 200, 25, 0.05, 75)}
 
@@ -48,6 +49,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=Path("examples/torch_trainer/train.py"),
         help="the PyTorch example trainer (default ./examples/torch_trainer/train.py)",
     )
+    parser.add_argument(
+        "--rbac",
+        type=Path,
+        default=Path("deploy/rbac.yaml"),
+        help="the RBAC applied before the run; the DAG runs as the ServiceAccount it binds for the workers "
+        "(default ./deploy/rbac.yaml)",
+    )
     parser.add_argument("--nodes", type=int, help="training nodes (one spare is claimed too)")
     parser.add_argument("--steps", type=int, help="training steps")
     parser.add_argument("--checkpoint-every", type=int, help="steps between checkpoints")
@@ -58,6 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name, default in zip(names, DEFAULTS[args.trainer], strict=True):
         if getattr(args, name) is None:
             setattr(args, name, default)
+    if not args.rbac.is_file():
+        parser.error(f"--rbac {args.rbac}: no such file (run from the repository root)")
     if args.trainer == "torch" and not args.torch_trainer.is_file():
         parser.error(f"--torch-trainer {args.torch_trainer}: no such file (run from the repository root)")
     return args
@@ -107,8 +117,10 @@ def run(args: argparse.Namespace, timeline) -> bool:
         timeline.say(f"local S3 at {s3.endpoint_url}, bucket {BUCKET}")
         with DevCluster(nodes=16, gpus_per_node=8, process_env=trainer_env) as dev:
             dev.wait_until_settled()
-            os.environ["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = airflow_home.kubernetes_connection(dev.kubeconfig)
-            os.environ["KUBECONFIG"] = str(dev.kubeconfig)
+            dev.create_from_file(args.rbac)
+            worker = dev.service_account_kubeconfig(*WORKER, dev.kubeconfig.with_name("worker-kubeconfig"))
+            os.environ["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = airflow_home.kubernetes_connection(worker)
+            os.environ["KUBECONFIG"] = str(worker)
             dev.inject("ecc", "gpu-node-015", uncorrectable=2)  # a node already broken before the run
             dev.probe_daemon.wait_rounds(1)
             cluster = Cluster(config.new_client_from_config(config_file=str(dev.kubeconfig)))
@@ -116,7 +128,9 @@ def run(args: argparse.Namespace, timeline) -> bool:
             timeline.say(
                 f"devcluster up at {dev.url}: 16 GPU nodes x 8 GPUs; inference "
                 + ", ".join(f"{name} {n} replicas" for name, n in seeded.items())
-                + "; Kueue ClusterQueue 'training' with 0 GPUs"
+                + "; Kueue ClusterQueue 'training' with 0 GPUs; trainops runs as ServiceAccount "
+                + "/".join(WORKER)
+                + f" with {args.rbac}"
             )
             airflow_home.migrate()
             dag = airflow_home.load_dag(DAG_ID, args.dags.resolve())
@@ -144,7 +158,9 @@ def run(args: argparse.Namespace, timeline) -> bool:
             finally:
                 watcher.stop()
             timeline.say(f"DAG run finished: {dag_run.state}. Checking the cluster and the bucket:")
-            ok = end_state_checks(timeline, cluster, dag_run, seeded, run_uri, watcher.crashed_node)
+            user = "system:serviceaccount:{}:{}".format(*WORKER)
+            calls = [e for e in dev.server.audit.entries() if e["user"] == user]
+            ok = end_state_checks(timeline, cluster, dag_run, seeded, run_uri, watcher.crashed_node, calls)
             if args.trainer == "torch":
                 from trainops_devcluster.demo.torch_checks import torch_checks
 

@@ -314,8 +314,10 @@ def end_state_checks(
     seeded_replicas: dict[str, int],
     run_uri: str,
     crashed: str | None,
+    worker_calls: list[dict],
 ) -> bool:
-    """Check the cluster and the bucket after the run; True only when every check passes."""
+    """Check the cluster and the bucket after the run; True only when every check passes.
+    ``worker_calls``: the audit log's entries of the workers' ServiceAccount, which the DAG ran as."""
     from trainops.checkpoints.latest import latest_verified
     from trainops_devcluster.airflow_home import xcom_value
 
@@ -375,4 +377,15 @@ def end_state_checks(
             f"{crashed or 'no fault was injected'}: {faulty_labels.get(HEALTH_LABEL, 'not quarantined')}",
         ),
     ]
+    denied = sorted(
+        {f"{e['status']} {e['method']} {e['path']}" for e in worker_calls if e["status"] in (401, 403)}
+    )
+    checks.append(
+        (
+            "trainops ran as its ServiceAccount, no call denied (deploy/rbac.yaml)",
+            bool(worker_calls) and not denied,
+            f"{len(worker_calls)} API calls as {worker_calls[0]['user'] if worker_calls else 'nobody'}; "
+            f"denied: {', '.join(denied) or 'none'}",
+        )
+    )
     return all([timeline.check(name, ok, detail) for name, ok, detail in checks])
