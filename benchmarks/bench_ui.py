@@ -4,10 +4,16 @@
 API server mounts it, called with a JWT of Airflow's auth manager, answer received and decoded)
 against one paginated list of the same cluster's nodes (500 per request, fetched and decoded),
 alternately, best of ``ROUNDS`` (5). The fleet adds the login, one row per node from its health
-summary, taints and claim, the counts and the JSON answer. The devcluster (every node's probe
-summary published) runs in a child process.
+summary, taints and claim, the counts and the JSON answer.
 
-Prints ``bench ui_fleet: ... ratio=<r> target<=1.5 PASS|FAIL`` with the load average; exits 1 on a miss.
+``ui_tensor_activity``: ``GET /trainops/api/fleet/tensor-activity`` (the fleet view's tensor-core
+column, answered apart from the fleet: through ``[trainops] prometheus_conn_id``) against the same
+one Prometheus query asked bare, best of ``ROUNDS``. Prometheus is a real one scraping every node's
+dcgm-exporter at the real 15 s interval (its scrapes run during both benchmarks).
+
+The devcluster (every node's probe summary published, every exporter scraped) runs in a child process.
+Prints ``bench ui_fleet: ... ratio=<r> target<=1.5 PASS|FAIL`` and ``bench ui_tensor_activity: ...``
+with the load average; exits 1 on a miss, or when not every node has its tensor-core activity.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 NODES = 4096
 ROUNDS = 5
@@ -30,22 +38,38 @@ def load() -> str:
 
 
 def serve_devcluster(nodes: int) -> None:
-    """``--serve N``: a devcluster of N GPU nodes, every probe summary published; prints its
-    kubeconfig as JSON and runs until stdin closes."""
+    """``--serve N``: a devcluster of N GPU nodes, every probe summary published and every exporter
+    scraped by its Prometheus; prints its kubeconfig and Prometheus URL as JSON, runs until stdin closes."""
     from trainops_devcluster.cluster import DevCluster
+    from trainops_devcluster.prometheus import REAL_SCRAPE_INTERVAL_S
 
-    with DevCluster(nodes=nodes, inference=[], probe_interval_s=3600, probe_gemm=False) as cluster:
+    with DevCluster(
+        nodes=nodes,
+        inference=[],
+        probe_interval_s=3600,
+        probe_gemm=False,
+        prometheus=True,
+        scrape_interval_s=REAL_SCRAPE_INTERVAL_S,
+    ) as cluster:
         cluster.probe_daemon.wait_rounds(1, timeout=3600)
-        print(json.dumps({"kubeconfig": str(cluster.kubeconfig)}), flush=True)
+        cluster.wait_until_scraped(timeout=3600)
+        print(
+            json.dumps({"kubeconfig": str(cluster.kubeconfig), "prometheus": cluster.prometheus_url}),
+            flush=True,
+        )
         sys.stdin.read()
 
 
-def bench_fleet(kubeconfig: str) -> bool:
+def bench_fleet(kubeconfig: str, prometheus_url: str) -> bool:
     from trainops_devcluster import airflow_home
 
     home = Path(tempfile.mkdtemp(prefix="bench-ui-airflow-"))
     airflow_home.configure(home, {"dags": home / "dags"})
     os.environ["AIRFLOW_CONN_KUBERNETES_DEFAULT"] = airflow_home.kubernetes_connection(Path(kubeconfig))
+    os.environ["AIRFLOW_CONN_BENCH_PROMETHEUS"] = json.dumps(
+        {"conn_type": "trainops_prometheus", "host": prometheus_url, "extra": {"timeout": 600}}
+    )
+    os.environ["AIRFLOW__TRAINOPS__PROMETHEUS_CONN_ID"] = "bench_prometheus"
     airflow_home.migrate()
 
     from airflow.api_fastapi.app import init_auth_manager
@@ -53,7 +77,9 @@ def bench_fleet(kubeconfig: str) -> bool:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
     from trainops.plugins.app import app
+    from trainops.plugins.fleet import NODE_LABEL, TENSOR_ACTIVE
 
+    from trainops.health.prometheus import PrometheusClient
     from trainops.kube.client import Kube
     from trainops.kube.lists import PAGE, list_all
     from trainops.kube.nodes import json_of
@@ -70,25 +96,41 @@ def bench_fleet(kubeconfig: str) -> bool:
 
         return list_all(fetch, Deadline(600), "list nodes")
 
-    floors, fleets, rows = [], [], 0
+    def timed(request: Callable[[], Any]) -> tuple[float, Any]:
+        start = time.perf_counter()
+        answer = request()
+        return time.perf_counter() - start, answer
+
+    headers = {"Authorization": f"Bearer {token}"}
+    prometheus = PrometheusClient(prometheus_url, timeout=600)
+    floors, fleets, queries, activities = [], [], [], []
     with TestClient(root) as http:
         for _ in range(ROUNDS):
-            start = time.perf_counter()
-            listed = len(list_nodes())
-            floors.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            answer = http.get("/trainops/api/fleet", headers={"Authorization": f"Bearer {token}"})
-            rows = len(answer.json()["nodes"])
-            fleets.append(time.perf_counter() - start)
-            assert answer.status_code == 200
-    ratio = min(fleets) / min(floors)
+            floors.append(timed(list_nodes))
+            fleets.append(timed(lambda: http.get("/trainops/api/fleet", headers=headers).json()))
+            queries.append(timed(lambda: prometheus.query(f"avg by ({NODE_LABEL}) ({TENSOR_ACTIVE})")))
+            activities.append(
+                timed(lambda: http.get("/trainops/api/fleet/tensor-activity", headers=headers).json())
+            )
+    listed, rows = len(floors[-1][1]), len(fleets[-1][1]["nodes"])
+    active, error = len(activities[-1][1]["nodes"]), activities[-1][1]["error"]
+    fastest = lambda runs: min(seconds for seconds, _ in runs)  # noqa: E731
+    ratio = fastest(fleets) / fastest(floors)
     passed = ratio <= TARGET and rows == NODES
     print(
-        f"bench ui_fleet: nodes={NODES} listed={listed} rows={rows} fleet={min(fleets):.2f}s "
-        f"node_list={min(floors):.2f}s ratio={ratio:.2f} target<={TARGET} {'PASS' if passed else 'FAIL'} ({load()})",
+        f"bench ui_fleet: nodes={NODES} listed={listed} rows={rows} fleet={fastest(fleets):.2f}s "
+        f"node_list={fastest(floors):.2f}s ratio={ratio:.2f} target<={TARGET} {'PASS' if passed else 'FAIL'} ({load()})",
         flush=True,
     )
-    return passed
+    tensor_ratio = fastest(activities) / fastest(queries)
+    tensor_passed = tensor_ratio <= TARGET and active == NODES
+    print(
+        f"bench ui_tensor_activity: nodes={NODES} with_activity={active} answer={fastest(activities):.2f}s "
+        f"bare_query={fastest(queries):.2f}s ratio={tensor_ratio:.2f} target<={TARGET} "
+        f"{'PASS' if tensor_passed else 'FAIL'}{f' error={error}' if error else ''} ({load()})",
+        flush=True,
+    )
+    return passed and tensor_passed
 
 
 def main() -> int:
@@ -102,7 +144,7 @@ def main() -> int:
         ready = json.loads(server.stdout.readline() or "{}")
         if not ready:
             raise RuntimeError(f"the {NODES}-node devcluster did not start (exit {server.wait()})")
-        return 0 if bench_fleet(ready["kubeconfig"]) else 1
+        return 0 if bench_fleet(ready["kubeconfig"], ready["prometheus"]) else 1
     finally:
         server.stdin.close()
         server.wait(timeout=600)

@@ -118,27 +118,46 @@ def static_file(name: str) -> Response:
     return Response(_asset(name), media_type=STATIC[name])
 
 
+def _json(value: Any) -> Response:
+    """Encoded once with ``json.dumps`` (plain JSON types already): FastAPI's generic encoder walks
+    every value of 4,096 rows again and would cost more than the rows themselves."""
+    return Response(json.dumps(value, separators=(",", ":")), media_type="application/json")
+
+
 @app.get("/api/fleet")
 def get_fleet(user: User) -> Response:
-    """Every GPU node: mode, holder, health verdict and reasons, quarantine, tensor-core activity
-    (with ``[trainops] prometheus_conn_id``; else None); counts by state.
-    For users who may read DAG runs: the holders are DAG runs.
-
-    Encoded once with ``json.dumps`` (plain JSON types already): FastAPI's generic encoder walks
-    every value of 4,096 rows again and would cost more than the rows themselves."""
+    """Every GPU node: mode, holder, health verdict and reasons, quarantine; counts by state.
+    For users who may read DAG runs: the holders are DAG runs."""
     from trainops.plugins.fleet import cluster_fleet
 
     require_dag_run(user, "GET")
-    try:
-        client, unusable = prometheus(), None
-    except PrometheusUnusable as error:
-        client, unusable = None, str(error)
     with cluster_answers():
-        fleet = cluster_fleet(kube(), client)
-    if unusable:
-        fleet["tensor_active"] = {"configured": True, "error": unusable}
-    body = json.dumps(fleet, separators=(",", ":"))
-    return Response(body, media_type="application/json")
+        return _json(cluster_fleet(kube()))
+
+
+@app.get("/api/fleet/tensor-activity")
+def get_tensor_activity(user: User) -> Response:
+    """``{"configured", "error", "nodes": {node: 0-1}}``: each node's tensor-core activity, from one
+    Prometheus query, answered apart from the fleet so that a slow Prometheus never holds it back.
+    Not configured (no ``[trainops] prometheus_conn_id``): empty, not an error; Prometheus unusable:
+    empty with the reason."""
+    from trainops.plugins.fleet import tensor_activity
+
+    from trainops.health.prometheus import PrometheusError
+
+    require_dag_run(user, "GET")
+    answer: dict[str, Any] = {"configured": True, "error": None, "nodes": {}}
+    try:
+        client = prometheus()
+        if client is None:
+            answer["configured"] = False
+        else:
+            answer["nodes"] = tensor_activity(client)
+    except (PrometheusUnusable, PrometheusError) as error:
+        answer["error"] = str(error)[:500]
+    except (KeyError, TypeError, AttributeError) as error:  # an answer that is not a Prometheus one
+        answer["error"] = f"Prometheus answered something unexpected ({type(error).__name__}: {error})"[:500]
+    return _json(answer)
 
 
 @app.get("/api/runs/{dag_id}/{run_id}")

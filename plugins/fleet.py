@@ -1,6 +1,7 @@
 """The fleet view's data: every GPU node's mode, holder, health and quarantine, from one paginated
-node list (the health verdict is the node probe's summary annotation on the node itself), and its
-tensor-core activity from one Prometheus query for the whole fleet, asked while the nodes are listed."""
+node list (the health verdict is the node probe's summary annotation on the node itself); and,
+answered apart so that a slow or absent Prometheus never holds the fleet back, every node's
+tensor-core activity from one Prometheus query for the whole fleet."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from trainops.conventions import (
     QUARANTINE_EVIDENCE_ANNOTATION,
     QUARANTINE_TAINT,
 )
-from trainops.health.prometheus import PrometheusClient, PrometheusError
+from trainops.health.prometheus import PrometheusClient
 from trainops.health.published import read_summary
 from trainops.kube.client import Kube
 from trainops.kube.lists import PAGE, list_all
@@ -27,9 +28,8 @@ from trainops.kube.nodes import NodeState, allocatable_gpus, json_of
 from trainops.kube.retry import Deadline
 
 LIST_DEADLINE_S = 60.0
-TENSOR_ACTIVE = (
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"  # dcgm-exporter: fraction of cycles the tensor pipes were busy
-)
+# dcgm-exporter's profiling metric: the fraction of cycles the GPU's tensor pipes were busy
+TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
 NODE_LABEL = "Hostname"  # dcgm-exporter's node label, as the health gate keys its series
 
 
@@ -48,23 +48,10 @@ def tensor_activity(prometheus: PrometheusClient) -> dict[str, float]:
     return activity
 
 
-def cluster_fleet(kube: Kube, prometheus: PrometheusClient | None = None) -> dict[str, Any]:
+def cluster_fleet(kube: Kube) -> dict[str, Any]:
     """``fleet`` of every node of the cluster, listed ``PAGE`` per request; each page's rows are built
-    while the API server prepares the next one (a thread lists, this one builds). With ``prometheus``,
-    the tensor-core activity is asked meanwhile in another thread; when Prometheus fails, every node's
-    activity is None and ``tensor_active.error`` says why (the fleet itself is still answered)."""
+    while the API server prepares the next one (a thread lists, this one builds)."""
     pages: queue.Queue = queue.Queue()
-    asked: dict[str, Any] = {"activity": {}, "error": None}
-
-    def ask_prometheus() -> None:
-        try:
-            asked["activity"] = tensor_activity(prometheus)
-        except PrometheusError as error:
-            asked["error"] = str(error)[:500]
-        except Exception as error:  # an answer of another shape: the fleet is still answered
-            asked["error"] = f"Prometheus answered something unexpected: {type(error).__name__}: {error}"[
-                :500
-            ]
 
     def fetch(token: str | None) -> dict:
         page = json_of(kube.core.list_node(limit=PAGE, _continue=token, _preload_content=False))
@@ -78,23 +65,13 @@ def cluster_fleet(kube: Kube, prometheus: PrometheusClient | None = None) -> dic
         except BaseException as error:  # handed to the caller below
             pages.put(error)
 
-    asking = threading.Thread(target=ask_prometheus, name="fleet-prometheus", daemon=True)
-    if prometheus is not None:
-        asking.start()
     threading.Thread(target=list_in_thread, name="fleet-list", daemon=True).start()
     rows: list[dict] = []
     while (page := pages.get()) is not None:
         if isinstance(page, BaseException):
             raise page
         rows += (row for node in page if (row := node_row(node)))
-    if prometheus is not None:
-        asking.join()
-        activity = asked["activity"]
-        for row in rows:
-            row["tensor_active"] = activity.get(row["name"])
-    fleet = fleet_rows(rows)
-    fleet["tensor_active"] = {"configured": prometheus is not None, "error": asked["error"]}
-    return fleet
+    return fleet_rows(rows)
 
 
 def _quarantine(state: NodeState) -> dict | None:
@@ -142,7 +119,6 @@ def node_row(node: dict) -> dict[str, Any] | None:
         "gpus": gpus,
         "report": summary.get("report") if summary else None,
         "reported_at": _reported_at(node),
-        "tensor_active": None,
     }
 
 

@@ -1,7 +1,8 @@
 "use strict";
-// The fleet view: one call to /trainops/api/fleet, then filter and sort in the page (4,096 rows).
+// The fleet view: one call to /trainops/api/fleet, then filter and sort in the page (4,096 rows); the
+// tensor-core activity arrives apart (/trainops/api/fleet/tensor-activity) and fills its column.
 const api = "/trainops/api";
-let rows = [], sortKey = "name", sortDir = 1;
+let rows = [], activity = {}, sortKey = "name", sortDir = 1;
 const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 const age = (stamp) => {
   const s = Math.max(0, Math.round((Date.now() - Date.parse(stamp)) / 1000));
@@ -29,14 +30,14 @@ function rowHtml(n) {
   return `<tr data-node="${esc(n.name)}"><td>${esc(n.name)}</td><td>${esc(n.mode)}</td><td>${runLink(n.claimed_by)}</td>` +
     `<td class="${health}">${esc(n.health)}${n.reported_at ? ` <span class="muted">${esc(age(n.reported_at))}</span>` : ""}</td><td>${esc(n.reasons.join("; "))}</td>` +
     `<td class="${q ? "bad" : ""}">${q ? esc(q.reason) + ` <span class="muted">since ${esc(since(q))}</span>` : ""}</td>` +
-    `<td>${n.gpus}</td><td class="tensor">${tensor(n.tensor_active)}</td><td>${q ? `<button class="release" data-node="${esc(n.name)}">Release…</button>` : ""}</td></tr>`;
+    `<td>${n.gpus}</td><td class="tensor">${tensor(activity[n.name])}</td><td>${q ? `<button class="release" data-node="${esc(n.name)}">Release…</button>` : ""}</td></tr>`;
 }
 
 function sortValue(n, key) {
   const v = n[key];
   if (key === "quarantine") return v ? v.reason : "";
   if (key === "reasons") return v.join("; ");
-  if (key === "tensor_active") return v ?? -1;
+  if (key === "tensor_active") return activity[n.name] ?? -1;
   return v ?? "";
 }
 
@@ -64,11 +65,18 @@ async function load() {
   const data = JSON.parse(text);
   rows = data.nodes.map((n) => ({...n, _text: [n.name, n.mode, n.health, n.claimed_by, n.quarantine && n.quarantine.reason, ...n.reasons].join(" ").toLowerCase()}));
   renderCounts(data.counts);
-  const t = data.tensor_active;
+  render();
+}
+
+async function loadActivity() {
+  const response = await fetch(`${api}/fleet/tensor-activity`, {credentials: "same-origin"});
+  if (!response.ok) return;  // the fleet's own answer says why (login)
+  const t = await response.json();
+  activity = t.nodes;
   document.getElementById("notes").textContent = !t.configured
     ? "Tensor-core activity: n/a (no Prometheus: set [trainops] prometheus_conn_id to a trainops_prometheus connection)"
     : t.error ? `Tensor-core activity: n/a (${t.error})` : "";
-  render();
+  if (rows.length) render();
 }
 
 async function release(node) {
@@ -95,3 +103,4 @@ document.querySelector("#fleet tbody").addEventListener("click", (e) => {
   if (e.target.classList.contains("release")) release(e.target.dataset.node);
 });
 load();
+loadActivity();

@@ -45,6 +45,7 @@ def quarantined(devcluster, k8s):
     "method,path",
     [
         ("GET", "/trainops/api/fleet"),
+        ("GET", "/trainops/api/fleet/tensor-activity"),
         ("GET", "/trainops/api/runs/train_llm/manual__1"),
         ("POST", f"/trainops/api/nodes/{NODE}/release"),
         ("POST", "/trainops/api/runs/train_llm/manual__1/return"),
@@ -91,7 +92,6 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
         "gpus": 8,
         "report": "trainops-system/node-health-gpu-node-001",
         "reported_at": None,
-        "tensor_active": None,  # no Prometheus configured: n/a, not an error
     }
     assert rows["gpu-node-001"]["reported_at"].endswith("Z")
     assert rows["gpu-node-001"]["health"] in ("ok", "warn")
@@ -103,7 +103,12 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
         "claimed": 2,
     }
     assert fleet["counts"]["health"]["quarantine"] == 1
-    assert fleet["tensor_active"] == {"configured": False, "error": None}
+    activity = http.get("/trainops/api/fleet/tensor-activity", headers=bearer(token("viewer")))
+    assert activity.json() == {
+        "configured": False,
+        "error": None,
+        "nodes": {},
+    }  # no Prometheus: n/a, not an error
 
 
 def test_a_node_whose_quarantine_taint_was_removed_by_hand_still_shows_quarantined(ui, quarantined, k8s):
@@ -187,9 +192,10 @@ def test_a_missing_cluster_connection_is_named_with_its_fix(ui, monkeypatch):
     )
 
 
-def test_fleet_shows_tensor_core_activity_from_one_prometheus_query(ui, make_devcluster, monkeypatch):
+def test_tensor_core_activity_comes_from_one_prometheus_query_for_the_fleet(ui, make_devcluster, monkeypatch):
     """With [trainops] prometheus_conn_id naming a trainops_prometheus connection, each node's
-    DCGM_FI_PROF_PIPE_TENSOR_ACTIVE (mean over its GPUs) as a real Prometheus scraped it."""
+    DCGM_FI_PROF_PIPE_TENSOR_ACTIVE (mean over its GPUs) as a real Prometheus scraped it; Prometheus
+    down: no values, the reason, and the fleet still answered."""
     http, token = ui
     cluster = make_devcluster(nodes=4, system_nodes=0, inference=[], prometheus=True)
     cluster.telemetry["gpu-node-002"].set_training_active(True)
@@ -199,42 +205,38 @@ def test_fleet_shows_tensor_core_activity_from_one_prometheus_query(ui, make_dev
         json.dumps({"conn_type": "trainops_prometheus", "host": cluster.prometheus_url}),
     )
     monkeypatch.setenv("AIRFLOW__TRAINOPS__PROMETHEUS_CONN_ID", "dcgm_prometheus")
+    path = "/trainops/api/fleet/tensor-activity"
+    assert http.get(path).status_code == 401
     before = len(cluster.prometheus.query_log.read_text().splitlines())
 
-    fleet = http.get("/trainops/api/fleet", headers=bearer(token("viewer"))).json()
-    assert {r["name"]: r["tensor_active"] for r in fleet["nodes"]} == {
-        "gpu-node-000": 0.0,
-        "gpu-node-001": 0.0,
-        "gpu-node-002": 0.58,
-        "gpu-node-003": 0.0,
+    activity = http.get(path, headers=bearer(token("viewer"))).json()
+    assert activity == {
+        "configured": True,
+        "error": None,
+        "nodes": {"gpu-node-000": 0.0, "gpu-node-001": 0.0, "gpu-node-002": 0.58, "gpu-node-003": 0.0},
     }
-    assert fleet["tensor_active"] == {"configured": True, "error": None}
-    asked = [
-        json.loads(line)["params"]["query"] for line in cluster.prometheus.query_log.read_text().splitlines()
-    ]
-    assert asked[before:] == [
-        "avg by (Hostname) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)"
-    ]  # one for the whole fleet
+    log = cluster.prometheus.query_log.read_text().splitlines()
+    asked = [json.loads(line)["params"]["query"] for line in log[before:]]
+    assert asked == ["avg by (Hostname) (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE)"]  # one for the whole fleet
 
     cluster.prometheus.stop()
-    down = http.get("/trainops/api/fleet", headers=bearer(token("viewer")))
-    assert down.status_code == 200 and len(down.json()["nodes"]) == 4
-    assert all(r["tensor_active"] is None for r in down.json()["nodes"])
-    assert "unreachable" in down.json()["tensor_active"]["error"]
+    down = http.get(path, headers=bearer(token("viewer")))
+    assert down.status_code == 200 and down.json()["nodes"] == {}
+    assert "unreachable" in down.json()["error"]
+    assert len(http.get("/trainops/api/fleet", headers=bearer(token("viewer"))).json()["nodes"]) == 4
 
 
-def test_a_missing_prometheus_connection_leaves_the_column_empty_and_names_the_fix(
-    ui, devcluster, monkeypatch
-):
+def test_a_missing_prometheus_connection_leaves_the_column_empty_and_names_the_fix(ui, monkeypatch):
     http, token = ui
     monkeypatch.setenv("AIRFLOW__TRAINOPS__PROMETHEUS_CONN_ID", "dcgm_prometheus")
-    answer = http.get("/trainops/api/fleet", headers=bearer(token("viewer")))
-    assert answer.status_code == 200 and len(answer.json()["nodes"]) == 16
-    assert all(r["tensor_active"] is None for r in answer.json()["nodes"])
-    assert answer.json()["tensor_active"]["error"] == (
-        "no Airflow connection 'dcgm_prometheus': create it (type trainops_prometheus), or name another "
-        "in [trainops] prometheus_conn_id, or leave that setting empty"
-    )
+    answer = http.get("/trainops/api/fleet/tensor-activity", headers=bearer(token("viewer")))
+    assert answer.status_code == 200
+    assert answer.json() == {
+        "configured": True,
+        "error": "no Airflow connection 'dcgm_prometheus': create it (type trainops_prometheus), or name "
+        "another in [trainops] prometheus_conn_id, or leave that setting empty",
+        "nodes": {},
+    }
 
 
 FORBIDDEN = 'nodes is forbidden: User "system:serviceaccount:airflow:airflow-api-server" cannot list resource'
