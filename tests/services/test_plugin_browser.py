@@ -92,6 +92,10 @@ def test_the_fleet_view_shows_an_xid_quarantine_after_login_and_nothing_before(s
     row = f"document.querySelector('tr[data-node=\"{NODE}\"]')"
     text = browser.wait_for(f"{row} && {row}.innerText")
     assert "gpu_lost.xid_fatal" in text and "quarantine" in text
+    # The stack names no Prometheus for the plugin: the tensor-core column is n/a, and the page says how to fill it.
+    notes = browser.wait_for("document.getElementById('notes').innerText")
+    assert "n/a (no Prometheus: set [trainops] prometheus_conn_id" in notes
+    assert browser.eval(f"{row}.querySelector('td.tensor').innerText") == "n/a"
     assert browser.eval("document.querySelectorAll('#fleet tbody tr').length") == services.at.devcluster_nodes
     quarantined = [
         n for n in core.list_node().items if any(t.key == QUARANTINE_TAINT for t in n.spec.taints or [])
