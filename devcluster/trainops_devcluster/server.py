@@ -1116,7 +1116,8 @@ def _patch_sets_resource_version(content_type: str, body: bytes) -> bool:
 def _selected_event(event: Event, selects: list, matched: dict) -> str | None:
     """The event type a selector watch sends: objects that stop matching are DELETED, objects
     that start matching ADDED, as the real watch cache does.  ``matched`` remembers, per object,
-    whether the client holds it (unknown for objects first seen in a replay)."""
+    whether the client holds it; for an object this watch has not sent yet, the client holds it when
+    its previous state matched (an object that never matched is never sent, not even as DELETED)."""
     if not selects:
         return event.type
     key = _key(event.object)
@@ -1125,6 +1126,8 @@ def _selected_event(event: Event, selects: list, matched: dict) -> str | None:
         before = matched.pop(key, None)
         return DELETED if (now if before is None else before) else None
     before = matched.get(key)
+    if before is None and event.type == MODIFIED:
+        before = event.previous is not None and all(s(event.previous) for s in selects)
     matched[key] = now
     if now:
         return ADDED if event.type == ADDED or before is False else MODIFIED

@@ -61,10 +61,14 @@ def now_iso() -> str:
 
 @dataclass(frozen=True)
 class Event:
+    """``previous``: the object before a MODIFIED event, as the watch cache keeps it (selector
+    watches judge on it whether the client held the object)."""
+
     type: str
     resource: str
     object: dict
     resource_version: int
+    previous: dict | None = None
 
 
 @dataclass
@@ -254,11 +258,12 @@ class Store:
     def _commit(self, kind: str, resource: str, key: tuple[str, str], obj: dict) -> dict:
         if kind == ADDED:
             self._sorted.pop(resource, None)
-        self._index_owners(resource, key, self._objects[resource].get(key), obj)
+        previous = self._objects[resource].get(key)
+        self._index_owners(resource, key, previous, obj)
         self._rv += 1
         obj["metadata"]["resourceVersion"] = str(self._rv)
         self._objects[resource][key] = obj
-        self._publish(Event(kind, resource, obj, self._rv))
+        self._publish(Event(kind, resource, obj, self._rv, previous))
         return copy.deepcopy(obj)
 
     def _index_owners(self, resource: str, key: tuple[str, str], old: dict | None, new: dict | None) -> None:

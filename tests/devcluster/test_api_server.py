@@ -262,6 +262,27 @@ def test_selector_watch_sends_deleted_when_an_object_stops_matching(api, core):
     assert events == [("DELETED", "s1"), ("ADDED", "s1")]
 
 
+def test_selector_watch_sends_nothing_for_an_object_that_never_matched(api, core):
+    # a field-selector watch on one Job got DELETED for another Job modified after the watch began
+    core.create_namespaced_pod("default", pod("s2", {"tier": "bronze"}))
+    rv = core.list_namespaced_pod("default").metadata.resource_version
+    core.patch_namespaced_pod("s2", "default", {"metadata": {"labels": {"x": "1"}}})
+    core.create_namespaced_pod("default", pod("s3", {"tier": "gold"}))
+    w = watch.Watch()
+    events = _collect(
+        w.stream(
+            core.list_namespaced_pod,
+            "default",
+            label_selector="tier=gold",
+            resource_version=rv,
+            timeout_seconds=5,
+        ),
+        1,
+    )
+    w.stop()
+    assert events == [("ADDED", "s3")]
+
+
 def test_drop_watches_ends_open_streams(api):
     conn = http.client.HTTPConnection(urlsplit(api.url).netloc, timeout=30)
     conn.request("GET", "/api/v1/nodes?watch=1")
