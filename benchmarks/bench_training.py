@@ -22,116 +22,25 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import sys
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from crash_resume import (
+    ARGS,
+    CHECKPOINT_EVERY,
+    NAMESPACE,
+    Crash,
+    Timeline,
+    claim_idle_nodes,
+    crash_first_attempt,
+    line,
+)
+
 BENCH_DAGS = Path(__file__).resolve().parent / "dags"
-CRASH_AT_STEP = 50
-CHECKPOINT_EVERY = 20
-ARGS = ["--steps", "140", "--checkpoint-every", str(CHECKPOINT_EVERY), "--step-seconds", "0.02"]
-NAMESPACE = "training"
-JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
-START_STEP = re.compile(r"resumed from \S+ \(step (\d+)\)|fresh start at step (0)")
-
-
-def line(name: str, figures: str, ratio: float, target: str, ok: bool) -> None:
-    print(f"bench {name}: {figures} ratio={ratio:.2f} target={target} {'PASS' if ok else 'FAIL'}", flush=True)
-
-
-class Timeline:
-    """Store listener: when each Job was created and failed, and when each pod failed (wall clock)."""
-
-    def __init__(self) -> None:
-        self.jobs_created: list[tuple[float, str]] = []
-        self.job_failed: dict[str, float] = {}
-        self.pod_failed: dict[str, float] = {}
-
-    def __call__(self, event) -> None:  # runs under the store lock: record only
-        now, obj = time.time(), event.object
-        name = obj["metadata"]["name"]
-        if event.resource == "jobs.batch" and obj["metadata"].get("namespace") == NAMESPACE:
-            if event.type == "ADDED":
-                self.jobs_created.append((now, name))
-            elif name not in self.job_failed and any(
-                c.get("type") == "Failed" and c.get("status") == "True"
-                for c in (obj.get("status") or {}).get("conditions") or []
-            ):
-                self.job_failed[name] = now
-        elif event.resource == "pods" and (obj.get("status") or {}).get("phase") == "Failed":
-            self.pod_failed.setdefault(name, now)
-
-    def jobs_after(self, since: float) -> list[tuple[float, str]]:
-        return [(t, name) for t, name in list(self.jobs_created) if t >= since]
-
-
-@dataclass
-class Crash:
-    time: float = 0.0
-    step: int = 0
-    job: str = ""
-    pod: str = ""
-    node: str = ""
-    resumed_step: int | None = None  # where the next attempt's rank 0 started (its log)
-    done: threading.Event = field(default_factory=threading.Event)
-
-
-def crash_first_attempt(dev, timeline: Timeline, run_uri: str, since: float) -> Crash:
-    """On a thread: once the run's heartbeat reaches CRASH_AT_STEP, XID 79 on the node of rank 0 of
-    the first Job created after ``since``; then read the step the next attempt's rank 0 starts from."""
-    from trainops.checkpoints.store import CheckpointStore
-    from trainops.training.follow import read_heartbeat
-
-    crash, store = Crash(), CheckpointStore()
-
-    def rank0(since: float, phase: str | None = "Running"):
-        jobs = timeline.jobs_after(since)
-        if not jobs:
-            return None
-        pods, _ = dev.store.list("pods", NAMESPACE)
-        return next(
-            (
-                p
-                for p in pods
-                if p["metadata"].get("labels", {}).get(JOB_NAME_LABEL) == jobs[0][1]
-                and p["metadata"].get("labels", {}).get(INDEX_LABEL) == "0"
-                and phase in (None, (p.get("status") or {}).get("phase"))
-            ),
-            None,
-        )
-
-    def started_at(pod) -> int | None:
-        match = START_STEP.search(dev.logs.read(NAMESPACE, pod["metadata"]["name"]) if pod else "")
-        return None if match is None else int(match.group(1) or match.group(2))
-
-    def loop():
-        while True:
-            beat = read_heartbeat(store, run_uri) or {}
-            pod = rank0(since) if beat.get("step", 0) >= CRASH_AT_STEP else None
-            if pod is not None:
-                break
-            time.sleep(0.02)
-        crash.step, crash.job, crash.pod = (
-            beat["step"],
-            pod["metadata"]["labels"][JOB_NAME_LABEL],
-            pod["metadata"]["name"],
-        )
-        crash.node = pod["spec"]["nodeName"]
-        crash.time = time.time()
-        dev.inject("xid", crash.node, code=79)
-        crash.done.set()
-        while crash.resumed_step is None:
-            time.sleep(0.02)
-            crash.resumed_step = started_at(rank0(crash.time, phase=None))
-
-    threading.Thread(target=loop, name="crash", daemon=True).start()
-    return crash
 
 
 @contextlib.contextmanager
@@ -159,7 +68,13 @@ class Side:
 
 def run_side(dev, timeline: Timeline, dag, run_uri: str, conf: dict) -> Side:
     since = time.time()
-    crash = crash_first_attempt(dev, timeline, run_uri, since)
+    crash = crash_first_attempt(
+        timeline,
+        run_uri,
+        since,
+        inject_xid=lambda node: dev.inject("xid", node, code=79),
+        read_log=lambda pod: dev.logs.read(NAMESPACE, pod),
+    )
     dag_run = dag.test(run_conf={"run_uri": run_uri, "args": ARGS, **conf})
     if not crash.done.is_set():
         raise RuntimeError(f"{dag.dag_id}: the run ended ({dag_run.state}) before the fault was injected")
@@ -191,13 +106,10 @@ def main() -> int:
 
 def measure(home: Path) -> list[tuple[str, str, float, str, bool]]:
     """Both DAG runs; the benchmark lines' fields."""
-    from kubernetes import client, config
+    from kubernetes import config
     from trainops_devcluster import airflow_home
     from trainops_devcluster.cluster import DevCluster
     from trainops_devcluster.local_s3 import local_s3
-
-    from trainops.capacity.procedure import claim
-    from trainops.kube.client import Kube
 
     with local_s3() as s3, DevCluster(nodes=16, gpus_per_node=8, process_env=s3.env()) as dev:
         os.environ.update(s3.env())
@@ -213,13 +125,9 @@ def measure(home: Path) -> list[tuple[str, str, float, str, bool]]:
             raise ValueError("the two benchmark DAGs must use the same retries and retry_delay")
         dev.wait_until_settled()
         api = config.new_client_from_config(config_file=str(dev.kubeconfig))
-        core = client.CoreV1Api(api)
-        busy = {p.spec.node_name for p in core.list_pod_for_all_namespaces().items}
-        idle = sorted(n.metadata.name for n in core.list_node().items if n.metadata.name not in busy)
-        # both sides get the same quota and nodes (the provider's operator cannot claim capacity)
-        claim(Kube(api), "bench/training", idle, cluster_queue="training")
+        claim_idle_nodes(api, "bench/training")
         timeline = Timeline()
-        dev.store.add_listener(timeline)
+        dev.store.add_listener(lambda event: timeline.record(event.resource, event.type, event.object))
 
         timings = home / "trainops-timings.jsonl"
         ours = run_side(

@@ -1,5 +1,6 @@
-"""Benchmark DAG (``benchmarks/bench_training.py``): the same gang run with the cncf provider's
-``KubernetesJobOperator(deferrable=True, wait_until_job_complete=True)`` and Airflow retries.
+"""Benchmark DAG (``benchmarks/bench_training.py``, ``bench_services.py``): the same gang run with
+the cncf provider's ``KubernetesJobOperator(deferrable=True, wait_until_job_complete=True)`` and
+Airflow retries.
 
 The Job is equivalent to trainops' (``trainops.training.job.build_job``): Indexed, one pod per
 node with all its GPUs, ``backoffLimit: 0``, the Kueue queue and priority labels, the training

@@ -1,4 +1,5 @@
-"""Benchmark DAG (``benchmarks/bench_training.py``): the gang run with trainops' ``GangTrainingOperator``.
+"""Benchmark DAG (``benchmarks/bench_training.py``, ``bench_services.py``): the gang run with
+trainops' ``GangTrainingOperator``.
 
 conf: ``run_uri``, ``args`` (trainer args), ``timings`` (a JSON-lines file the benchmark reads).
 The only addition to the stock operator: each try's trigger event records when the follower saw

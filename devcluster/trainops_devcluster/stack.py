@@ -9,7 +9,7 @@ Everything lives in a state folder (default ``.stack``): ``pids/`` records what 
 and start time), ``logs/`` has one log per service. ``up`` on a running stack only prints where it
 is; ``up`` on a stopped one starts afresh; ``down`` stops exactly the recorded processes.
 
-    python -m trainops_devcluster.stack up [--state-dir .stack] [--api-port 8080] [--nodes 8]
+    python -m trainops_devcluster.stack up [--state-dir .stack] [--api-port 8080] [--nodes 8] [--dags DIR]
     python -m trainops_devcluster.stack down [--state-dir .stack]
 """
 
@@ -53,8 +53,16 @@ class StackError(RuntimeError):
     """The stack cannot start; the message says what to do."""
 
 
-def up(state: Path, *, api_port: int = 8080, nodes: int = 8, admin_password: str | None = None) -> Endpoints:
-    """Start the stack under ``state`` (or find it running there); returns its endpoints."""
+def up(
+    state: Path,
+    *,
+    api_port: int = 8080,
+    nodes: int = 8,
+    admin_password: str | None = None,
+    dags: Path = DAGS,
+) -> Endpoints:
+    """Start the stack under ``state`` (or find it running there); returns its endpoints.
+    ``dags``: the DAG folder (default: the repository's ``dags/``; the benchmarks bring their own)."""
     state = state.resolve()
     running = _running(state)
     if running is not None:
@@ -78,7 +86,7 @@ def up(state: Path, *, api_port: int = 8080, nodes: int = 8, admin_password: str
         devcluster_port=free_port(),
         state=str(state),
         home=str(state / "airflow"),
-        dags=str(DAGS),
+        dags=str(Path(dags).resolve()),
         api_port=api_port,
         scheduler_health_port=free_port(),
         worker_log_port=free_port(),
@@ -359,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--state-dir", type=Path, default=Path(".stack"))
     start.add_argument("--api-port", type=int, default=8080)
     start.add_argument("--nodes", type=int, default=8, help="devcluster GPU nodes (default 8)")
+    start.add_argument("--dags", type=Path, default=DAGS, help="the DAG folder (default: dags/)")
     stop = commands.add_parser("down", help="stop what `up` started")
     stop.add_argument("--state-dir", type=Path, default=Path(".stack"))
     bucket = commands.add_parser("bucket", help=f"create the demo bucket {BUCKET} on an S3 endpoint")
@@ -371,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
                 api_port=args.api_port,
                 nodes=args.nodes,
                 admin_password=os.environ.get("TRAINOPS_ADMIN_PASSWORD"),
+                dags=args.dags,
             )
             _print_where(at)
         elif args.command == "down":
