@@ -97,13 +97,15 @@ def main() -> int:
             server.kill()
             return 1
         boot = time.perf_counter() - started
-        core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
-        assert list_all_nodes(core, PAGE) == NODES + SYSTEM_NODES
-        pods = len(core.list_pod_for_all_namespaces(limit=PAGE).items)
-        unpaginated = timed(lambda: list_all_nodes(core, None))
-        paginated = timed(lambda: list_all_nodes(core, PAGE))
-        done.set()
-        server.join(timeout=60)
+        try:  # the server child waits for `done`: set it whatever happens here, or this never exits
+            core = client.CoreV1Api(config.new_client_from_config(config_file=kubeconfig))
+            assert list_all_nodes(core, PAGE) == NODES + SYSTEM_NODES
+            pods = len(core.list_pod_for_all_namespaces(limit=PAGE).items)
+            unpaginated = timed(lambda: list_all_nodes(core, None))
+            paginated = timed(lambda: list_all_nodes(core, PAGE))
+        finally:
+            done.set()
+            server.join(timeout=60)
 
     ratio = paginated / unpaginated
     verdict = "PASS" if ratio <= TARGET_RATIO else "FAIL"
