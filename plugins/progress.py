@@ -33,7 +33,6 @@ from trainops.checkpoints.uri import S3Uri
 from trainops.training.job import EXCLUDED_ANNOTATION
 
 HEARTBEAT_LIMIT = 64 << 10  # the helper writes ~200 bytes plus the trainer's ``extra``
-MAX_LISTED = 100_000  # directories under a run path read to find the newest checkpoints
 MAX_COMMITS = 200  # the newest checkpoints plotted; older ones are counted, not read
 COMMIT_READERS = 16  # concurrent one-key listings of _COMMITTED
 CLOCK_SKEW_S = 300.0  # how far ahead of this server a trainer's clock may run
@@ -92,25 +91,11 @@ def read_heartbeat(store: CheckpointStore, run: S3Uri, now: float) -> dict[str, 
 
 
 # ---- checkpoint commits --------------------------------------------------------------------------
-def _directories(store: CheckpointStore, run: S3Uri) -> list[str]:
-    """The directory names right under the run path; ValueError past ``MAX_LISTED`` of them."""
-    names: list[str] = []
-    pages = store.client.get_paginator("list_objects_v2")
-    for page in pages.paginate(Bucket=run.bucket, Prefix=run.prefix, Delimiter="/"):
-        names += [p["Prefix"][len(run.prefix) :].rstrip("/") for p in page.get("CommonPrefixes", ())]
-        if len(names) > MAX_LISTED:
-            raise ValueError(
-                f"{run} holds more than {MAX_LISTED} directories: too many to find the newest checkpoints "
-                "to plot; delete old checkpoints or give the run a fresh run path"
-            )
-    return names
-
-
 def commit_times(store: CheckpointStore, run: S3Uri) -> tuple[list[dict[str, Any]], int]:
     """``([{"step", "at"}, ...] oldest first, how many older checkpoint directories were not read)``: when each
     of the newest ``MAX_COMMITS`` checkpoints was committed, from a one-key listing of its
     ``_COMMITTED`` (listings carry sub-second times where the server keeps them; uncommitted ones are left out)."""
-    names = _directories(store, run)
+    names, _ = store.list_dir(run)
     steps = sorted(
         ((step, name) for name in names if (step := step_from_name(name)) is not None), reverse=True
     )

@@ -15,6 +15,8 @@ import pytest
 
 from tests.checkpoints.builders import prefix_of, put, write_dcp, write_hf
 from trainops.checkpoints.latest import MAX_SKIPPED, latest_verified
+from trainops.checkpoints.store import CheckpointStore, TooManyEntries
+from trainops.checkpoints.uri import S3Uri
 from trainops.checkpoints.verify import MAX_REASON_CHARS, verify_checkpoint
 
 
@@ -109,3 +111,15 @@ def test_the_skipped_list_is_bounded_yet_the_fallback_reaches_the_oldest(client,
     assert latest.skipped_count == MAX_SKIPPED + 3
     assert [r.uri for r in latest.skipped] == [f"{run}step-{s}/" for s in range(MAX_SKIPPED + 4, 4, -1)]
     assert latest.to_dict()["skipped_count"] == MAX_SKIPPED + 3
+
+
+def test_a_run_path_stuffed_with_entries_is_refused_naming_it_not_held_in_memory(client, bucket, run):
+    for step in range(1, 8):
+        put(client, bucket, prefix_of(run) + f"step-{step}/notes.txt", b"x")
+    put(client, bucket, prefix_of(run) + "heartbeat.json", b"{}")
+    store = CheckpointStore(client)
+
+    names, objects = store.list_dir(S3Uri.parse(run), limit=8)
+    assert len(names) == 7 and [o.key for o in objects] == [prefix_of(run) + "heartbeat.json"]
+    with pytest.raises(TooManyEntries, match=r"runs/demo/ holds more than 7 entries: delete old checkpoints"):
+        store.list_dir(S3Uri.parse(run), limit=7)

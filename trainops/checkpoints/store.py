@@ -17,10 +17,15 @@ from trainops.kube.retry import Deadline, call
 
 CHUNK_SIZE = 1 << 20
 CONFLICT_DEADLINE_S = 30.0
+MAX_DIR_ENTRIES = 100_000  # entries right under one run path; training pods write there, so it is bounded
 
 
 class ObjectTooLarge(PermanentError, ValueError):
     """A metadata object is larger than the verifier is willing to hold in memory."""
+
+
+class TooManyEntries(PermanentError, ValueError):
+    """A directory holds more entries than a listing is willing to hold in memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +59,9 @@ class CheckpointStore:
             for item in page.get("Contents", ()):
                 yield ObjectInfo(item["Key"], item["Size"], item["ETag"].strip('"'), item["LastModified"])
 
-    def list_dir(self, uri: S3Uri) -> tuple[list[str], list[ObjectInfo]]:
-        """The immediate sub-directory names and the objects directly under ``uri``."""
+    def list_dir(self, uri: S3Uri, *, limit: int = MAX_DIR_ENTRIES) -> tuple[list[str], list[ObjectInfo]]:
+        """The immediate sub-directory names and the objects directly under ``uri``; raises
+        ``TooManyEntries`` past ``limit`` of them together."""
         paginator = self.client.get_paginator("list_objects_v2")
         names: list[str] = []
         objects: list[ObjectInfo] = []
@@ -65,6 +71,11 @@ class CheckpointStore:
                 ObjectInfo(item["Key"], item["Size"], item["ETag"].strip('"'), item["LastModified"])
                 for item in page.get("Contents", ())
             ]
+            if len(names) + len(objects) > limit:
+                raise TooManyEntries(
+                    f"{uri} holds more than {limit} entries: delete old checkpoints there, "
+                    "or give the run a fresh run path"
+                )
         return names, objects
 
     def exists(self, bucket: str, key: str) -> bool:
