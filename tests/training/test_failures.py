@@ -88,6 +88,22 @@ def test_nccl_timeout_without_node_evidence_counts_against_the_code_with_a_hint(
     assert failure.hints == ["pod p0 on a printed 'Watchdog caught collective operation timeout'"]
 
 
+@pytest.mark.parametrize(
+    "printed",
+    [
+        "NCCL error: InfiniBand port mlx5_0/1 is down",  # the devcluster's ib-down fault
+        "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1691, unhandled system error",
+        "NCCL WARN NET/IB : Got completion from peer 10.0.0.2<45012> with status=IBV_WC_RETRY_EXC_ERR(12)",
+    ],
+)
+def test_nccl_errors_of_a_broken_fabric_are_hints(printed):
+    # without a hint the attempt failed as user code at once, before the node probe's report of the
+    # downed port arrived: the evidence wait and the unconfirmed-fault retry start only on a hint
+    failure = classify([pod("p0", "a", 1, message=printed)], NODES)
+    assert failure.kind is FailureKind.USER_CODE and failure.culprits == {}
+    assert len(failure.hints) == 1 and failure.hints[0].startswith("pod p0 on a printed ")
+
+
 def test_disrupted_pod_is_infrastructure():
     status = {
         "conditions": [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByTaintManager"}]

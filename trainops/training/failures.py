@@ -53,9 +53,12 @@ _GPU_FATAL = re.compile(
     r"unspecified launch failure|uncorrectable ECC)|NVLink (?:error|fatal)",
     re.IGNORECASE,
 )
+# "NCCL error" as PyTorch prints it ("DistBackendError: NCCL error in: ...") and NCCL's own InfiniBand
+# transport warnings ("NCCL WARN NET/IB : Got completion ... IBV_WC_RETRY_EXC_ERR"): a fabric fault the
+# node probe confirms a round later, so they must start the wait for the nodes' evidence too.
 _NCCL = re.compile(
     r"Watchdog caught collective operation timeout|NCCL[^\n]*(?:timeout|timed out)|ncclSystemError|"
-    r"ncclRemoteError|ncclInternalError|NCCL communicator was aborted",
+    r"ncclRemoteError|ncclInternalError|NCCL communicator was aborted|NCCL error|NET/IB\b",
     re.IGNORECASE,
 )
 # Killed from outside (node shutdown, kubelet, runtime); other signals (SEGV, ABRT, FPE) are the code's own.
