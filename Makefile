@@ -44,10 +44,11 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/run.py
 
-# Seeded faults over 200 claim/return runs on the devcluster; prints the table, writes benchmarks/campaign.json.
-# (An 8-run seeded subset runs in `make test`: tests/capacity/test_campaign.py.)
+# 200 lifecycle runs (gate, claim, train with resumes, verify, give back) on the devcluster, one seeded
+# fault each; prints the table, writes benchmarks/campaign.json; exits 1 on any invariant violation.
+# (A 4-run seeded subset and the checker's own tests run in `make test`: tests/capacity/test_campaign.py.)
 campaign: setup
-	$(BIN)/python benchmarks/campaign.py --runs 200 --seed 1 --json benchmarks/campaign.json
+	$(BIN)/python -m benchmarks.campaign --runs 200 --seed 1 --json benchmarks/campaign.json
 
 # The three wheels into dist/ (trainops-core, airflow-provider-trainops, trainops-devcluster), for the
 # images (Dockerfile, deploy/probe.Dockerfile) and for installing elsewhere.
