@@ -95,13 +95,8 @@ class GangCluster:
         )
         return patched is not None
 
-    def stop(self, namespace: str, job_name: str) -> str:
-        """Stop the run: deactivate its Workload (``spec.active=false``: Kueue evicts it and does not
-        requeue it), or, when Kueue made no Workload for it, delete the Job with Foreground
-        propagation.  Returns what was done."""
-        job = self.read_job(namespace, job_name)
-        if job is None:
-            return f"Job {namespace}/{job_name} is already gone"
+    def workloads(self, namespace: str, job: dict) -> list[dict]:
+        """The Kueue Workloads of ``job`` (by its uid)."""
         listed = self._call(
             lambda: self.custom.list_namespaced_custom_object(
                 KUEUE_GROUP,
@@ -111,9 +106,29 @@ class GangCluster:
                 label_selector=f"{JOB_UID_LABEL}={job['metadata']['uid']}",
                 _preload_content=False,
             ),
-            f"list the Workloads of Job {job_name}",
+            f"list the Workloads of Job {job['metadata']['name']}",
         )
-        names = [w["metadata"]["name"] for w in json_of(listed).get("items") or []]
+        return json_of(listed).get("items") or []
+
+    def stopped(self, namespace: str, job: dict) -> str | None:
+        """The name of ``job``'s deactivated Workload when the run was stopped (``stop``), else None."""
+        return next(
+            (
+                w["metadata"]["name"]
+                for w in self.workloads(namespace, job)
+                if (w.get("spec") or {}).get("active") is False
+            ),
+            None,
+        )
+
+    def stop(self, namespace: str, job_name: str) -> str:
+        """Stop the run: deactivate its Workload (``spec.active=false``: Kueue evicts it and does not
+        requeue it), or, when Kueue made no Workload for it, delete the Job with Foreground
+        propagation.  Returns what was done."""
+        job = self.read_job(namespace, job_name)
+        if job is None:
+            return f"Job {namespace}/{job_name} is already gone"
+        names = [w["metadata"]["name"] for w in self.workloads(namespace, job)]
         if names:
             for name in names:
                 self.deactivate_workload(namespace, name)

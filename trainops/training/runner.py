@@ -117,7 +117,23 @@ class GangRun:
         live = self.ledger.live
         if live is not None:
             job = self.cluster.read_job(self.spec.namespace, live.job)
-            if job is not None and not _finished(job):
+            running = job is not None and not _finished(job)
+            stopped = self.cluster.stopped(self.spec.namespace, job) if running else None
+            if stopped is not None:
+                # stopped (a Clear's or a mark-failed's on_kill) before it ended: a new attempt, not a
+                # reattach, whose follow would end at once as deactivated and fail the run
+                self.log.info(
+                    "attempt %d's Job %s was stopped (Workload %s deactivated)",
+                    live.number,
+                    live.job,
+                    stopped,
+                )
+                self.ledger.end(
+                    FailureKind.STOPPED, f"stopped while no try was watching: Workload {stopped} deactivated"
+                )
+                self.save()
+                return self._new_attempt(attempts_possible), False
+            if running:
                 self.log.info(
                     "reattaching to Job %s of attempt %d: it is still running", live.job, live.number
                 )
