@@ -60,6 +60,17 @@ class Report:
                 for kind in sorted(self.faults)
                 if any(r.fault == kind and r.recover_s is not None for r in self.runs)
             },
+            "per_run": [
+                {
+                    "run": r.index,
+                    "fault": r.fault,
+                    "outcome": r.outcome[:200],
+                    "recover_s": None if r.recover_s is None else round(r.recover_s, 2),
+                    "paid_steps": r.paid_steps,
+                    "notes": [n[:200] for n in r.notes[:4]],
+                }
+                for r in self.runs
+            ],
         }
 
 

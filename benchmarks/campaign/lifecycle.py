@@ -38,6 +38,7 @@ from trainops.checkpoints.store import CheckpointStore
 from trainops.conventions import QUARANTINE_TAINT
 from trainops.health.gate import GateConfig, run_gate
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
+from trainops.kube.client import Kube
 from trainops.kube.retry import Deadline
 from trainops.training.cluster import GangCluster
 from trainops.training.runner import Decision
@@ -119,7 +120,7 @@ class Heartbeats(threading.Thread):
 # ---- the lifecycle's steps, as Airflow would run them -------------------------------------------
 def gate(world: World) -> list[str]:
     """NodeHealthGateOperator: judge, quarantine the bad, wait (deferred) until enough pass."""
-    core = GangCluster(Step(world.kubeconfig, "", "", "").kube()).core
+    core = Kube.from_kubeconfig(world.kubeconfig).core
 
     def enough():
         result = run_gate(core, GateConfig(min_nodes=GANG + 1, gpus_per_node=8))
@@ -205,11 +206,17 @@ class Run:
             except Exception as error:  # noqa: BLE001 - a failed return is a violation
                 self.result.violations.append(f"give_back({key}) raised {error!r}")
         seen = self.world.recorder.take()
-        self.result.violations += end_state(
-            self.cluster, seen, before, self.world.quota_before, self.world.store, faulted=self.faulted
-        )
+        try:
+            self.result.violations += end_state(
+                self.cluster, seen, before, self.world.quota_before, self.world.store, faulted=self.faulted
+            )
+        except Exception as error:  # noqa: BLE001 - what cannot be checked counts as violated
+            self.result.violations.append(f"the end state could not be checked: {error!r}")
         self.account(seen)
-        self.heal(seen.quarantined | self.faulted)
+        try:
+            self.heal(seen.quarantined | self.faulted)
+        except Exception as error:  # noqa: BLE001 - the next runs have a smaller fleet; said, not fatal
+            self.result.notes.append(f"healing the fleet failed: {error!r}")
         return self.result
 
     def lifecycle(self) -> None:
