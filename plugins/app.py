@@ -81,17 +81,14 @@ def cluster_answers() -> Iterator[None]:
     that stays down is a 502 with what the cluster said, which the pages show, instead of a bare 500."""
     from kubernetes.client.exceptions import ApiException
 
+    from trainops.kube.client import api_message
     from trainops.kube.retry import DeadlineExceeded
 
     try:
         yield
     except ApiException as error:
-        try:
-            said = json.loads(error.body)["message"]
-        except (TypeError, ValueError, KeyError):
-            said = error.reason
         raise HTTPException(
-            status.HTTP_502_BAD_GATEWAY, f"the cluster answered {error.status}: {said}"
+            status.HTTP_502_BAD_GATEWAY, f"the cluster answered {error.status}: {api_message(error)}"
         ) from None
     except DeadlineExceeded as error:
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"the cluster did not answer: {error}") from None

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pynvml
 import pytest
 import requests
 import yaml
@@ -18,6 +19,7 @@ from trainops_devcluster.errors import AdmissionDenied
 
 from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.kubectl_support import kubectl
+from trainops.cli import main
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 WORKER = "system:serviceaccount:airflow:airflow-worker"
@@ -367,3 +369,45 @@ def test_the_devcluster_denies_as_the_manifests_policy_does():
         {"metadata": {"name": "node-health-gpu-node-000"}},
         None,
     )
+
+
+def test_the_production_probe_publishes_as_its_own_account(
+    cluster, probe_token, monkeypatch, tmp_path, capsys
+):
+    """``trainops probe --publish`` with the probe pod's token: every call it makes (the node's status
+    read, its condition and summary, its report ConfigMap) is allowed by deploy/node-probe.yaml's
+    ClusterRole and the own-node policy; the same probe pointed at another node changes nothing."""
+
+    def no_driver():
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
+    cluster.probe_daemon.stop()  # the devcluster's own probe writes the store, not the API
+    kubectl(cluster.kubeconfig, "delete", "configmap", "node-health-gpu-node-000", "-n", "trainops-system")
+    kubeconfig = cluster.write_kubeconfig(
+        tmp_path / "probe.kubeconfig", token=probe_token, user="probe", namespace="kube-system", secure=True
+    )
+    probe = ["probe", "--publish", "--iterations", "1", "--kubeconfig", str(kubeconfig)]
+    probe += ["--ib-sysfs", str(tmp_path)]
+
+    assert main([*probe, "--node", "gpu-node-000"]) == 0
+    own = cluster.store.get("nodes", "", "gpu-node-000")
+    condition = next(c for c in own["status"]["conditions"] if c["type"] == "GPUHealthy")
+    assert (condition["status"], condition["reason"]) == ("Unknown", "SignalsUnknown")
+    assert cluster.store.find("configmaps", "trainops-system", "node-health-gpu-node-000") is not None
+    calls = [e for e in cluster.server.audit.entries() if e["user"].endswith(":trainops-node-probe")]
+    denied = [(e["verb"], e["path"], e["status"]) for e in calls if e["status"] in (401, 403, 422)]
+    assert calls and not denied, denied  # (a 404 is the first write of its ConfigMap: replace, then create)
+
+    capsys.readouterr()
+    before = cluster.store.get("nodes", "", "gpu-node-001")
+    report = cluster.store.find("configmaps", "trainops-system", "node-health-gpu-node-001")
+    assert main([*probe, "--node", "gpu-node-001"]) == 1
+    assert capsys.readouterr().err == (
+        'error: publishing to node gpu-node-001 failed: configmaps "node-health-gpu-node-001" is forbidden: '
+        "ValidatingAdmissionPolicy 'trainops-node-probe-own-node' with binding 'trainops-node-probe-own-node' "
+        "denied request: the node probe on gpu-node-000 may write only ConfigMap "
+        "trainops-system/node-health-gpu-node-000\n"
+    )
+    assert cluster.store.get("nodes", "", "gpu-node-001") == before
+    assert cluster.store.find("configmaps", "trainops-system", "node-health-gpu-node-001") == report

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable
 
 from trainops.errors import PermanentError
+from trainops.kube.client import api_message
 from trainops.kube.lists import PAGE, list_all
 from trainops.kube.retry import Backoff, Deadline, DeadlineExceeded, is_transient
 
@@ -91,18 +92,9 @@ def _evict(core_v1, pod: dict) -> str:
         if status == 404:
             return GONE
         if is_transient(error) or status == 409:  # 409: the budget's update conflicted; ask again
-            return _message(error)
+            return api_message(error)
         raise
     return EVICTED
-
-
-def _message(error) -> str:
-    """The API server's message (a PDB refusal says which budget), else what failed."""
-    try:
-        return json.loads(error.body)["message"]
-    except (AttributeError, TypeError, ValueError, KeyError):
-        status = getattr(error, "status", None)
-        return f"HTTP {status}" if status else f"connection error: {error}"
 
 
 def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -> int:

@@ -27,6 +27,7 @@ from trainops.health.prometheus import PrometheusClient
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.health.report import HealthReport
 from trainops.health.stragglers import UNKNOWN_SPEED
+from trainops.kube.client import api_message
 from trainops.kube.retry import Deadline
 
 WRITE_DEADLINE_S = 60.0
@@ -133,7 +134,11 @@ def _publish_loop(args: argparse.Namespace, nvml: NvmlReader, ib_reader: SysfsIb
             )
             failed = False
         except Exception as err:  # keep probing through API outages; the next round retries
-            print(f"error: publishing to node {args.node} failed: {err}", file=sys.stderr, flush=True)
+            print(
+                f"error: publishing to node {args.node} failed: {api_message(err)}",
+                file=sys.stderr,
+                flush=True,
+            )
             failed = True
         previous = report
         published += 1

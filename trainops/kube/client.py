@@ -9,6 +9,7 @@ watches of a deferred task) is ``trainops.kube.aio``.
 
 from __future__ import annotations
 
+import json
 import os
 
 from trainops.errors import PermanentError
@@ -19,6 +20,16 @@ MERGE_PATCH = "application/merge-patch+json"
 
 class KubeconfigError(PermanentError, ValueError):
     """The kubeconfig is missing, not YAML, or not shaped like a kubeconfig."""
+
+
+def api_message(error: BaseException) -> str:
+    """What the API server said in its Status (which PDB, RBAC rule or admission policy refused),
+    else the HTTP status, else the error itself (a connection error)."""
+    try:
+        return json.loads(error.body)["message"]
+    except (AttributeError, TypeError, ValueError, KeyError):
+        status = getattr(error, "status", None)
+        return f"HTTP {status}" if status else str(error)
 
 
 class Kube:
