@@ -19,6 +19,11 @@ with DAG(
     doc_md=__doc__,
     params={
         "cluster_queue": Param("training", type="string", description="The training ClusterQueue."),
+        "training_namespace": Param(
+            "training",
+            type="string",
+            description="Where the runs' training Jobs are: a gone run's Jobs are stopped before its nodes return.",
+        ),
         "grace_s": Param(600, type="number", minimum=0, description="Seconds a claim is left alone."),
     },
     tags=["trainops"],
@@ -42,7 +47,13 @@ with DAG(
                 return None
 
         kube = KubernetesClusterHook(conn_id="kubernetes_default").kube()
-        summary = reap(kube, alive, cluster_queue=params["cluster_queue"], grace_s=float(params["grace_s"]))
+        summary = reap(
+            kube,
+            alive,
+            cluster_queue=params["cluster_queue"],
+            training_namespace=params["training_namespace"] or None,
+            grace_s=float(params["grace_s"]),
+        )
         if summary.failed:
             raise TemporaryError(f"returns failed: {summary.failed}")
         return dataclasses.asdict(summary)

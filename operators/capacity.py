@@ -200,19 +200,15 @@ class ReturnCapacityOperator(BaseOperator):
     def execute(self, context) -> dict:
         from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
 
-        from trainops.kube.retry import Deadline
-        from trainops.training.cluster import GangCluster
-
         run = run_key(context)
         kube = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube()
-        if self.training_namespace:
-            dag_run = context["dag_run"]
-            for stopped in GangCluster(kube).stop_run(
-                self.training_namespace, dag_run.dag_id, dag_run.run_id, Deadline(self.deadlines.ready_s)
-            ):
-                self.log.info("stopped the run's training before returning its nodes: %s", stopped)
         summary = give_back(
-            kube, run, cluster_queue=self.cluster_queue, deadlines=self.deadlines, log=self.log
+            kube,
+            run,
+            cluster_queue=self.cluster_queue,
+            training_namespace=self.training_namespace,
+            deadlines=self.deadlines,
+            log=self.log,
         )
         self.log.info(
             "returned %d node(s) and %d GPUs of %s; still quarantined: %s",

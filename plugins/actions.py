@@ -48,11 +48,14 @@ def release_node(kube: Kube, node: str, who: str, prometheus: PrometheusClient |
     return answer
 
 
-def return_capacity(kube: Kube, run: str, who: str, cluster_queue: str) -> dict[str, Any]:
-    """Give back every node and loan of ``run``; raises ValueError (bad run key), ReturnIncomplete."""
+def return_capacity(
+    kube: Kube, run: str, who: str, cluster_queue: str, training_namespace: str
+) -> dict[str, Any]:
+    """Stop ``run``'s training and give back every node and loan of it; raises ValueError (bad run
+    key), ReturnIncomplete."""
     from trainops.capacity.procedure import give_back
 
-    summary = give_back(kube, run, cluster_queue=cluster_queue)
+    summary = give_back(kube, run, cluster_queue=cluster_queue, training_namespace=training_namespace)
     what = f"capacity of run {run} returned"
     return {
         **asdict(summary),

@@ -247,7 +247,13 @@ def post_return(
     _confirmed(confirm, run)
     with cluster_answers():
         try:
-            return return_capacity(kube(), run, user.get_name(), setting("cluster_queue", "training"))
+            return return_capacity(
+                kube(),
+                run,
+                user.get_name(),
+                setting("cluster_queue", "training"),
+                setting("training_namespace", "training"),
+            )
         except ValueError as error:
             raise HTTPException(status.HTTP_400_BAD_REQUEST, str(error)) from None
         except TrainopsError as error:

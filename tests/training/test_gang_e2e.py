@@ -255,13 +255,11 @@ def test_resumes_exhausted_is_a_clear_final_error_and_the_teardown_still_runs(
     assert_capacity_returned(api, nodes)
 
 
-def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, bucket):
-    """Mark-failed in the UI runs the trigger's on_kill: the Workload is deactivated, the pods go."""
-    import asyncio
+def start_attempt(cluster, api, run: str, run_uri: str):
+    """``run`` (``<dag_id>/<run_id>``) claims the idle nodes and submits its first attempt of the demo
+    trainer on 2 of them, as ``train`` does; returns the operator, the attempt's record and the nodes."""
     import sys
-    import time
 
-    from kubernetes import client
     from trainops.operators.training import GangTrainingOperator
 
     from trainops.capacity.procedure import claim
@@ -271,8 +269,8 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
     from trainops.training.cluster import GangCluster
     from trainops.training.runner import GangRun
 
-    nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/killed-by-user/"
-    claim(Kube(api), "tests/kill", nodes, cluster_queue="training")
+    nodes = idle_nodes(api)
+    claim(Kube(api), run, nodes, cluster_queue="training")
     operator = GangTrainingOperator(
         task_id="train",
         image="devcluster.trainops.io/local",
@@ -282,20 +280,18 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
         nodes=2,
         kubeconfig=str(cluster.kubeconfig),
     )
-    run = GangRun(
-        operator.spec(), "dag", "run", GangCluster(Kube(api)), CheckpointStore(), RunLedger(), print
+    dag_id, _, run_id = run.partition("/")
+    gang = GangRun(
+        operator.spec(), dag_id, run_id, GangCluster(Kube(api)), CheckpointStore(), RunLedger(), print
     )
-    record, _ = run.start(lambda n: n)
-    trigger = operator.trigger(record.job)
+    record, _ = gang.start(lambda n: n)
+    return operator, record, nodes
 
-    async def follow_then_kill():
-        following = asyncio.create_task(anext(trigger.run()))
-        while heartbeat_step(s3, run_uri) < 20:
-            await asyncio.sleep(0.05)
-        following.cancel()
-        await trigger.on_kill()
 
-    asyncio.run(follow_then_kill())
+def assert_training_stopped(api, s3, run_uri: str) -> None:
+    """The Workload is deactivated, no pod of the run is running and its heartbeat no longer moves."""
+    from kubernetes import client
+
     workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
         "kueue.x-k8s.io", "v1beta2", "training", "workloads"
     )
@@ -308,6 +304,44 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
     step = heartbeat_step(s3, run_uri)
     time.sleep(0.5)
     assert heartbeat_step(s3, run_uri) == step  # nothing trains any more
+
+
+def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, bucket):
+    """Mark-failed in the UI runs the trigger's on_kill: the Workload is deactivated, the pods go."""
+    import asyncio
+
+    run_uri = f"s3://{bucket}/runs/killed-by-user/"
+    operator, record, _ = start_attempt(cluster, api, "tests/kill", run_uri)
+    trigger = operator.trigger(record.job)
+
+    async def follow_then_kill():
+        following = asyncio.create_task(anext(trigger.run()))
+        while heartbeat_step(s3, run_uri) < 20:
+            await asyncio.sleep(0.05)
+        following.cancel()
+        await trigger.on_kill()
+
+    asyncio.run(follow_then_kill())
+    assert_training_stopped(api, s3, run_uri)
+
+
+def test_returning_a_runs_capacity_by_hand_stops_its_training_first(cluster, api, s3, bucket, capsys):
+    """`trainops capacity return` (and the reaper, the UI's return, the teardown: one give_back) on a
+    run that is still training: its Job is stopped and its pods gone before any node goes back, so
+    inference never lands next to a training pod."""
+    from trainops.cli import main
+
+    run_uri = f"s3://{bucket}/runs/returned-by-hand/"
+    *_, nodes = start_attempt(cluster, api, "tests/returned", run_uri)
+    while heartbeat_step(s3, run_uri) < 20:
+        time.sleep(0.05)
+
+    kubeconfig = str(cluster.kubeconfig)
+    assert main(["capacity", "return", "--run", "tests/returned", "--kubeconfig", kubeconfig]) == 0
+
+    assert "stopped the run's training before returning its capacity" in capsys.readouterr().out
+    assert_training_stopped(api, s3, run_uri)
+    assert_capacity_returned(api, nodes)
 
 
 def test_dropped_watches_and_api_error_bursts_neither_lose_the_run_nor_burn_a_resume(

@@ -23,18 +23,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common.add_argument(
         "--cluster-queue", default="training", help="the training ClusterQueue (default training)"
     )
+    returning = argparse.ArgumentParser(add_help=False)
+    returning.add_argument(
+        "--training-namespace",
+        default="training",
+        help="where the runs' training Jobs are; they are stopped before their nodes are returned "
+        "(default training; '' to return without stopping them)",
+    )
 
     status = commands.add_parser("status", parents=[common], help="list claimed nodes, their holders and age")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
     status.set_defaults(func=run_status)
 
-    give = commands.add_parser("return", parents=[common], help="return every node and loan of one run")
+    give = commands.add_parser(
+        "return", parents=[common, returning], help="return every node and loan of one run"
+    )
     give.add_argument("--run", required=True, help="the run to return, as <dag_id>/<run_id>")
     give.add_argument("--ready-deadline", type=float, default=600, help="seconds for inference to be Ready")
     give.set_defaults(func=run_return)
 
     reap = commands.add_parser(
-        "reap", parents=[common], help="return the capacity of runs whose DAG run is no longer running"
+        "reap",
+        parents=[common, returning],
+        help="return the capacity of runs whose DAG run is no longer running",
     )
     reap.add_argument("--airflow-url", required=True, help="Airflow's API server, e.g. http://localhost:8080")
     reap.add_argument(
@@ -140,6 +151,7 @@ def run_return(args: argparse.Namespace) -> int:
             _kube(args),
             args.run,
             cluster_queue=args.cluster_queue,
+            training_namespace=args.training_namespace or None,
             deadlines=Deadlines(ready_s=args.ready_deadline),
         )
     except ValueError as error:
@@ -171,6 +183,7 @@ def run_reap(args: argparse.Namespace) -> int:
             _kube(args),
             runs.alive,
             cluster_queue=args.cluster_queue,
+            training_namespace=args.training_namespace or None,
             grace_s=args.grace,
             dry_run=args.dry_run,
         )

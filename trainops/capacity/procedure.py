@@ -227,14 +227,30 @@ def give_back(
     run: str,
     *,
     cluster_queue: str,
+    training_namespace: str | None = None,
     deadlines: Deadlines = Deadlines(),
     log: logging.Logger = module_log,
 ) -> ReturnSummary:
     """Return everything ``run`` holds (see the module docstring); works from the cluster's records
-    alone.  Every step is tried; ``ReturnIncomplete`` names the ones that failed."""
+    alone.  Every step is tried; ``ReturnIncomplete`` names the ones that failed.
+
+    With ``training_namespace``, the run's training Jobs there are stopped first and their pods
+    gone before anything is returned (a run failed by hand, reaped or returned from the CLI or the
+    UI may still be training); if they cannot be stopped nothing is returned."""
     parse_run(run)
     summary = ReturnSummary(run, cluster_queue=cluster_queue)
     failures: list[str] = []
+    if training_namespace:
+        from trainops.training.cluster import GangCluster
+
+        try:
+            for stopped in GangCluster(kube).stop_run(training_namespace, run, Deadline(deadlines.ready_s)):
+                log.info("stopped the run's training before returning its capacity: %s", stopped)
+        except Exception as error:
+            raise ReturnIncomplete(
+                f"return of run {run} not started: its training in namespace {training_namespace} "
+                f"could not be stopped ({error}); its nodes stay claimed until it is"
+            ) from error
 
     try:
         before = set_grant(kube.custom, cluster_queue, run, 0, Deadline(deadlines.api_s))

@@ -89,12 +89,14 @@ def reap(
     *,
     cluster_queue: str,
     grace_s: float,
+    training_namespace: str | None = "training",
     dry_run: bool = False,
     deadlines: Deadlines | None = None,
     now: datetime | None = None,
     log: logging.Logger = module_log,
 ) -> ReapSummary:
-    """Give back what runs that are no longer alive hold (see the module docstring)."""
+    """Give back what runs that are no longer alive hold (see the module docstring), their training
+    Jobs in ``training_namespace`` stopped first (a worker killed mid-``train`` leaves its Job running)."""
     if not grace_s >= 0:
         raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
     summary = ReapSummary()
@@ -113,7 +115,14 @@ def reap(
         else:
             log.warning("run %s is no longer running but holds %s: returning it", run, held)
             try:
-                give_back(kube, run, cluster_queue=cluster_queue, deadlines=deadlines or Deadlines(), log=log)
+                give_back(
+                    kube,
+                    run,
+                    cluster_queue=cluster_queue,
+                    training_namespace=training_namespace,
+                    deadlines=deadlines or Deadlines(),
+                    log=log,
+                )
             except Exception as error:  # reap the other runs
                 summary.failed[run] = f"{type(error).__name__}: {error}"
                 continue

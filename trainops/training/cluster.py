@@ -142,17 +142,19 @@ class GangCluster:
         )
         return f"deleted Job {namespace}/{job_name} (Foreground propagation)"
 
-    def stop_run(self, namespace: str, dag_id: str, run_id: str, deadline: Deadline) -> list[str]:
-        """Stop every unfinished Job of the DAG run (``stop``: idempotent) and wait, until ``deadline``,
-        until none of its pods is pending or running; returns what was done.  What gives the run's
-        nodes back calls it first: the trigger that stops a run whose task was failed by hand may come
-        later than the teardown, or never (a triggerer that was down does not run ``on_kill``)."""
+    def stop_run(self, namespace: str, run: str, deadline: Deadline) -> list[str]:
+        """Stop every unfinished Job of ``run`` (``<dag_id>/<run_id>``; ``stop``: idempotent) and wait, until
+        ``deadline``, until none of its pods is pending or running; returns what was done.  Giving
+        the run's nodes back calls it first: the trigger that stops a run whose task was failed by
+        hand may come later than the teardown, or never (a triggerer that was down does not run
+        ``on_kill``), and a reaped or hand-returned run may still be training."""
+        dag_id, _, run_id = run.partition("/")
         selector = f"{RUN_LABEL}={run_key(dag_id, run_id)}"
         listed = self._call(
             lambda: self.batch.list_namespaced_job(
                 namespace, label_selector=selector, _preload_content=False
             ),
-            f"list the Jobs of {dag_id}/{run_id}",
+            f"list the Jobs of run {run}",
         )
         done = [
             self.stop(namespace, job["metadata"]["name"])
@@ -163,7 +165,7 @@ class GangCluster:
             )
         ]
         while live := self._live_pods(namespace, selector):
-            deadline.sleep(0.5, f"the pods of {dag_id}/{run_id} to stop ({', '.join(live)})")
+            deadline.sleep(0.5, f"the pods of run {run} to stop ({', '.join(live)})")
         return done
 
     def _live_pods(self, namespace: str, selector: str) -> list[str]:
