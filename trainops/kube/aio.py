@@ -51,7 +51,16 @@ def _query_value(name: str, value):
 
 async def _list(resource: Resource) -> tuple[list[dict], str]:
     response = await resource.list_fn(**resource.selector, _preload_content=False)
-    body = json.loads(await response.read())
+    data = await response.read()
+    if not 200 <= response.status <= 299:
+        # unpreloaded, kubernetes_asyncio raises nothing for an error answer: raise it as preloaded
+        # calls do, so that a 429/5xx is retried (``watch``) rather than read as a list
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        error = ApiException(status=response.status, reason=response.reason)
+        error.headers, error.body = response.headers, data
+        raise error
+    body = json.loads(data)
     return body.get("items") or [], body["metadata"]["resourceVersion"]
 
 
