@@ -67,7 +67,7 @@ class S3Errors:
     """503 SlowDown on a fraction of one boto3 client's requests, before they are sent (botocore's
     ``before-send`` event): the client's own retries, then the caller's, must absorb them."""
 
-    def __init__(self, client, rng: random.Random, fraction: float = 0.3) -> None:
+    def __init__(self, client, rng: random.Random, fraction: float = 0.2) -> None:
         self.rng, self.fraction, self.injected = rng, fraction, 0
         self.on = False
         client.meta.events.register("before-send.s3", self)

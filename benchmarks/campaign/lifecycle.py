@@ -315,23 +315,32 @@ class Run:
             killed_at = sigkill_when(process, lambda: self.beats.step() >= FAULT_AT_STEP, 180)
             self.fault_at = time.time()
             self.result.notes.append(f"train killed at step {self.beats.step()}")
-        while True:
-            for number in range(1, TRIES + 1):
+        first = 2 if fault == "sigkill-train" else 1  # the killed worker's try was the first
+        while not self.train_task(first, cleared, on_start):
+            # a Clear: its on_kill stops the Job; the setups run again, then train with fresh tries
+            GangCluster(self.step.kube()).stop(NAMESPACE, self.step.load_ledger().current.job)
+            cleared.clear()
+            self.step.nodes = gate(self.world)
+            self.step.nodes = self.claim_task()
+            first = 1
+        cluster.server.faults.clear()  # a burst belongs to the train phase
+
+    def train_task(self, first: int, cleared: threading.Event, on_start: Callable[[], None]) -> bool:
+        """The train task's tries from ``first`` (retries=3, each a resume); False when a Clear came."""
+        for number in range(first, TRIES + 1):
+            try:
                 verdict = train_try(self.step, self.world.store, cleared, on_start=on_start)
-                if verdict is None:  # a Clear: on_kill stops the Job; the setups and train run again
-                    ledger = self.step.load_ledger()
-                    GangCluster(self.step.kube()).stop(NAMESPACE, ledger.current.job)
-                    cleared.clear()
-                    self.step.nodes = gate(self.world)
-                    self.step.nodes = self.claim_task()
-                    break
-                if verdict.decision is Decision.SUCCEEDED:
-                    return
-                self.result.notes.append(f"try {number}: {verdict.message}"[:300])
-                if verdict.decision is Decision.FAIL:
-                    raise RuntimeError(verdict.message)
-            else:
-                raise RuntimeError(f"resumes exhausted: {self.result.notes[-1]}")
+            except Exception as error:  # noqa: BLE001 - Airflow fails the try and retries it
+                self.result.notes.append(f"try {number} raised {type(error).__name__}: {error}"[:300])
+                continue
+            if verdict is None:
+                return False
+            if verdict.decision is Decision.SUCCEEDED:
+                return True
+            self.result.notes.append(f"try {number}: {verdict.message}"[:300])
+            if verdict.decision is Decision.FAIL:
+                raise RuntimeError(verdict.message)
+        raise RuntimeError(f"resumes exhausted: {self.result.notes[-1]}")
 
     def inject_mid_train(self, cleared: threading.Event) -> None:
         try:
