@@ -64,6 +64,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=REAL_SCRAPE_INTERVAL_S,
         help=f"Prometheus scrape interval in seconds (default {REAL_SCRAPE_INTERVAL_S:g})",
     )
+    up.add_argument(
+        "--apply",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="MANIFEST",
+        help="create the objects of this YAML manifest at start, as the admin (e.g. deploy/rbac.yaml); repeatable",
+    )
+    up.add_argument(
+        "--service-account",
+        type=_service_account,
+        action="append",
+        default=[],
+        metavar="NS/NAME=KUBECONFIG",
+        help="write a kubeconfig with a token of ServiceAccount NS/NAME (created if absent), after "
+        "--apply; what a pod running as it has; repeatable",
+    )
     up.set_defaults(func=run_up)
 
     inject = commands.add_parser(
@@ -80,6 +97,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for flag, kind in FAULT_OPTIONS.items():
         inject.add_argument(flag, type=kind)
     inject.set_defaults(func=run_inject)
+
+
+def _service_account(text: str) -> tuple[str, str, Path]:
+    """``NS/NAME=KUBECONFIG`` -> (namespace, name, path)."""
+    account, _, path = text.partition("=")
+    namespace, _, name = account.partition("/")
+    if not (namespace and name and path):
+        raise argparse.ArgumentTypeError(f"expected NS/NAME=KUBECONFIG, got {text!r}")
+    return namespace, name, Path(path)
+
+
+TOKEN_EXPIRATION_S = 365 * 24 * 3600  # a playground's life; a kubelet refreshes a pod's token instead
 
 
 def run_up(args: argparse.Namespace) -> int:
@@ -125,6 +154,14 @@ def run_up(args: argparse.Namespace) -> int:
         ca = cluster.kubeconfig.with_name("devcluster-ca.crt")
         ca.write_bytes(cluster.server.serving_cert.cert_pem)
         print(f"HTTPS for ServiceAccount tokens: {cluster.server.secure_url} (certificate: {ca})", flush=True)
+        for manifest in args.apply:
+            cluster.create_from_file(manifest)
+            print(f"applied {manifest}", flush=True)
+        for namespace, name, path in args.service_account:
+            written = path.resolve().with_name(path.name + ".partial")  # readers see it whole or not at all
+            cluster.service_account_kubeconfig(namespace, name, written, expiration_s=TOKEN_EXPIRATION_S)
+            written.replace(path)
+            print(f"kubeconfig of ServiceAccount {namespace}/{name} written to {path}", flush=True)
         stop.wait()
     except KeyboardInterrupt:
         pass

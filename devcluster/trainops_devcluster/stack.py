@@ -4,6 +4,8 @@ A throw-away PostgreSQL cluster (Debian's ``postgresql``) and Redis, the CeleryE
 worker, the API server, scheduler, dag-processor and triggerer, the devcluster and a local S3 server
 (moto), all as processes of this machine, bound to loopback. Commands and environments come from
 :mod:`trainops_devcluster.stack_spec`. Airflow runs from the Python environment this module runs in.
+The devcluster applies ``deploy/rbac.yaml`` at its start, and each Airflow service reaches it as its
+own ServiceAccount (``stack_spec.SERVICE_ACCOUNTS``), as pods of the official Helm chart do.
 
 Everything lives in a state folder (default ``.stack``): ``pids/`` records what ``up`` started (pid
 and start time), ``logs/`` has one log per service. ``up`` on a running stack only prints where it
@@ -40,10 +42,12 @@ from trainops_devcluster.stack_spec import (
     devcluster_command,
     passwords,
     s3_environment,
+    service_environment,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "dags"
+DEPLOY = REPO / "deploy"
 POSTGRES_USER = "postgres"  # PostgreSQL refuses to run as root; Debian's package creates this user
 START_TIMEOUT_S = 240.0
 STOP_TIMEOUT_S = 20.0
@@ -87,6 +91,7 @@ def up(
         state=str(state),
         home=str(state / "airflow"),
         dags=str(Path(dags).resolve()),
+        deploy=str(DEPLOY),
         api_port=api_port,
         scheduler_health_port=free_port(),
         worker_log_port=free_port(),
@@ -102,15 +107,17 @@ def up(
         _start(state, "redis", ["redis-server", *_redis_options(state, at)])
         _start(state, "s3", [_bin("moto_server"), "-H", "127.0.0.1", "-p", at.s3_url.rsplit(":", 1)[1]])
         _start(state, "devcluster", [_bin("trainops"), *devcluster_command(at)[1:]], env=_devcluster_env(at))
-        airflow_env = {**_local_env(), **airflow_environment(at)}
         _wait(state, lambda: _http_ok(f"{at.s3_url}/"), "the S3 server")
         create_bucket(at.s3_url)
-        _run([_bin("airflow"), "db", "migrate"], airflow_env, state / "logs" / "db-migrate.log")
+        migrate = {**_local_env(), **airflow_environment(at)}
+        _run([_bin("airflow"), "db", "migrate"], migrate, state / "logs" / "db-migrate.log")
         Path(at.passwords_file).write_text(passwords(admin_password or DEFAULT_ADMIN_PASSWORD))
+        accounts = [Path(at.account_kubeconfig(name)) for name in AIRFLOW_COMMANDS]
+        _wait(state, lambda: all(p.exists() for p in accounts), "the devcluster (RBAC and ServiceAccounts)")
         for name, command in AIRFLOW_COMMANDS.items():
-            _start(state, name, [_bin("airflow"), *command], env=airflow_env)
+            env = {**_local_env(), **service_environment(at, name)}
+            _start(state, name, [_bin("airflow"), *command], env=env)
         (state / "endpoints.json").write_text(json.dumps(asdict(at)))
-        _wait(state, lambda: Path(at.kubeconfig).exists(), "the devcluster")
         _wait(state, lambda: _healthy(at), "Airflow (api-server, scheduler, dag-processor, triggerer)")
     except BaseException:
         down(state)
@@ -353,7 +360,9 @@ def _running(state: Path) -> Endpoints | None:
 def _print_where(at: Endpoints) -> None:
     print(f"Airflow UI: http://127.0.0.1:{at.api_port}")
     print("Login (local only): user admin, password admin unless TRAINOPS_ADMIN_PASSWORD was set")
-    print(f"devcluster kubeconfig: {at.kubeconfig}")
+    print(
+        f"devcluster kubeconfig: {at.kubeconfig} (admin; each Airflow service has its ServiceAccount's beside it)"
+    )
     print(f"S3 endpoint: {at.s3_url} (bucket {BUCKET})")
     print(f"Logs: {Path(at.state) / 'logs'}; stop with: make down")
 

@@ -31,6 +31,22 @@ AIRFLOW_COMMANDS: dict[str, list[str]] = {
     "airflow-worker": ["celery", "worker"],
 }
 
+# Airflow component -> the ServiceAccount it runs as: the official Helm chart's, for a release
+# `airflow` in namespace `airflow`. Each gets its own token and so its own `kubernetes_default`.
+# deploy/rbac.yaml grants the worker (tasks), the triggerer (deferred waits) and the API server (the
+# UI plugin); the scheduler and the dag-processor run no trainops code that calls the cluster, so
+# their accounts have no grants (and tests/services/test_least_privilege.py checks they call nothing).
+AIRFLOW_NAMESPACE = "airflow"
+SERVICE_ACCOUNTS: dict[str, str] = {
+    "airflow-apiserver": "airflow-api-server",
+    "airflow-scheduler": "airflow-scheduler",
+    "airflow-dag-processor": "airflow-dag-processor",
+    "airflow-triggerer": "airflow-triggerer",
+    "airflow-worker": "airflow-worker",
+}
+# The UI plugin's tensor-core column reads this connection (defined for every component below).
+PLUGIN_SETTINGS = {"airflow-apiserver": {"AIRFLOW__TRAINOPS__PROMETHEUS_CONN_ID": "prometheus_default"}}
+
 
 @dataclass(frozen=True)
 class Endpoints:
@@ -40,9 +56,10 @@ class Endpoints:
     redis: str  # host:port
     s3_url: str
     devcluster_port: int
-    state: str  # the devcluster's kubeconfig and the login's passwords file
+    state: str  # the devcluster's kubeconfigs (admin, ServiceAccounts) and the login's passwords file
     home: str  # AIRFLOW_HOME
     dags: str
+    deploy: str  # the repository's deploy/ (rbac.yaml), applied to the devcluster at its start
     api_bind: str = "127.0.0.1"
     api_port: int = 8080
     scheduler_health_port: int = 8974
@@ -67,6 +84,14 @@ class Endpoints:
     def passwords_file(self) -> str:
         return f"{self.state}/passwords.json"
 
+    @property
+    def rbac(self) -> str:
+        return f"{self.deploy}/rbac.yaml"
+
+    def account_kubeconfig(self, service: str) -> str:
+        """The kubeconfig of ``service``'s ServiceAccount (a token the devcluster hands out at start)."""
+        return f"{self.state}/{SERVICE_ACCOUNTS[service]}.kubeconfig"
+
 
 # The containers share one network namespace with the devcluster (it binds loopback only), so the
 # API server, the devcluster, its Prometheus and the log servers are on localhost there too; PostgreSQL, Redis and
@@ -79,12 +104,14 @@ COMPOSE = Endpoints(
     state="/opt/airflow/state",
     home="/opt/airflow",
     dags="/opt/airflow/dags",
+    deploy="/opt/airflow/deploy",
     api_bind="0.0.0.0",
 )
 
 
 def airflow_environment(at: Endpoints) -> dict[str, str]:
-    """The environment of every Airflow component (and of ``airflow db migrate``)."""
+    """What every Airflow component's environment has (and all of ``airflow db migrate``'s): no
+    cluster access; :func:`service_environment` adds each component's own."""
     return {
         "AIRFLOW_HOME": at.home,
         "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
@@ -108,9 +135,6 @@ def airflow_environment(at: Endpoints) -> dict[str, str]:
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(at.scheduler_health_port),
         "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(at.worker_log_port),
         "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(at.trigger_log_port),
-        "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(
-            {"conn_type": "kubernetes", "extra": {"kube_config_path": at.kubeconfig}}
-        ),
         "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(
             {
                 "conn_type": "aws",
@@ -125,6 +149,17 @@ def airflow_environment(at: Endpoints) -> dict[str, str]:
     }
 
 
+def service_environment(at: Endpoints, service: str) -> dict[str, str]:
+    """The environment of Airflow component ``service``: :func:`airflow_environment`, its own
+    ``kubernetes_default`` (its ServiceAccount's kubeconfig) and its plugin settings."""
+    kubernetes = {"conn_type": "kubernetes", "extra": {"kube_config_path": at.account_kubeconfig(service)}}
+    return {
+        **airflow_environment(at),
+        "AIRFLOW_CONN_KUBERNETES_DEFAULT": json.dumps(kubernetes),
+        **PLUGIN_SETTINGS.get(service, {}),
+    }
+
+
 def s3_environment(at: Endpoints) -> dict[str, str]:
     """What points boto3 (and the trainer's checkpoint helper) at the stack's S3 server."""
     return {
@@ -136,7 +171,13 @@ def s3_environment(at: Endpoints) -> dict[str, str]:
 
 
 def devcluster_command(at: Endpoints) -> list[str]:
-    """The devcluster; its pods (the trainers) run as its child processes with its environment."""
+    """The devcluster; its pods (the trainers) run as its child processes with its environment. At
+    start it applies deploy/rbac.yaml and writes each Airflow component's ServiceAccount kubeconfig
+    (the last one written is the sign that all are there)."""
+    accounts = [
+        f"--service-account={AIRFLOW_NAMESPACE}/{account}={at.account_kubeconfig(service)}"
+        for service, account in SERVICE_ACCOUNTS.items()
+    ]
     return [
         "trainops",
         "devcluster",
@@ -149,6 +190,9 @@ def devcluster_command(at: Endpoints) -> list[str]:
         str(at.prometheus_port),
         "--kubeconfig",
         at.kubeconfig,
+        "--apply",
+        at.rbac,
+        *accounts,
     ]
 
 

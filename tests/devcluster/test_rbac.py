@@ -235,8 +235,8 @@ def test_self_subject_access_review_says_which_binding_allows(cluster):
     assert answer.status_code == 201
     assert answer.json()["status"] == {
         "allowed": True,
-        "reason": 'RBAC: allowed by RoleBinding "trainops-airflow-training/training" of Role '
-        '"trainops-airflow-training" to ServiceAccount "airflow-worker/airflow"',
+        "reason": 'RBAC: allowed by RoleBinding "trainops-airflow-submit/training" of Role '
+        '"trainops-airflow-submit" to ServiceAccount "airflow-worker/airflow"',
     }
 
 

@@ -38,15 +38,16 @@ def attributes_of(entry: dict) -> rbac.Attributes:
     return rbac.attributes(entry["method"], split.path, dict(parse_qsl(split.query)))
 
 
-def grants() -> list[tuple[str | None, str, str, str]]:
-    """(namespace or None for cluster-wide, group, resource, verb) deploy/rbac.yaml grants the workers."""
+def grants(account: tuple[str, str] = WORKER) -> list[tuple[str | None, str, str, str]]:
+    """(namespace or None for cluster-wide, group, resource, verb) deploy/rbac.yaml grants ``account``
+    ((namespace, name) of a ServiceAccount; the workers' by default)."""
     docs = [d for d in yaml.safe_load_all(RBAC.read_text()) if d]
     roles = {
         (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs if "rules" in d
     }
     found = []
     for binding in (d for d in docs if d["kind"] in ("RoleBinding", "ClusterRoleBinding")):
-        if not any((s.get("namespace"), s["name"]) == WORKER for s in binding["subjects"]):
+        if not any((s.get("namespace"), s["name"]) == account for s in binding["subjects"]):
             continue
         scope = binding["metadata"].get("namespace")  # None: a ClusterRoleBinding
         ref = binding["roleRef"]

@@ -70,7 +70,10 @@ def test_each_airflow_service_runs_what_make_up_runs(compose, name):
     assert (shlex.split(command) if isinstance(command, str) else command) == stack_spec.AIRFLOW_COMMANDS[
         name
     ]
-    expected = {**stack_spec.airflow_environment(stack_spec.COMPOSE), **CONTAINER_ONLY_ENV.get(name, {})}
+    expected = {
+        **stack_spec.service_environment(stack_spec.COMPOSE, name),
+        **CONTAINER_ONLY_ENV.get(name, {}),
+    }
     assert service["environment"] == expected
     assert service["network_mode"] == "service:devcluster"
 
@@ -79,11 +82,30 @@ def test_one_jwt_secret_and_the_connections_for_every_component(compose):
     envs = [compose["services"][name]["environment"] for name in (*AIRFLOW_SERVICES, "airflow-init")]
     assert len({env["AIRFLOW__API_AUTH__JWT_SECRET"] for env in envs}) == 1
     for env in envs:
-        kube = json.loads(env["AIRFLOW_CONN_KUBERNETES_DEFAULT"])
-        assert kube["extra"]["kube_config_path"] == stack_spec.COMPOSE.kubeconfig
         aws = json.loads(env["AIRFLOW_CONN_AWS_DEFAULT"])
         assert aws["extra"]["endpoint_url"] == "http://minio:9000"
         assert json.loads(env["AIRFLOW_CONN_PROMETHEUS_DEFAULT"])["conn_type"] == "http"
+
+
+def test_each_service_reaches_the_cluster_as_its_own_service_account_and_init_not_at_all(compose):
+    """Each Airflow service's kubernetes_default is its own ServiceAccount's kubeconfig, one the
+    devcluster writes at start after applying deploy/rbac.yaml (mounted from the repository)."""
+    services = compose["services"]
+    devcluster = services["devcluster"]
+    paths = {}
+    for name in AIRFLOW_SERVICES:
+        kube = json.loads(services[name]["environment"]["AIRFLOW_CONN_KUBERNETES_DEFAULT"])
+        paths[name] = kube["extra"]["kube_config_path"]
+        account = f"{stack_spec.AIRFLOW_NAMESPACE}/{stack_spec.SERVICE_ACCOUNTS[name]}"
+        assert f"--service-account={account}={paths[name]}" in devcluster["command"]
+    assert len(set(paths.values())) == len(AIRFLOW_SERVICES)
+    assert "AIRFLOW_CONN_KUBERNETES_DEFAULT" not in services["airflow-init"]["environment"]
+    assert devcluster["command"][devcluster["command"].index("--apply") + 1] == stack_spec.COMPOSE.rbac
+    assert f"./deploy:{stack_spec.COMPOSE.deploy}:ro" in devcluster["volumes"]
+    # healthy only once the last kubeconfig is written: the Airflow services start after it
+    assert paths["airflow-worker"] == devcluster["command"][-1].rpartition("=")[2]
+    assert f"test -f {paths['airflow-worker']}" in devcluster["healthcheck"]["test"][1]
+    assert services["airflow-worker"]["depends_on"]["devcluster"]["condition"] == "service_healthy"
 
 
 def test_the_devcluster_and_s3_match_the_native_stack(compose):

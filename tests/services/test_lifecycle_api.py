@@ -169,6 +169,28 @@ def test_with_the_triggerer_down_marking_the_run_failed_still_stops_the_job_befo
     airflow.follow(DAG_ID, "api-stopped-no-triggerer", lambda run, _: run["state"] in TERMINAL)
 
 
+def test_with_no_node_passing_the_gate_waits_on_the_triggerer_then_fails_before_claiming(services, airflow):
+    """A policy under which every probe report is stale (report_age over 0 s) excludes every node,
+    none quarantined: the health gate defers, the triggerer re-checks the pool (as its own
+    ServiceAccount) until health_wait_s is over, and the gate fails; nothing is claimed or trained."""
+    api = services.kube()
+    before = Capacity.read(api)
+    airflow.unpause(DAG_ID)
+    conf = {
+        "run_name": "api-gate-waits",
+        "health_policy_overrides": {"report_age": {"threshold": 0}},
+        "health_wait_s": 12,
+    }
+    answer = airflow.trigger(DAG_ID, "api-gate-waits", conf)
+    assert answer.status_code == 200, answer.text
+    seen = airflow.follow(DAG_ID, "api-gate-waits", lambda run, _: run["state"] in TERMINAL)
+
+    assert "deferred" in [states["health_gate"] for states in seen]
+    assert seen[-1]["health_gate"] == "failed" and seen[-1]["train"] == "upstream_failed", seen[-1]
+    assert airflow.run(DAG_ID, "api-gate-waits")["state"] == "failed"
+    assert_capacity_back(api, before)
+
+
 def test_an_asset_event_through_the_api_runs_scheduled_retraining(services, airflow):
     api = services.kube()
     before = Capacity.read(api)

@@ -92,10 +92,11 @@ def test_the_fleet_view_shows_an_xid_quarantine_after_login_and_nothing_before(s
     row = f"document.querySelector('tr[data-node=\"{NODE}\"]')"
     text = browser.wait_for(f"{row} && {row}.innerText")
     assert "gpu_lost.xid_fatal" in text and "quarantine" in text
-    # The stack names no Prometheus for the plugin: the tensor-core column is n/a, and the page says how to fill it.
-    notes = browser.wait_for("document.getElementById('notes').innerText")
-    assert "n/a (no Prometheus: set [trainops] prometheus_conn_id" in notes
-    assert browser.eval(f"{row}.querySelector('td.tensor').innerText") == "n/a"
+    # The API server's [trainops] prometheus_conn_id names the stack's Prometheus: the tensor-core
+    # column has the node's dcgm-exporter value (quarantined, it trains nothing: 0%), and no note.
+    tensor = f"{row}.querySelector('td.tensor').innerText"
+    assert browser.wait_for(f"{tensor}.endsWith('%') && {tensor}") == "0%"
+    assert browser.eval("document.getElementById('notes').innerText") == ""
     assert browser.eval("document.querySelectorAll('#fleet tbody tr').length") == services.at.devcluster_nodes
     quarantined = [
         n for n in core.list_node().items if any(t.key == QUARANTINE_TAINT for t in n.spec.taints or [])

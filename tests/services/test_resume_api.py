@@ -12,16 +12,18 @@ from tests.e2e.conftest import Capacity, assert_capacity_back
 from tests.services.conftest import TERMINAL, trainer, wait_for
 from tests.training.conftest import heartbeat_step
 from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
+from trainops.training.job import ATTEMPT_LABEL, RUN_LABEL
+from trainops.training.naming import run_key
 
 DAG_ID = "training_lifecycle"
-ATTEMPT_LABEL = "trainops.io/attempt"
 
 
-def training_pods(api, attempt: str) -> list:
+def training_pods(api, run_id: str, attempt: str) -> list:
+    """The training pods of DAG run ``run_id``'s attempt ``attempt`` (earlier tests' runs leave theirs)."""
     from kubernetes import client
 
-    pods = client.CoreV1Api(api).list_namespaced_pod("training").items
-    return [p for p in pods if (p.metadata.labels or {}).get(ATTEMPT_LABEL) == attempt]
+    selector = f"{RUN_LABEL}={run_key(DAG_ID, run_id)},{ATTEMPT_LABEL}={attempt}"
+    return client.CoreV1Api(api).list_namespaced_pod("training", label_selector=selector).items
 
 
 def committed_steps(services, prefix: str) -> list[int]:
@@ -57,11 +59,13 @@ def test_an_xid_mid_run_quarantines_the_node_and_the_automatic_retry_resumes_on_
             )
             is not None
             and heartbeat_step(services.s3, run_uri) >= 25
-            and any(p.status.phase == "Running" for p in training_pods(api, "1"))
+            and any(p.status.phase == "Running" for p in training_pods(api, "api-xid", "1"))
         ),
         "attempt 1 followed by the triggerer and past its step-20 checkpoint",
     )
-    culprit = next(p.spec.node_name for p in training_pods(api, "1") if p.status.phase == "Running")
+    culprit = next(
+        p.spec.node_name for p in training_pods(api, "api-xid", "1") if p.status.phase == "Running"
+    )
     injected = requests.post(
         f"{services.at.devcluster_url}/devcluster/faults/xid",
         json={"target": culprit, "code": 79},
@@ -70,7 +74,8 @@ def test_an_xid_mid_run_quarantines_the_node_and_the_automatic_retry_resumes_on_
     assert injected.status_code == 200, injected.text
     # Attempt 1 can commit nothing more once its gang is broken: this is where attempt 2 must resume.
     wait_for(
-        lambda: not any(p.status.phase == "Running" for p in training_pods(api, "1")), "attempt 1 to end"
+        lambda: not any(p.status.phase == "Running" for p in training_pods(api, "api-xid", "1")),
+        "attempt 1 to end",
     )
     last_committed = max(committed_steps(services, "runs/api-xid/"))
 
@@ -86,7 +91,7 @@ def test_an_xid_mid_run_quarantines_the_node_and_the_automatic_retry_resumes_on_
     assert node.metadata.labels[HEALTH_LABEL] == "quarantined"
     assert QUARANTINE_EVIDENCE_ANNOTATION in node.metadata.annotations
     assert any(t.key == QUARANTINE_TAINT for t in node.spec.taints)
-    second = {p.spec.node_name for p in training_pods(api, "2")}
+    second = {p.spec.node_name for p in training_pods(api, "api-xid", "2")}
     assert len(second) == 2 and culprit not in second
     assert xcom(airflow, "api-xid", "verify_checkpoint")["step"] == 200
     assert_capacity_back(api, before)  # the culprit stays quarantined, out of both pools
