@@ -354,7 +354,10 @@ def _running(state: Path) -> Endpoints | None:
         return None
     if not all(_alive(json.loads(p.read_text())) for p in pids):
         return None
-    return Endpoints(**json.loads((state / "endpoints.json").read_text()))
+    try:
+        return Endpoints(**json.loads((state / "endpoints.json").read_text()))
+    except TypeError:  # started by an older version of this module: `up` starts it afresh
+        return None
 
 
 def _print_where(at: Endpoints) -> None:
