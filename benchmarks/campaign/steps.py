@@ -41,7 +41,8 @@ TRAIN_ARGS = [
     "--heartbeat-every",
     "5",
 ]
-HANG = HangPolicy(floor=3.0, startup_timeout=30.0, safety_factor=5.0)
+# a save takes well under a second here: a trainer hung in one is caught in 10 s, not the default 30 min
+HANG = HangPolicy(floor=3.0, startup_timeout=30.0, safety_factor=5.0, save_timeout=10.0)
 
 
 @dataclass
