@@ -48,6 +48,9 @@ sys.path.insert(0, str(REPO))
 from tests.services.conftest import TERMINAL, AirflowApi, wait_for  # noqa: E402
 
 BENCH_DAGS = REPO / "benchmarks" / "dags"
+# The stack runs each Airflow service as its own ServiceAccount with deploy/rbac.yaml (trainops' needs);
+# the baseline's KubernetesJobOperator gets the grants it needs from this manifest.
+PROVIDER_RBAC = REPO / "benchmarks" / "provider-rbac.yaml"
 OURS, BASE = "bench_training_trainops", "bench_training_provider"
 NODES = 2  # per attempt, both DAGs
 RUN_TIMEOUT_S = 600
@@ -160,7 +163,7 @@ def breakdown(side: Side, seen_at: float | None = None) -> str:
 
 
 def measure(at, state: Path) -> list[tuple[str, str, float, str, bool]]:
-    from kubernetes import client, config
+    from kubernetes import client, config, utils
     from trainops_devcluster.stack_spec import BUCKET, s3_environment
 
     os.environ.update(s3_environment(at))  # the crash thread reads the heartbeat
@@ -171,6 +174,7 @@ def measure(at, state: Path) -> list[tuple[str, str, float, str, bool]]:
         "the devcluster's inference pods Running",
     )
     claim_idle_nodes(api, "bench/services")
+    utils.create_from_yaml(api, str(PROVIDER_RBAC))
     airflow = AirflowApi(f"http://127.0.0.1:{at.api_port}")
     for dag_id in (OURS, BASE):
         airflow.unpause(dag_id)
