@@ -242,24 +242,28 @@ def test_watch_from_a_compacted_resource_version_is_410(tmp_path):
         api.close()
 
 
+def _gold_events(core, rv: str, count: int) -> list[tuple[str, str]]:
+    """The first ``count`` events of a ``tier=gold`` pod watch from ``rv``."""
+    w = watch.Watch()
+    stream = w.stream(
+        core.list_namespaced_pod,
+        "default",
+        label_selector="tier=gold",
+        resource_version=rv,
+        timeout_seconds=5,
+    )
+    try:
+        return _collect(stream, count)
+    finally:
+        w.stop()
+
+
 def test_selector_watch_sends_deleted_when_an_object_stops_matching(api, core):
     core.create_namespaced_pod("default", pod("s1", {"tier": "gold"}))
     rv = core.list_namespaced_pod("default").metadata.resource_version
     core.patch_namespaced_pod("s1", "default", {"metadata": {"labels": {"tier": "silver"}}})
     core.patch_namespaced_pod("s1", "default", {"metadata": {"labels": {"tier": "gold"}}})
-    w = watch.Watch()
-    events = _collect(
-        w.stream(
-            core.list_namespaced_pod,
-            "default",
-            label_selector="tier=gold",
-            resource_version=rv,
-            timeout_seconds=5,
-        ),
-        2,
-    )
-    w.stop()
-    assert events == [("DELETED", "s1"), ("ADDED", "s1")]
+    assert _gold_events(core, rv, 2) == [("DELETED", "s1"), ("ADDED", "s1")]
 
 
 def test_selector_watch_sends_nothing_for_an_object_that_never_matched(api, core):
@@ -268,19 +272,7 @@ def test_selector_watch_sends_nothing_for_an_object_that_never_matched(api, core
     rv = core.list_namespaced_pod("default").metadata.resource_version
     core.patch_namespaced_pod("s2", "default", {"metadata": {"labels": {"x": "1"}}})
     core.create_namespaced_pod("default", pod("s3", {"tier": "gold"}))
-    w = watch.Watch()
-    events = _collect(
-        w.stream(
-            core.list_namespaced_pod,
-            "default",
-            label_selector="tier=gold",
-            resource_version=rv,
-            timeout_seconds=5,
-        ),
-        1,
-    )
-    w.stop()
-    assert events == [("ADDED", "s3")]
+    assert _gold_events(core, rv, 1) == [("ADDED", "s3")]
 
 
 def test_drop_watches_ends_open_streams(api):
