@@ -79,10 +79,10 @@ def bench_fleet(kubeconfig: str, prometheus_url: str) -> bool:
     from trainops.plugins.app import app
     from trainops.plugins.fleet import NODE_LABEL, TENSOR_ACTIVE
 
+    from trainops.health.gate import list_paginated
     from trainops.health.prometheus import PrometheusClient
     from trainops.kube.client import Kube
-    from trainops.kube.lists import PAGE, list_all
-    from trainops.kube.nodes import json_of
+    from trainops.kube.lists import PAGE
     from trainops.kube.retry import Deadline
 
     token = init_auth_manager().generate_jwt(SimpleAuthManagerUser(username="bench", role="viewer"))
@@ -90,11 +90,8 @@ def bench_fleet(kubeconfig: str, prometheus_url: str) -> bool:
     root.mount("/trainops", app)
     kube = Kube.from_kubeconfig(kubeconfig)
 
-    def list_nodes() -> list[dict]:
-        def fetch(token: str | None) -> dict:
-            return json_of(kube.core.list_node(limit=PAGE, _continue=token, _preload_content=False))
-
-        return list_all(fetch, Deadline(600), "list nodes")
+    def list_nodes() -> list[dict]:  # the fleet's own paging (PAGE per request, raw JSON decoded)
+        return list_paginated(kube.core.list_node, "", PAGE, Deadline(600), "nodes")
 
     def timed(request: Callable[[], Any]) -> tuple[float, Any]:
         start = time.perf_counter()
