@@ -41,6 +41,7 @@ from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.kube.client import Kube
 from trainops.kube.retry import Deadline
 from trainops.training.cluster import GangCluster
+from trainops.training.follow import read_heartbeat
 from trainops.training.runner import Decision
 
 REPO = Path(__file__).resolve().parents[2]
@@ -97,9 +98,7 @@ class Heartbeats(threading.Thread):
 
     def __init__(self, run_uri: str) -> None:
         super().__init__(daemon=True)
-        self.bucket, _, prefix = run_uri[5:].partition("/")
-        self.key = f"{prefix}heartbeat.json"
-        self.client = CheckpointStore().client
+        self.run_uri, self.store = run_uri, CheckpointStore()
         self.samples: dict[float, int] = {}
         self.stopped = threading.Event()
 
@@ -111,9 +110,9 @@ class Heartbeats(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(0.2):
             try:
-                beat = json.loads(self.client.get_object(Bucket=self.bucket, Key=self.key)["Body"].read())
-                self.samples[float(beat["time"])] = int(beat["step"])
-            except Exception:  # noqa: BLE001 - not written yet
+                if beat := read_heartbeat(self.store, self.run_uri):  # None: not written yet
+                    self.samples[float(beat["time"])] = int(beat["step"])
+            except Exception:  # noqa: BLE001 - a failed read: the next sample comes 0.2 s later
                 pass
 
 
