@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from trainops_devcluster.authn import User
 from trainops_devcluster.errors import BadRequest, Forbidden
+from trainops_devcluster.selectors import BadSelector, field_terms
 from trainops_devcluster.store import Store
 
 GROUP = "rbac.authorization.k8s.io"
@@ -79,11 +80,13 @@ def attributes(method: str, path: str, query: dict[str, str]) -> Attributes:
 
 
 def _exact_name(selector: str) -> str:
-    for term in selector.split(","):
-        key, _, value = term.partition("=")
-        if key.strip() == "metadata.name" and value and not value.startswith("="):
-            return value.strip()
-    return ""
+    """The name a list or watch's field selector requires (``metadata.name=x`` or ``==x``), as
+    ``RequestInfoFactory`` reads it; ``""`` for none or a malformed selector."""
+    try:
+        terms = field_terms(selector) if selector else []
+    except BadSelector:
+        return ""
+    return next((value for path, equals, value in terms if path == "metadata.name" and equals), "")
 
 
 class Authorizer:

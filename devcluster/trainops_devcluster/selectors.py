@@ -174,13 +174,20 @@ def field_selector(text: str | None, resource: str) -> Selector | None:
     if not text:
         return None
     allowed = FIELDS.get(resource, _COMMON_FIELDS)
-    terms: list[tuple[str, bool, str]] = []
+    terms = field_terms(text)
+    for path, _, _ in terms:
+        if path not in allowed:
+            raise BadSelector(f"field label not supported: {path}")
+    return lambda obj: all((field_value(obj, p) == v) == eq for p, eq, v in terms)
+
+
+def field_terms(text: str) -> list[tuple[str, bool, str]]:
+    """The (field, equals, value) terms of a field selector (``!=``: equals is False); 400 if malformed."""
+    terms = []
     for term in text.split(","):
         match = re.fullmatch(r"\s*([^=!\s]+)\s*(==|=|!=)\s*(.*?)\s*", term)
         if not match:
             raise BadSelector(f"invalid selector: {text!r}; can't understand {term!r}")
         path, op, value = match.groups()
-        if path not in allowed:
-            raise BadSelector(f"field label not supported: {path}")
         terms.append((path, op != "!=", value))
-    return lambda obj: all((field_value(obj, p) == v) == eq for p, eq, v in terms)
+    return terms

@@ -13,7 +13,7 @@ import pynvml
 import pytest
 import requests
 import yaml
-from trainops_devcluster import node_probe_policy
+from trainops_devcluster import node_probe_policy, rbac
 from trainops_devcluster.authn import ADMIN_TOKEN, NODE_NAME, service_account_user
 from trainops_devcluster.errors import AdmissionDenied
 
@@ -127,6 +127,21 @@ def test_kubectl_create_role_and_rolebinding_grant_by_resource_name(cluster):
 
     assert [can_i("get", "pods/a"), can_i("get", "pods/b"), can_i("list", "pods")] == ["yes", "no", "no"]
     assert can_i("get", "pods/a", namespace="training") == "no"  # a Role grants in its own namespace only
+
+
+def test_a_list_whose_field_selector_requires_one_name_is_authorized_for_that_name():
+    """As RequestInfoFactory: ``metadata.name=a`` or ``==a`` makes a list (or watch) about ``a``, so
+    ``resourceNames`` can grant it; ``!=``, another field or a malformed selector names nothing."""
+
+    def name(selector: str) -> str:
+        return rbac.attributes("GET", "/api/v1/namespaces/default/pods", {"fieldSelector": selector}).name
+
+    assert [name(s) for s in ("metadata.name=a", "metadata.name==a", "spec.nodeName=n,metadata.name=a")] == [
+        "a",
+        "a",
+        "a",
+    ]
+    assert [name(s) for s in ("metadata.name!=a", "spec.nodeName=a", "metadata.name")] == ["", "", ""]
 
 
 def test_a_service_account_token_acts_as_its_account_and_the_audit_log_says_who(cluster):
