@@ -30,7 +30,7 @@ from benchmarks.campaign.invariants import (
     run_label,
 )
 from benchmarks.campaign.steps import GANG, STEPS, Step, claim_step, give_back_step, train_try
-from tests.capacity.helpers import default_seeded_objects, nodes_by_app, snapshot
+from tests.capacity.helpers import default_seeded_objects, nodes_by_app, rival_writer, snapshot
 from trainops.capacity.procedure import NodeQuarantined, NodesHeld, give_back
 from trainops.capacity.reaper import reap
 from trainops.checkpoints.latest import latest_verified
@@ -255,7 +255,9 @@ class Run:
             self.faulted.add(idle[0])
             set_quarantine(cluster, idle[0], True)
         elif fault == "rival-writer":
-            threads.append(threading.Thread(target=churn, args=(cluster, self.step.nodes, stop), daemon=True))
+            threads.append(
+                threading.Thread(target=rival_writer, args=(cluster, self.step.nodes, stop), daemon=True)
+            )
         elif fault == "race":
             threads.append(threading.Thread(target=self.rival_claim, daemon=True))
         elif fault == "sigkill-claim":
@@ -466,17 +468,6 @@ def set_quarantine(cluster, node: str, on: bool) -> None:
         obj["spec"]["taints"] = taints
 
     cluster.store.mutate("nodes", "", node, change)
-
-
-def churn(cluster, nodes: list[str], stop: threading.Event) -> None:
-    """A rival controller writing the same nodes (the claim's writes meet 409s)."""
-    while not stop.is_set():
-        for name in nodes:
-            cluster.store.mutate(
-                "nodes", "", name, lambda n: n["metadata"].setdefault("labels", {}).update(churn="x")
-            )
-            cluster.store.mutate("nodes", "", name, lambda n: n["metadata"]["labels"].pop("churn"))
-        stop.wait(0.02)
 
 
 def median(values: list[float]) -> float | None:

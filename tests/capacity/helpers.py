@@ -127,3 +127,14 @@ class HealthSampler:
 
 def writes(cluster) -> list[dict]:
     return [e for e in cluster.server.audit.entries() if e["verb"] in ("create", "update", "patch", "delete")]
+
+
+def rival_writer(cluster, nodes: list[str], stop: threading.Event) -> None:
+    """Another controller writing the same nodes until ``stop`` is set: real 409s for a claim's writes."""
+    while not stop.is_set():
+        for name in nodes:
+            cluster.store.mutate(
+                "nodes", "", name, lambda n: n["metadata"].setdefault("labels", {}).update(churn="x")
+            )
+            cluster.store.mutate("nodes", "", name, lambda n: n["metadata"]["labels"].pop("churn"))
+        stop.wait(0.02)

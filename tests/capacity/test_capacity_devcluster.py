@@ -12,6 +12,7 @@ from tests.capacity.helpers import (
     default_seeded_objects,
     kube_for,
     nodes_by_app,
+    rival_writer,
     snapshot,
     writes,
 )
@@ -139,15 +140,6 @@ def test_conflict_storms_and_throttling_bursts_still_finish_correctly(devcluster
     before = snapshot(devcluster)
     stop = threading.Event()
 
-    def rival_writer():  # another controller keeps writing the same nodes: real 409s for us
-        while not stop.is_set():
-            for name in nodes:
-                devcluster.store.mutate(
-                    "nodes", "", name, lambda n: n["metadata"].setdefault("labels", {}).update(churn="x")
-                )
-                devcluster.store.mutate("nodes", "", name, lambda n: n["metadata"]["labels"].pop("churn"))
-            stop.wait(0.02)
-
     for path, status in (
         (r"/api/v1/nodes/", 503),
         (r"/api/v1/nodes/", 429),
@@ -155,7 +147,7 @@ def test_conflict_storms_and_throttling_bursts_still_finish_correctly(devcluster
         (r"/eviction$", 503),
     ):
         devcluster.inject("api-fault", path=path, status=status, fraction=0.3)
-    rival = threading.Thread(target=rival_writer, daemon=True)
+    rival = threading.Thread(target=rival_writer, args=(devcluster, nodes, stop), daemon=True)
     rival.start()
     try:
         do_claim(apis, RUN, nodes)
