@@ -183,25 +183,14 @@ def attempt_jobs(dag_id: str, run_id: str) -> list[dict]:
     Unavailable with the cluster's answer when it cannot be read."""
     from trainops.plugins.progress import Unavailable
 
-    from trainops.kube.nodes import json_of
-    from trainops.kube.retry import Deadline, call
-    from trainops.training.job import RUN_LABEL
-    from trainops.training.naming import run_key
+    from trainops.training.cluster import GangCluster
 
     namespace = setting("training_namespace", "training")
     try:
         with cluster_answers():
-            batch = kube().batch
-            listed = call(
-                lambda: batch.list_namespaced_job(
-                    namespace, label_selector=f"{RUN_LABEL}={run_key(dag_id, run_id)}", _preload_content=False
-                ),
-                Deadline(JOBS_DEADLINE_S),
-                f"list the Jobs of {dag_id}/{run_id} in namespace {namespace}",
-            )
+            return GangCluster(kube()).run_jobs(namespace, f"{dag_id}/{run_id}", JOBS_DEADLINE_S)
     except HTTPException as error:
         raise Unavailable(f"{error.detail} (the attempts' times come from their Jobs)") from None
-    return json_of(listed).get("items") or []
 
 
 def _confirmed(confirm: str | None, expected: str) -> None:

@@ -31,13 +31,13 @@ class GangCluster:
         self.kube = kube
         self.core, self.batch, self.custom = kube.core, kube.batch, kube.custom
 
-    def _call(self, fn, what: str, *, unless: int | None = None):
-        """``fn()`` under the retry policy; None when the API answers ``unless`` (an outcome here, not
-        an error: the object is missing or exists)."""
+    def _call(self, fn, what: str, *, unless: int | None = None, deadline_s: float = API_DEADLINE_S):
+        """``fn()`` under the retry policy for ``deadline_s``; None when the API answers ``unless`` (an
+        outcome here, not an error: the object is missing or exists)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return call(fn, Deadline(API_DEADLINE_S), what)
+            return call(fn, Deadline(deadline_s), what)
         except ApiException as error:
             if error.status != unless:
                 raise
@@ -150,15 +150,9 @@ class GangCluster:
         ``on_kill``), and a reaped or hand-returned run may still be training."""
         dag_id, _, run_id = run.partition("/")
         selector = f"{RUN_LABEL}={run_key(dag_id, run_id)}"
-        listed = self._call(
-            lambda: self.batch.list_namespaced_job(
-                namespace, label_selector=selector, _preload_content=False
-            ),
-            f"list the Jobs of run {run}",
-        )
         done = [
             self.stop(namespace, job["metadata"]["name"])
-            for job in json_of(listed)["items"]
+            for job in self.run_jobs(namespace, run)
             if not any(
                 c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
                 for c in (job.get("status") or {}).get("conditions") or []
@@ -167,6 +161,18 @@ class GangCluster:
         while live := self._live_pods(namespace, selector):
             deadline.sleep(0.5, f"the pods of run {run} to stop ({', '.join(live)})")
         return done
+
+    def run_jobs(self, namespace: str, run: str, deadline_s: float = API_DEADLINE_S) -> list[dict]:
+        """The Jobs of ``run``'s attempts (``<dag_id>/<run_id>``, by the run label), one list."""
+        dag_id, _, run_id = run.partition("/")
+        listed = self._call(
+            lambda: self.batch.list_namespaced_job(
+                namespace, label_selector=f"{RUN_LABEL}={run_key(dag_id, run_id)}", _preload_content=False
+            ),
+            f"list the Jobs of run {run} in namespace {namespace}",
+            deadline_s=deadline_s,
+        )
+        return json_of(listed).get("items") or []
 
     def _live_pods(self, namespace: str, selector: str) -> list[str]:
         response = self._call(
