@@ -83,14 +83,16 @@ CAN_I = [
 ]
 
 
+def can_i(cluster, token: str, verb: str, resource: str, namespace: str = "") -> str:
+    """What ``kubectl auth can-i`` answers (``yes``/``no``) for ``token``; ``resource`` may carry flags."""
+    scope = ["-n", namespace] if namespace else []
+    args = ["auth", "can-i", verb, *resource.split(), *scope, *as_token(cluster, token)]
+    return kubectl(cluster.kubeconfig, *args, check=False).stdout.strip()
+
+
 def test_kubectl_create_token_then_auth_can_i_answers_per_rbac_yaml(cluster):
     token = create_token(cluster)
-    answers = []
-    for verb, resource, namespace, _ in CAN_I:
-        scope = ["-n", namespace] if namespace else []
-        args = ["auth", "can-i", verb, *resource.split(), *scope, *as_token(cluster, token)]
-        result = kubectl(cluster.kubeconfig, *args, check=False)
-        answers.append(result.stdout.strip())
+    answers = [can_i(cluster, token, verb, resource, namespace) for verb, resource, namespace, _ in CAN_I]
     assert answers == [expected for *_, expected in CAN_I]
     # the admin (the devcluster's kubeconfig) may do anything
     assert kubectl(cluster.kubeconfig, "auth", "can-i", "delete", "nodes").stdout.strip() == "yes"
@@ -99,34 +101,14 @@ def test_kubectl_create_token_then_auth_can_i_answers_per_rbac_yaml(cluster):
 def test_kubectl_create_role_and_rolebinding_grant_by_resource_name(cluster):
     admin = cluster.kubeconfig
     kubectl(admin, "create", "serviceaccount", "reader", "-n", "default")
+    kubectl(admin, *"create role one-pod --verb=get --resource=pods --resource-name=a -n default".split())
     kubectl(
-        admin,
-        "create",
-        "role",
-        "one-pod",
-        "--verb=get",
-        "--resource=pods",
-        "--resource-name=a",
-        "-n",
-        "default",
+        admin, *"create rolebinding one-pod --role=one-pod --serviceaccount=default:reader -n default".split()
     )
-    kubectl(
-        admin,
-        "create",
-        "rolebinding",
-        "one-pod",
-        "--role=one-pod",
-        "--serviceaccount=default:reader",
-        "-n",
-        "default",
-    )
-    reader = as_token(cluster, create_token(cluster, "reader", "default"))
-
-    def can_i(*args: str, namespace: str = "default") -> str:
-        return kubectl(admin, "auth", "can-i", *args, "-n", namespace, *reader, check=False).stdout.strip()
-
-    assert [can_i("get", "pods/a"), can_i("get", "pods/b"), can_i("list", "pods")] == ["yes", "no", "no"]
-    assert can_i("get", "pods/a", namespace="training") == "no"  # a Role grants in its own namespace only
+    reader = create_token(cluster, "reader", "default")
+    asked = [("get", "pods/a", "default"), ("get", "pods/b", "default"), ("list", "pods", "default")]
+    asked.append(("get", "pods/a", "training"))  # a Role grants in its own namespace only
+    assert [can_i(cluster, reader, *question) for question in asked] == ["yes", "no", "no", "no"]
 
 
 def test_a_list_whose_field_selector_requires_one_name_is_authorized_for_that_name():
