@@ -30,7 +30,7 @@ from trainops.checkpoints.formats.manifest import COMMITTED_FILE
 from trainops.checkpoints.helper import HEARTBEAT_FILE
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
-from trainops.training.job import EXCLUDED_ANNOTATION
+from trainops.training.job import EXCLUDED_ANNOTATION, condition
 
 HEARTBEAT_LIMIT = 64 << 10  # the helper writes ~200 bytes plus the trainer's ``extra``
 MAX_COMMITS = 200  # the newest checkpoints plotted; older ones are counted, not read
@@ -114,14 +114,9 @@ def commit_times(store: CheckpointStore, run: S3Uri) -> tuple[list[dict[str, Any
 
 # ---- attempts ------------------------------------------------------------------------------------
 def _ended_at(job: Mapping) -> float | None:
-    conditions = {
-        c.get("type"): c
-        for c in (job.get("status") or {}).get("conditions") or []
-        if c.get("status") == "True"
-    }
     for kind in ("Failed", "Complete", "Suspended"):
-        if kind in conditions:
-            return _stamp(conditions[kind].get("lastTransitionTime"))
+        if (ended := condition(job, kind)) is not None:
+            return _stamp(ended.get("lastTransitionTime"))
     return None
 
 

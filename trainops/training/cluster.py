@@ -12,7 +12,7 @@ from trainops.errors import TemporaryError
 from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, Kube
 from trainops.kube.nodes import json_of, read_node
 from trainops.kube.retry import Deadline, call
-from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
+from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL, finished
 from trainops.training.naming import run_key
 
 log = logging.getLogger(__name__)
@@ -153,10 +153,7 @@ class GangCluster:
         done = [
             self.stop(namespace, job["metadata"]["name"])
             for job in self.run_jobs(namespace, run)
-            if not any(
-                c.get("type") in ("Complete", "Failed") and c.get("status") == "True"
-                for c in (job.get("status") or {}).get("conditions") or []
-            )
+            if not finished(job)
         ]
         while live := self._live_pods(namespace, selector):
             deadline.sleep(0.5, f"the pods of run {run} to stop ({', '.join(live)})")

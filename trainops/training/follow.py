@@ -42,7 +42,7 @@ from trainops.checkpoints.store import CheckpointStore
 from trainops.kube.aio import Resource, namespaced, watch
 from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION
 from trainops.training.cluster import JOB_UID_LABEL, WORKLOADS, GangCluster
-from trainops.training.job import JOB_NAME_LABEL
+from trainops.training.job import JOB_NAME_LABEL, condition
 from trainops.training.progress import HangPolicy, ProgressTracker
 
 log = logging.getLogger(__name__)
@@ -108,14 +108,6 @@ class Outcome:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def condition(obj: dict | None, kind: str) -> dict | None:
-    """The condition of ``kind`` when its status is True."""
-    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
-        if item.get("type") == kind and item.get("status") == "True":
-            return item
-    return None
 
 
 def slim_pod(pod: dict) -> dict:

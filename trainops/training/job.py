@@ -41,6 +41,19 @@ SHM_VOLUME = "dshm"
 RENDEZVOUS_PORT_NAME = "rendezvous"
 
 
+def condition(obj: Mapping | None, kind: str) -> Mapping | None:
+    """The condition of ``kind`` (of a Job, a Workload) when its status is True."""
+    for item in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if item.get("type") == kind and item.get("status") == "True":
+            return item
+    return None
+
+
+def finished(job: Mapping) -> bool:
+    """Whether the Job has ended: Complete or Failed."""
+    return condition(job, "Complete") is not None or condition(job, "Failed") is not None
+
+
 def master_addr(name: str, namespace: str) -> str:
     """Rank 0's stable DNS name: pod ``<job>-0`` under the Job's headless Service."""
     return f"{name}-0.{name}.{namespace}.svc"

@@ -24,7 +24,7 @@ from trainops.training.blame import quarantine_node
 from trainops.training.cluster import GangCluster
 from trainops.training.failures import Failure, FailureKind, classify
 from trainops.training.follow import Status
-from trainops.training.job import build_job, build_service, master_addr
+from trainops.training.job import build_job, build_service, condition, finished, master_addr
 from trainops.training.naming import job_name
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
 
@@ -117,7 +117,7 @@ class GangRun:
         live = self.ledger.live
         if live is not None:
             job = self.cluster.read_job(self.spec.namespace, live.job)
-            running = job is not None and not _finished(job)
+            running = job is not None and not finished(job)
             stopped = self.cluster.stopped(self.spec.namespace, job) if running else None
             if stopped is not None:
                 # stopped (a Clear's or a mark-failed's on_kill) before it ended: a new attempt, not a
@@ -152,7 +152,7 @@ class GangRun:
             else:
                 # the previous try died before it judged the attempt; judge it now
                 pods = self.cluster.job_pods(self.spec.namespace, live.job)
-                if _condition(job, "Complete"):
+                if condition(job, "Complete"):
                     self.ledger.end(Status.SUCCEEDED, "completed while no try was watching")
                     self.save()
                     return live, True
@@ -327,11 +327,3 @@ class GangRun:
             f"Latest verified checkpoint: {where}. Excluded nodes: {self.ledger.excluded or 'none'}. "
             "Fix the cause, then Clear the task to resume from that checkpoint."
         )
-
-
-def _condition(job: dict, kind: str) -> bool:
-    return follow.condition(job, kind) is not None
-
-
-def _finished(job: dict) -> bool:
-    return _condition(job, "Complete") or _condition(job, "Failed")
