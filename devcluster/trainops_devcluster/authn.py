@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 
 from trainops_devcluster.errors import BadRequest, Invalid, Unauthorized
-from trainops_devcluster.store import NotFound, Store
+from trainops_devcluster.store import Store
 
 ADMIN_TOKEN = "devcluster-admin-token"
 DEFAULT_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
@@ -99,9 +99,7 @@ class Tokens:
 
     def request(self, namespace: str, name: str, body: dict) -> dict:
         """Answer a TokenRequest for ServiceAccount ``namespace/name``: the request, with its status."""
-        account = self.store.find("serviceaccounts", namespace, name)
-        if account is None:
-            raise NotFound(f'serviceaccounts "{name}" not found', resource="serviceaccounts", name=name)
+        account = self.store.get("serviceaccounts", namespace, name)  # 404 when absent
         spec = body.get("spec") or {}
         if not isinstance(spec, dict):
             raise BadRequest("a TokenRequest's spec must be an object")
