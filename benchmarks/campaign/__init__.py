@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import statistics
 import tempfile
 from collections import Counter
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.campaign.faults import FAULTS, S3Errors
-from benchmarks.campaign.lifecycle import RunResult, median
+from benchmarks.campaign.lifecycle import RunResult
 
 __all__ = ["FAULTS", "Report", "campaign", "world"]
 
@@ -44,6 +45,10 @@ class Report:
     def to_dict(self) -> dict:
         paid = sum(r.paid_steps for r in self.runs)
         failed = [r for r in self.runs if r.outcome != "succeeded"]
+        recovered: dict[str, list[float]] = {}  # fault kind -> the recover_s of its runs that have one
+        for r in self.runs:
+            if r.recover_s is not None:
+                recovered.setdefault(r.fault, []).append(r.recover_s)
         return {
             "runs": len(self.runs),
             "faults": dict(sorted(self.faults.items())),
@@ -54,12 +59,8 @@ class Report:
             "goodput": round(sum(r.useful_steps for r in self.runs) / paid, 3) if paid else None,
             "useful_steps": sum(r.useful_steps for r in self.runs),
             "paid_steps": paid,
-            "median_recover_s": median([r.recover_s for r in self.runs if r.recover_s is not None]),
-            "recover_s_by_fault": {
-                kind: median([r.recover_s for r in self.runs if r.fault == kind and r.recover_s is not None])
-                for kind in sorted(self.faults)
-                if any(r.fault == kind and r.recover_s is not None for r in self.runs)
-            },
+            "median_recover_s": median([s for times in recovered.values() for s in times]),
+            "recover_s_by_fault": {kind: median(times) for kind, times in sorted(recovered.items())},
             "per_run": [
                 {
                     "run": r.index,
@@ -72,6 +73,10 @@ class Report:
                 for r in self.runs
             ],
         }
+
+
+def median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -468,7 +467,3 @@ def set_quarantine(cluster, node: str, on: bool) -> None:
         obj["spec"]["taints"] = taints
 
     cluster.store.mutate("nodes", "", node, change)
-
-
-def median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 2) if values else None
