@@ -225,8 +225,9 @@ class DevCluster:
             group = doc["apiVersion"].rpartition("/")[0]
             kind = next(k for k in kinds.KINDS if (k.group, k.kind) == (group, doc["kind"]))
             meta = doc["metadata"]
-            if kind.namespaced:
-                self._ensure_namespace(meta.get("namespace") or "default")
+            if kind.namespaced:  # kubectl puts an object that names no namespace in its context's
+                meta["namespace"] = meta.get("namespace") or "default"
+                self._ensure_namespace(meta["namespace"])
             if self.store.find(kind.resource, meta.get("namespace", ""), meta["name"]) is None:
                 self._create(kind.resource, copy.deepcopy(doc))
 

@@ -38,6 +38,19 @@ def cluster(make_devcluster, tmp_path):
     return dev
 
 
+def test_create_from_file_puts_what_names_no_namespace_in_default_as_kubectl_does(make_devcluster, tmp_path):
+    dev = make_devcluster(nodes=2)
+    manifest = tmp_path / "account.yaml"
+    manifest.write_text("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: lonely}\n")
+    dev.create_from_file(manifest)
+    dev.create_from_file(manifest)  # what is there already is left as it is
+    accounts = dev.store.list("serviceaccounts")[0]
+    assert [a["metadata"].get("namespace") for a in accounts if a["metadata"]["name"] == "lonely"] == [
+        "default"
+    ]
+    kubectl(dev.kubeconfig, "get", "serviceaccount", "lonely", "-n", "default")
+
+
 def as_token(cluster, token: str) -> list[str]:
     """kubectl flags for ``token`` (kubectl sends credentials only over TLS: the HTTPS port)."""
     return [
