@@ -11,6 +11,8 @@ import time
 import pytest
 import requests
 
+from tests.devcluster.kubectl_support import kubectl
+
 TRAINOPS = [sys.executable, "-m", "trainops.cli"]
 
 
@@ -124,14 +126,15 @@ def test_up_refuses_to_bind_beyond_loopback(tmp_path):
 
 
 def test_a_service_account_token_works_against_the_https_port_it_prints(running):
-    def kubectl(*args: str) -> subprocess.CompletedProcess:
-        command = ["kubectl", "--kubeconfig", str(running["kubeconfig"]), *args]
-        return subprocess.run(command, capture_output=True, text=True)
-
-    assert kubectl("create", "serviceaccount", "reader").returncode == 0
-    token = kubectl("create", "token", "reader").stdout.strip()
+    admin = running["kubeconfig"]
+    kubectl(admin, "create", "serviceaccount", "reader")
+    token = kubectl(admin, "create", "token", "reader").stdout.strip()
     as_reader = [*running["secure"], "--token", token]
-    assert kubectl("auth", "can-i", "list", "nodes", *as_reader).stdout.strip() == "no"
-    assert kubectl("create", "clusterrolebinding", "reader", "--clusterrole=cluster-admin",
-                   "--serviceaccount=default:reader").returncode == 0  # fmt: skip
-    assert kubectl("auth", "can-i", "list", "nodes", *as_reader).stdout.strip() == "yes"
+
+    def can_list_nodes() -> str:
+        return kubectl(admin, "auth", "can-i", "list", "nodes", *as_reader, check=False).stdout.strip()
+
+    assert can_list_nodes() == "no"
+    kubectl(admin, "create", "clusterrolebinding", "reader", "--clusterrole=cluster-admin",
+            "--serviceaccount=default:reader")  # fmt: skip
+    assert can_list_nodes() == "yes"
