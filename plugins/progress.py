@@ -17,7 +17,6 @@ count, and an object that is too large or malformed fails alone with the reason,
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -25,28 +24,21 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
+from trainops.checkpoints import helper
 from trainops.checkpoints.formats.base import step_from_name
 from trainops.checkpoints.formats.manifest import COMMITTED_FILE
-from trainops.checkpoints.helper import HEARTBEAT_FILE
+from trainops.checkpoints.helper import SHOWN
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
 from trainops.training.job import EXCLUDED_ANNOTATION, condition
 
-HEARTBEAT_LIMIT = 64 << 10  # the helper writes ~200 bytes plus the trainer's ``extra``
 MAX_COMMITS = 200  # the newest checkpoints plotted; older ones are counted, not read
 COMMIT_READERS = 16  # concurrent one-key listings of _COMMITTED
-CLOCK_SKEW_S = 300.0  # how far ahead of this server a trainer's clock may run
 RATE_SPAN_S = 10.0  # the shortest span the rate is measured over when the run has a longer one
-SHOWN = 120  # characters of a bad value quoted in an error
 
 
 class Unavailable(Exception):
     """A source of the view (the cluster, the S3 connection) could not be reached; the message says why."""
-
-
-def _quote(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= SHOWN else text[:SHOWN] + "..."
 
 
 def _stamp(value: Any) -> float | None:
@@ -58,36 +50,19 @@ def _stamp(value: Any) -> float | None:
 
 
 # ---- the heartbeat -------------------------------------------------------------------------------
-def parse_heartbeat(body: bytes, where: str, now: float) -> dict[str, Any]:
-    """The fields the view shows, checked; raises ValueError naming the field and what was found."""
-    try:
-        document = json.loads(body)
-    except (ValueError, RecursionError) as error:
-        raise ValueError(
-            f"{where} is not JSON ({error}); the trainer should write it with heartbeat()"
-        ) from None
-    if not isinstance(document, dict):
-        raise ValueError(f"{where} must be a JSON object, got {type(document).__name__}")
-    step, at = document.get("step"), document.get("time")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"{where}: step must be a non-negative integer, got {_quote(step)}")
-    if isinstance(at, bool) or not isinstance(at, int | float) or not 0 < at <= now + CLOCK_SKEW_S:
-        raise ValueError(
-            f"{where}: time must be Unix seconds no later than now (+{CLOCK_SKEW_S:g}s of clock skew), got {_quote(at)}"
-        )
+def read_heartbeat(store: CheckpointStore, run: S3Uri, now: float) -> dict[str, Any] | None:
+    """The fields of the run's heartbeat the view shows, or None when the trainer writes none; raises
+    ValueError (naming the field)/OSError/TrainopsError."""
+    document = helper.read_heartbeat(store, run, now)
+    if document is None:
+        return None
     saving, phase = document.get("saving", False), document.get("phase", "")
     return {
-        "step": step,
-        "at": float(at),
+        "step": document["step"],
+        "at": float(document["time"]),
         "saving": saving if isinstance(saving, bool) else None,
         "phase": phase[:SHOWN] if isinstance(phase, str) else None,
     }
-
-
-def read_heartbeat(store: CheckpointStore, run: S3Uri, now: float) -> dict[str, Any] | None:
-    """The run's heartbeat, or None when the trainer writes none; raises ValueError/OSError/TrainopsError."""
-    body = store.read(run.bucket, run.key(HEARTBEAT_FILE), limit=HEARTBEAT_LIMIT)
-    return None if body is None else parse_heartbeat(body, f"{run}{HEARTBEAT_FILE}", now)
 
 
 # ---- checkpoint commits --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from trainops.training.follow import FollowConfig, RunState, Status
+from trainops.training.follow import FollowConfig, RunState, Status, read_heartbeat
 from trainops.training.progress import HangPolicy
 
 BOUND = 30.0  # one heartbeat so far: max(floor, startup_timeout)
@@ -93,3 +93,27 @@ def test_an_earlier_attempts_heartbeat_read_again_after_a_requeue_is_not_progres
 
     assert state.preemptions == ["preempted"]
     assert state.verdict(6.0 + 100 * BOUND) is None  # still queued: nothing to call hung
+
+
+class _OneObjectStore:
+    """A store whose heartbeat.json holds ``body``."""
+
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def read(self, bucket: str, key: str, *, limit: int) -> bytes:
+        return self.body
+
+
+def test_a_malformed_heartbeat_is_an_unreadable_one_not_a_crash_of_the_follow():
+    """Training pods write heartbeat.json: a time that is not a number used to reach the tracker's
+    float() and end the follow with a bare ValueError; it now reads as a failed read naming the field."""
+    state = running_state()
+    for at in (2.0, 4.0):
+        try:
+            read_heartbeat(_OneObjectStore(b'{"step": 6, "time": "soon"}'), "s3://b/runs/r/")
+        except ValueError as error:
+            state.heartbeat_failed(error, at)
+    status, message = state.verdict(2.0 + BOUND)
+    assert status is Status.HEARTBEAT_UNREADABLE
+    assert "s3://b/runs/r/heartbeat.json: time must be Unix seconds, got 'soon'" in message

@@ -42,6 +42,9 @@ from trainops.errors import PermanentError
 RUN_URI_ENV = "TRAINOPS_RUN_URI"
 RESUME_FROM_ENV = "TRAINOPS_RESUME_FROM"
 HEARTBEAT_FILE = "heartbeat.json"
+HEARTBEAT_LIMIT = 64 << 10  # heartbeat() writes ~200 bytes plus the trainer's ``extra``
+CLOCK_SKEW_S = 300.0  # how far ahead of a reader's clock a trainer's may run
+SHOWN = 120  # characters of a bad value quoted in an error
 
 
 class CommitConflict(PermanentError):
@@ -144,6 +147,40 @@ def heartbeat(
     }
     (store or CheckpointStore()).put(run.bucket, run.key(HEARTBEAT_FILE), json.dumps(document).encode())
     return document
+
+
+def parse_heartbeat(body: bytes, where: str, now: float | None = None) -> dict[str, Any]:
+    """A ``heartbeat.json`` document (training pods write it: hostile input), checked: a JSON object
+    whose ``step`` is a non-negative integer and whose ``time`` is positive Unix seconds, no later than
+    ``now + CLOCK_SKEW_S`` when ``now`` is given.  Raises ValueError naming the field and what was found."""
+
+    def quote(value: Any) -> str:
+        text = repr(value)
+        return text if len(text) <= SHOWN else text[:SHOWN] + "..."
+
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(
+            f"{where} is not JSON ({error}); the trainer should write it with heartbeat()"
+        ) from None
+    if not isinstance(document, dict):
+        raise ValueError(f"{where} must be a JSON object, got {type(document).__name__}")
+    step, at = document.get("step"), document.get("time")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"{where}: step must be a non-negative integer, got {quote(step)}")
+    latest = float("inf") if now is None else now + CLOCK_SKEW_S
+    if isinstance(at, bool) or not isinstance(at, int | float) or not 0 < at <= latest:
+        bound = "" if now is None else f" no later than now (+{CLOCK_SKEW_S:g}s of clock skew)"
+        raise ValueError(f"{where}: time must be Unix seconds{bound}, got {quote(at)}")
+    return document
+
+
+def read_heartbeat(store: CheckpointStore, run: S3Uri, now: float | None = None) -> dict[str, Any] | None:
+    """The run's ``heartbeat.json``, checked (``parse_heartbeat``); None while there is none.  Read
+    errors, an object over ``HEARTBEAT_LIMIT`` and a malformed one are raised."""
+    body = store.read(run.bucket, run.key(HEARTBEAT_FILE), limit=HEARTBEAT_LIMIT)
+    return parse_heartbeat(body, f"{run}{HEARTBEAT_FILE}", now) if body else None
 
 
 def resume_from(*, level: str = METADATA, store: CheckpointStore | None = None) -> str | None:

@@ -30,7 +30,6 @@ timeouts the follower stops the run before returning.  The watches are async
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -48,7 +47,6 @@ from trainops.training.progress import HangPolicy, ProgressTracker
 log = logging.getLogger(__name__)
 
 FAILURE_SETTLE_S = 0.2  # gather pods that fail together (a lost node, a peer's abort)
-HEARTBEAT_LIMIT = 64 << 10
 CHECKPOINT_POLLS = 5  # without a heartbeat: list the run's checkpoints every 5th heartbeat poll
 
 
@@ -310,13 +308,13 @@ class RunState:
 
 
 def read_heartbeat(store: CheckpointStore, run_uri: str) -> dict | None:
-    """The run's ``heartbeat.json`` (None while there is none); read errors are raised."""
-    from trainops.checkpoints.helper import HEARTBEAT_FILE
+    """The run's ``heartbeat.json`` (None while there is none); read errors and a malformed heartbeat
+    are raised (``trainops.checkpoints.helper.read_heartbeat``; the trainer's clock is compared only
+    with its own earlier heartbeats here, so no skew check)."""
+    from trainops.checkpoints import helper
     from trainops.checkpoints.uri import S3Uri
 
-    run = S3Uri.parse(run_uri, field="run_uri")
-    data = store.read(run.bucket, run.key(HEARTBEAT_FILE), limit=HEARTBEAT_LIMIT)
-    return json.loads(data) if data else None
+    return helper.read_heartbeat(store, S3Uri.parse(run_uri, field="run_uri"))
 
 
 def newest_checkpoint_step(store: CheckpointStore, run_uri: str) -> int | None:
