@@ -11,7 +11,9 @@ label and annotation (quarantine included) is left as it is.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import replace
+from datetime import UTC, datetime
 
 from trainops.conventions import (
     CLAIMED_BY_ANNOTATION,
@@ -68,6 +70,16 @@ def holder_of(annotations: dict[str, str] | None) -> str | None:
 
 def is_quarantined(state: NodeState) -> bool:
     return state.taint(QUARANTINE_TAINT) is not None or state.labels.get(HEALTH_LABEL) == HEALTH_QUARANTINED
+
+
+def claim_age_s(annotations: Mapping, now: datetime) -> float | None:
+    """Seconds since the node was claimed (``CLAIMED_AT_ANNOTATION``, as ``claim`` writes it);
+    None when the annotation is missing or malformed."""
+    try:
+        stamp = datetime.strptime(annotations.get(CLAIMED_AT_ANNOTATION) or "", "%Y-%m-%dT%H:%M:%SZ")
+    except (TypeError, ValueError):
+        return None
+    return (now - stamp.replace(tzinfo=UTC)).total_seconds()
 
 
 def claim(run: str, claimed_at: str) -> NodeChange:

@@ -9,7 +9,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trainops.capacity.claims import CLAIMED_AT_ANNOTATION, holder_of, is_quarantined
+from trainops.capacity.claims import CLAIMED_AT_ANNOTATION, claim_age_s, holder_of, is_quarantined
 from trainops.kube.nodes import NodeState
 
 
@@ -73,21 +73,13 @@ def claimed_nodes(nodes: list[dict], now: datetime) -> list[dict]:
         holder = holder_of(state.annotations)
         if not holder:
             continue
-        claimed_at = state.annotations.get(CLAIMED_AT_ANNOTATION)
-        try:
-            age = int(
-                (
-                    now - datetime.strptime(claimed_at, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-                ).total_seconds()
-            )
-        except (TypeError, ValueError):
-            age = None
+        age = claim_age_s(state.annotations, now)
         rows.append(
             {
                 "node": state.name,
                 "holder": holder,
-                "claimed_at": claimed_at,
-                "age_s": age,
+                "claimed_at": state.annotations.get(CLAIMED_AT_ANNOTATION),
+                "age_s": None if age is None else int(age),
                 "quarantined": is_quarantined(state),
             }
         )

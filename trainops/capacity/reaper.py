@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from urllib.parse import quote
 
-from trainops.capacity.claims import CLAIMED_AT_ANNOTATION, holder_of, parse_run
+from trainops.capacity.claims import claim_age_s, holder_of, parse_run
 from trainops.capacity.procedure import Deadlines, give_back
 from trainops.capacity.quota import grants_of
 from trainops.errors import PermanentError
@@ -58,7 +58,7 @@ def holdings(kube: Kube, cluster_queue: str, now: datetime) -> dict[str, Holding
             continue
         holding = held.setdefault(run, Holding(run))
         holding.node_names.append(node["metadata"]["name"])
-        age = _age(annotations.get(CLAIMED_AT_ANNOTATION), now)
+        age = claim_age_s(annotations, now)
         if age is not None:
             holding.age_s = max(age, holding.age_s or 0.0)
     try:
@@ -72,15 +72,6 @@ def holdings(kube: Kube, cluster_queue: str, now: datetime) -> dict[str, Holding
     for run, grant in (grants_of(queue) if queue else {}).items():
         held.setdefault(run, Holding(run)).gpus_granted = int(grant.get("gpus", 0))
     return held
-
-
-def _age(stamp: str | None, now: datetime) -> float | None:
-    try:
-        return (
-            now - datetime.strptime(stamp or "", "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-        ).total_seconds()
-    except ValueError:
-        return None
 
 
 def reap(
