@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from trainops_devcluster import airflow_home
 
-from tests.training.conftest import heartbeat_step, raw
+from tests.training.conftest import heartbeat_step, pods, raw, when
 from trainops.conventions import CLAIMED_BY_ANNOTATION, GPU_RESOURCE, MODE_TAINT, MODE_TRAINING
 
 DAG_ID = "training_lifecycle"
@@ -217,3 +217,29 @@ def mark_failed(dag_id: str, task_id: str) -> None:
 def training_running(s3, run_uri: str, step: int):
     """A condition: the run's heartbeat has reached ``step``."""
     return lambda: heartbeat_step(s3, run_uri) >= step
+
+
+def running_training_pod(api, attempt: str) -> dict | None:
+    """A Running pod of attempt ``attempt`` (``"1"``, ...), or None."""
+    return next(
+        (
+            p
+            for p in pods(api)
+            if p["metadata"]["labels"].get("trainops.io/attempt") == attempt
+            and p["status"].get("phase") == "Running"
+        ),
+        None,
+    )
+
+
+def xid_mid_run(cluster, api, s3, run_uri: str, step: int = 25) -> dict:
+    """Once the run's heartbeat reaches ``step`` with attempt 1 running, an XID 79 on that pod's node.
+    Returns a dict that holds the node hit under ``"node"`` once the fault fired."""
+    fault: dict = {}
+
+    def inject():
+        fault["node"] = running_training_pod(api, "1")["spec"]["nodeName"]
+        cluster.inject("xid", fault["node"], code=79)
+
+    when(lambda: training_running(s3, run_uri, step)() and running_training_pod(api, "1"), inject)
+    return fault

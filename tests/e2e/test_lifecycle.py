@@ -14,8 +14,10 @@ from tests.e2e.conftest import (
     assert_capacity_back,
     lifecycle_conf,
     mark_failed,
+    running_training_pod,
     task_instances,
     training_running,
+    xid_mid_run,
 )
 from tests.training.conftest import heartbeat_step, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
@@ -56,28 +58,10 @@ def test_clean_path_trains_verifies_publishes_the_checkpoint_and_gives_everythin
     assert_capacity_back(api, capacity_before)
 
 
-def running_training_pod(api, attempt: str) -> dict | None:
-    return next(
-        (
-            p
-            for p in pods(api)
-            if p["metadata"]["labels"].get("trainops.io/attempt") == attempt
-            and p["status"].get("phase") == "Running"
-        ),
-        None,
-    )
-
-
 def test_xid_on_a_training_node_quarantines_it_and_resumes_on_the_spare(
     cluster, api, s3, bucket, run_dag, capacity_before
 ):
-    run_uri, fault = f"s3://{bucket}/runs/xid/", {}
-
-    def inject():
-        fault["node"] = running_training_pod(api, "1")["spec"]["nodeName"]
-        cluster.inject("xid", fault["node"], code=79)
-
-    when(lambda: training_running(s3, run_uri, 25)() and running_training_pod(api, "1"), inject)
+    fault = xid_mid_run(cluster, api, s3, f"s3://{bucket}/runs/xid/")
     dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "xid"))
 
     assert dag_run.state == "success"

@@ -11,9 +11,7 @@ import pytest
 import yaml
 from trainops_devcluster import rbac
 
-from tests.e2e.conftest import DAG_ID, RBAC, WORKER, lifecycle_conf, training_running
-from tests.e2e.test_lifecycle import running_training_pod
-from tests.training.conftest import when
+from tests.e2e.conftest import DAG_ID, RBAC, WORKER, lifecycle_conf, xid_mid_run
 from trainops.capacity.procedure import claim
 from trainops.cli import main
 
@@ -65,12 +63,7 @@ def audited(cluster, api, s3, bucket, run_dag, worker_kubeconfig) -> list[dict]:
     cluster.server.audit.clear()
     assert run_dag(DAG_ID, lifecycle_conf(bucket, "rbac")).state == "success"
     # an XID mid-run: the failure is judged (pod logs, nodes), the node quarantined, the run resumed
-    run_uri = f"s3://{bucket}/runs/rbac-xid/"
-
-    def inject():
-        cluster.inject("xid", running_training_pod(api, "1")["spec"]["nodeName"], code=79)
-
-    when(lambda: training_running(s3, run_uri, 25)() and running_training_pod(api, "1"), inject)
+    xid_mid_run(cluster, api, s3, f"s3://{bucket}/runs/rbac-xid/")
     assert run_dag(DAG_ID, lifecycle_conf(bucket, "rbac-xid")).state == "success"
     from trainops.kube.client import Kube
 

@@ -10,9 +10,7 @@ import json
 
 from sqlalchemy import update
 
-from tests.e2e.conftest import DAG_ID, api, cluster, lifecycle_conf, training_running  # noqa: F401
-from tests.e2e.test_lifecycle import running_training_pod
-from tests.training.conftest import when
+from tests.e2e.conftest import DAG_ID, api, cluster, lifecycle_conf, xid_mid_run  # noqa: F401
 from trainops.checkpoints.uri import S3Uri
 
 
@@ -26,13 +24,8 @@ def test_the_run_view_answers_where_the_run_resumed_from_and_why(
     monkeypatch,
 ):
     http, token = ui
-    run_uri, fault = f"s3://{bucket}/runs/ui-xid/", {}
-
-    def inject():
-        fault["node"] = running_training_pod(api, "1")["spec"]["nodeName"]
-        cluster.inject("xid", fault["node"], code=79)
-
-    when(lambda: training_running(s3, run_uri, 25)() and running_training_pod(api, "1"), inject)
+    run_uri = f"s3://{bucket}/runs/ui-xid/"
+    fault = xid_mid_run(cluster, api, s3, run_uri)
     dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "ui-xid"))
     assert dag_run.state == "success"
 
