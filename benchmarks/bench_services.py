@@ -2,7 +2,7 @@
 worker, api-server, scheduler, dag-processor, triggerer, the devcluster, S3) with the benchmark DAGs
 (``benchmarks/dags/``), each run triggered through REST API v2 as the UI does:
 
-- trainops: ``GangTrainingOperator`` (the trigger in the triggerer, the retry by the scheduler);
+- trainops: ``GangTrainingOperator`` (its trigger in the triggerer follows the run and resumes it);
 - baseline: ``KubernetesJobOperator(deferrable=True, wait_until_job_complete=True)`` and Airflow
   retries with the same ``retry_delay`` (checked through the API).
 
@@ -14,14 +14,14 @@ API (``taskInstances/train/tries``).  The services log to ``<state>/logs`` (name
 ``BENCH_SERVICES_KEEP=1`` keeps them).
 
 Line: crash -> the next attempt's pods all Running (ratio vs baseline), with the absolute times and
-where they go, each after the crash: the pod failed, trainops' trigger saw it (``seen_at`` of its
-event), try 1 ended (judged and failed in a worker), try 2 started (retry_delay, scheduler, Celery),
-the next Job created, its pods Running.
+where they go, each after the crash: the pod failed; for trainops, its trigger saw it and judged it
+(attempt 1's ``ended_at``) and began attempt 2 (``began_at``, from the train task's XCom); for the
+provider, try 1 ended and try 2 started (retry_delay, scheduler, Celery); then the next Job created
+and its pods Running.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -96,6 +96,7 @@ class Side:
     tries: list[dict]  # REST API: each try's start_date and end_date
     pod_failed: float  # the crashed pod
     state: str
+    history: list[dict]  # the train task's XCom (trainops): its attempts
 
 
 def run_side(airflow: AirflowApi, timeline: Timeline, at, core, dag_id: str, conf: dict) -> Side:
@@ -142,23 +143,28 @@ def run_side(airflow: AirflowApi, timeline: Timeline, at, core, dag_id: str, con
     wait_for(lambda: crash.resumed_step is not None, f"{dag_id}: the resumed rank 0's start step")
     tries = airflow.ok("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train/tries")["task_instances"]
     running = timeline.all_running(job, NODES)
-    return Side(crash, created, running, tries, timeline.pod_failed[crash.pod], state)
+    xcom = airflow.call(
+        "GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/train/xcomEntries/return_value"
+    )
+    history = (xcom.json()["value"] or {}).get("history", []) if xcom.status_code == 200 else []
+    return Side(crash, created, running, tries, timeline.pod_failed[crash.pod], state, history)
 
 
 def stamp(value: str) -> float:
     return datetime.fromisoformat(value).timestamp()
 
 
-def breakdown(side: Side, seen_at: float | None = None) -> str:
+def breakdown(side: Side) -> str:
     """Where the crash-to-running time went, each mark relative to the crash."""
-    first, second = side.tries[0], side.tries[1]
-    marks = [("pod_failed", side.pod_failed)] + ([("seen", seen_at)] if seen_at is not None else [])
-    marks += [
-        ("try1_end", stamp(first["end_date"])),
-        ("try2_start", stamp(second["start_date"])),
-        ("job", side.job_created),
-        ("running", side.running),
-    ]
+    marks = [("pod_failed", side.pod_failed)]
+    if len(side.history) > 1:  # trainops: the resume was its trigger's, within try 1
+        marks += [("seen", side.history[0]["ended_at"]), ("resumed", side.history[1]["began_at"])]
+    else:
+        marks += [
+            ("try1_end", stamp(side.tries[0]["end_date"])),
+            ("try2_start", stamp(side.tries[1]["start_date"])),
+        ]
+    marks += [("job", side.job_created), ("running", side.running)]
     return ",".join(f"{name}+{at - side.crash.time:.2f}" for name, at in marks)
 
 
@@ -184,14 +190,11 @@ def measure(at, state: Path) -> list[tuple[str, str, float, str, bool]]:
 
     timeline, stop = Timeline(), threading.Event()
     watch_into(timeline, api, stop)
-    timings = state / "trainops-timings.jsonl"
     try:
-        ours_conf = {"run_uri": f"s3://{BUCKET}/runs/trainops/", "timings": str(timings)}
-        ours = run_side(airflow, timeline, at, core, OURS, ours_conf)
+        ours = run_side(airflow, timeline, at, core, OURS, {"run_uri": f"s3://{BUCKET}/runs/trainops/"})
         base = run_side(airflow, timeline, at, core, BASE, {"run_uri": f"s3://{BUCKET}/runs/provider/"})
     finally:
         stop.set()
-    seen_at = json.loads(timings.read_text().splitlines()[0])["seen_at"]
     api.close()
 
     ours_s, base_s = ours.running - ours.crash.time, base.running - base.crash.time
@@ -202,7 +205,7 @@ def measure(at, state: Path) -> list[tuple[str, str, float, str, bool]]:
             "services-crash-to-resumed-pods-running",
             f"trainops={ours_s:.2f}s provider={base_s:.2f}s "
             f"retry_delay={delay['days'] * 86400 + delay['seconds']:g}s runs={ours.state}/{base.state} "
-            f"trainops_marks=[{breakdown(ours, seen_at)}] provider_marks=[{breakdown(base)}] "
+            f"trainops_marks=[{breakdown(ours)}] provider_marks=[{breakdown(base)}] "
             f"resumed_step={ours.crash.resumed_step}/{base.crash.resumed_step}",
             speedup,
             ">=5",

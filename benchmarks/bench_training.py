@@ -20,7 +20,6 @@ training steps lost per crash (vs a restart from scratch).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -64,9 +63,12 @@ class Side:
     resumed_at: float
     resumed_job: str
     state: str
+    history: list[dict]  # the train task's XCom: its attempts
 
 
-def run_side(dev, timeline: Timeline, dag, run_uri: str, conf: dict) -> Side:
+def run_side(dev, timeline: Timeline, dag, run_uri: str) -> Side:
+    from trainops_devcluster import airflow_home
+
     since = time.time()
     crash = crash_first_attempt(
         timeline,
@@ -75,7 +77,7 @@ def run_side(dev, timeline: Timeline, dag, run_uri: str, conf: dict) -> Side:
         inject_xid=lambda node: dev.inject("xid", node, code=79),
         read_log=lambda pod: dev.logs.read(NAMESPACE, pod),
     )
-    dag_run = dag.test(run_conf={"run_uri": run_uri, "args": ARGS, **conf})
+    dag_run = dag.test(run_conf={"run_uri": run_uri, "args": ARGS})
     if not crash.done.is_set():
         raise RuntimeError(f"{dag.dag_id}: the run ended ({dag_run.state}) before the fault was injected")
     resumed = timeline.jobs_after(crash.time)
@@ -83,7 +85,8 @@ def run_side(dev, timeline: Timeline, dag, run_uri: str, conf: dict) -> Side:
         raise RuntimeError(f"{dag.dag_id}: no Job was created after the crash (run {dag_run.state})")
     if crash.resumed_step is None:
         raise RuntimeError(f"{dag.dag_id}: the next attempt's rank 0 never logged its start step")
-    return Side(crash, resumed[0][0], resumed[0][1], str(dag_run.state))
+    trained = airflow_home.xcom_value(dag_run, "train") or {}
+    return Side(crash, resumed[0][0], resumed[0][1], str(dag_run.state), trained.get("history", []))
 
 
 def main() -> int:
@@ -129,14 +132,10 @@ def measure(home: Path) -> list[tuple[str, str, float, str, bool]]:
         timeline = Timeline()
         dev.store.add_listener(lambda event: timeline.record(event.resource, event.type, event.object))
 
-        timings = home / "trainops-timings.jsonl"
-        ours = run_side(
-            dev, timeline, ours_dag, "s3://bench-training/runs/trainops/", {"timings": str(timings)}
-        )
-        base = run_side(dev, timeline, base_dag, "s3://bench-training/runs/provider/", {})
+        ours = run_side(dev, timeline, ours_dag, "s3://bench-training/runs/trainops/")
+        base = run_side(dev, timeline, base_dag, "s3://bench-training/runs/provider/")
 
-        seen_at = json.loads(timings.read_text().splitlines()[0])["seen_at"]
-        ours_seen = seen_at - timeline.pod_failed[ours.crash.pod]
+        ours_seen = ours.history[0]["ended_at"] - timeline.pod_failed[ours.crash.pod]
         base_failed = timeline.job_failed[base.crash.job]
         polled = min(
             e["time"]

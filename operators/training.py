@@ -1,17 +1,23 @@
-"""``GangTrainingOperator``: the training run as one deferrable task; each try is one attempt.
+"""``GangTrainingOperator``: the training run as one deferrable task, resumed after crashes.
 
 A try reattaches to the run's Job when it is still alive, and otherwise submits a new attempt
 that resumes from the latest verified checkpoint (a fresh start when there is none).  It then
-defers to ``GangRunTrigger`` until the attempt ends, and judges the end:
+defers to ``GangRunTrigger``, which follows the attempt, judges its end and, for a resume, submits
+the next attempt at once and follows that, ``max_resumes`` times per run (a Clear gives a fresh
+budget).  How an end is judged:
 
 - infrastructure (node fault, XID, NCCL timeout, node lost, eviction), a hang, pods that never
-  start: culprit nodes are quarantined with evidence and kept out, the run is stopped, and the
-  task fails so Airflow retries it: **retries = the number of resumes**, so keep ``retry_delay`` short;
+  start: culprit nodes are quarantined with evidence and kept out, the attempt is stopped, and the
+  run resumes on the other nodes (in the triggerer: no scheduler or worker round trip);
 - user code (non-zero exit, no infrastructure evidence): the task fails at once, no resume used
-  (``fail_fast_on_user_error=False`` retries it instead). GPU errors the pods printed ("Xid 13",
+  (``fail_fast_on_user_error=False`` resumes it instead). GPU errors the pods printed ("Xid 13",
   "CUDA error: an illegal memory access") are hints in the attempt's record: only the node's own
   word (its probe's ``GPUHealthy`` condition, not Ready, lost) blames and quarantines it;
 - preemption by Kueue: not an end; the trigger keeps following the requeued attempt.
+
+Airflow's ``retries`` are for a try that fails on its own (a worker lost, the API unreachable): the
+next try reattaches to the run's Job, or judges and resumes it.  Every attempt is in the ledger
+(task state store), shown in the task's log and returned.
 
 Its return value (XCom): run URI, Job, attempts, resumes used, preemptions, excluded nodes and
 the latest verified checkpoint.
@@ -47,24 +53,25 @@ class GangTrainingOperator(BaseOperator):
     :param termination_grace_seconds: seconds a stopped pod gets to save and exit before it is killed.
     :param heartbeat_poll: seconds between reads of the run's heartbeat while it trains.
     :param fail_fast_on_user_error: a failure with no infrastructure evidence fails the task at once (no
-        resume used); False retries it like an infrastructure failure.
+        resume used); False resumes it like an infrastructure failure.
     :param unconfirmed_fault_retries: a failure whose pods printed GPU or NCCL errors that no node confirms
-        (an NCCL timeout on a flaky link looks like this) is retried this many times per run, from the last
+        (an NCCL timeout on a flaky link looks like this) is resumed this many times per run, from the last
         verified checkpoint and without blaming a node, before it counts as the user's code.
     :param quarantine_culprits: quarantine (taint, label, evidence) the nodes blamed for a failure.
     :param evidence_wait_s: when the failed pods printed GPU or NCCL errors that no node confirms, how long
         to wait for the nodes' own health reports before judging it the user's code (the log is a hint only).
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
-    :param retries: Airflow retries of this task, each one a resume (see ``max_resumes``).
-    :param retry_delay: wait before a resume; keep it short (seconds or a ``timedelta``).
+    :param retries: Airflow retries of this task (a try that failed on its own: the next one reattaches or
+        resumes); also the resume budget when ``max_resumes`` is None.
+    :param retry_delay: wait before such a retry (seconds or a ``timedelta``).
     :param run_uri: the run path in S3 (``s3://bucket/runs/<run>/``): checkpoints and heartbeat.
     :param local_queue: the Kueue LocalQueue in ``namespace`` (``queue`` is Airflow's executor queue).
     :param node_names: run only on these nodes (e.g. the claim task's XCom); default: the GPU pool.
     :param hang_timeout: seconds without progress that count as a hang; None learns it from the run.
         Progress is the heartbeat when the trainer writes one (``trainops.checkpoints.helper.heartbeat``),
         else new checkpoints under ``run_uri`` (see ``trainops.training.progress``).
-    :param max_resumes: resume at most this many times even when ``retries`` allows more (templated, so a
-        DAG param can set it; ``retries`` is fixed when the DAG is parsed); None: ``retries`` decides.
+    :param max_resumes: resume at most this many times per run, counted from its start or its last Clear
+        (templated, so a DAG param can set it); None: as many as ``retries``.
     :param hang_policy: overrides of ``trainops.training.progress.HangPolicy`` fields.
     :param admission_timeout: seconds Kueue may take to admit the gang (None: wait forever).
     :param start_timeout: seconds from admission until every pod runs.
@@ -200,7 +207,8 @@ class GangTrainingOperator(BaseOperator):
             pod_template=self.pod_template,
         )
 
-    def trigger(self, job: str):
+    def trigger(self, run, resumes_left: int):
+        """The ``GangRunTrigger`` that follows ``run``'s current attempt and may resume it ``resumes_left`` times."""
         from trainops.triggers.training import GangRunTrigger
 
         from trainops.training.follow import FollowConfig
@@ -208,7 +216,7 @@ class GangTrainingOperator(BaseOperator):
 
         config = FollowConfig(
             namespace=self.namespace,
-            job_name=job,
+            job_name=run.ledger.current.job,
             run_uri=self.spec().run_path,
             nodes=self.nodes,
             hang=HangPolicy(**{**self.hang_policy, "hang_timeout": self.hang_timeout}),
@@ -216,7 +224,14 @@ class GangTrainingOperator(BaseOperator):
             start_timeout=self.start_timeout,
             heartbeat_poll=self.heartbeat_poll,
         )
-        return GangRunTrigger(config.to_dict(), self.kubernetes_conn_id, self.kubeconfig, self.aws_conn_id)
+        return GangRunTrigger(
+            config.to_dict(),
+            run.to_dict(),
+            resumes_left,
+            self.kubernetes_conn_id,
+            self.kubeconfig,
+            self.aws_conn_id,
+        )
 
     def gang_run(self, context):
         from trainops.hooks.checkpoint_store import CheckpointStoreHook
@@ -240,43 +255,38 @@ class GangTrainingOperator(BaseOperator):
             unconfirmed_fault_retries=self.unconfirmed_fault_retries,
             quarantine_culprits=self.quarantine_culprits,
             evidence_wait_s=self.evidence_wait_s,
+            try_number=context["ti"].try_number,
             logger=self.log,
         )
 
-    def _last_retry(self, ti) -> int:
-        """The try number after which no resume is left: ``retries``, or ``max_resumes`` when lower.
-
-        Counted from the first try since the run started or was last cleared: a Clear sets
-        ``max_tries`` to the last try number + ``retries``, so every Clear gives a fresh budget."""
-        if self.max_resumes is None:
-            return ti.max_tries
-        first_try = ti.max_tries - self.retries + 1
-        return min(ti.max_tries, first_try - 1 + int(self.max_resumes))
-
-    def _attempts_possible(self, context):
-        ti, last = context["ti"], self._last_retry(context["ti"])
-        # attempts before this one + the tries left including this one
-        return lambda number: (number - 1) + (last + 2 - ti.try_number)
+    def _resumes_left(self, ti, run) -> int:
+        """Resumes the run may still make: ``max_resumes`` (None: ``retries``) less those made since the
+        run started or was last cleared (a Clear sets ``max_tries`` to the last try + ``retries``, so the
+        first try since then is ``max_tries - retries + 1``: every Clear gives a fresh budget)."""
+        budget = self.retries if self.max_resumes is None else int(self.max_resumes)
+        return max(0, budget - run.ledger.resumes_since(ti.max_tries - self.retries + 1))
 
     # ---- Airflow -----------------------------------------------------------------------
     @translate_errors
     def execute(self, context):
         run = self.gang_run(context)
-        record, _ = run.start(self._attempts_possible(context))
-        self.defer(trigger=self.trigger(record.job), method_name="execute_complete")
+        run.start()
+        self.defer(
+            trigger=self.trigger(run, self._resumes_left(context["ti"], run)), method_name="execute_complete"
+        )
 
     @translate_errors
     def execute_complete(self, context, event: dict):
-        from trainops.errors import PermanentError, TemporaryError
+        from trainops.errors import PermanentError
         from trainops.training.runner import Decision
 
         run = self.gang_run(context)
-        verdict = run.finish(event)
+        verdict = run.adopt(event)
+        self.log.info(
+            "%d attempts, %d resumes: %s", len(run.ledger.attempts), run.ledger.resumes_used, verdict.message
+        )
         if verdict.decision is Decision.SUCCEEDED:
             return verdict.result
-        if verdict.decision is Decision.FAIL:
-            raise PermanentError(verdict.message)
-        ti = context["ti"]
-        if ti.try_number > self._last_retry(ti):
+        if verdict.decision is Decision.RETRY:  # the trigger resumes while the budget allows
             raise PermanentError(run.exhausted_message(verdict))
-        raise TemporaryError(f"attempt failed, resuming on the next try: {verdict.message}")
+        raise PermanentError(verdict.message)

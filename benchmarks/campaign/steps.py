@@ -148,7 +148,7 @@ def train_try(
     None when ``cleared`` stopped the follow (the Clear's on_kill stops the Job).
     ``on_start()``: called once the attempt is submitted or reattached."""
     run = gang_run(step, store)
-    record, _ = run.start(lambda number: number)
+    record, _ = run.start()
     on_start()
     config = FollowConfig(
         "training",

@@ -26,7 +26,6 @@ from trainops.operators.lifecycle.docs import (
     TRAIN_DOC,
     VERIFY_DOC,
 )
-from trainops.operators.lifecycle.params import MAX_RESUMES
 from trainops.operators.training import GangTrainingOperator
 from trainops.sensors.health import FabricHealthSensor
 
@@ -46,6 +45,9 @@ POLICY_OVERRIDES = (
     f"else dict(params.health_policy_overrides, **{FABRIC_OFF!r}) }}}}"
 )
 FABRIC_WAIT_S = 600
+# A train try that fails on its own (a worker lost, the API unreachable) is retried this many times;
+# the next try reattaches to the run's Job or resumes it.  Resumes after crashes are max_resumes'.
+TRY_RETRIES = 3
 # A teardown that fails fails the DAG run (GPUs may still be held), after this many retries.
 TEARDOWN_RETRIES = 3
 
@@ -121,7 +123,7 @@ def training_lifecycle(
         node_names="{{ ti.xcom_pull(task_ids='fabric_ready')['node_names'] }}",
         hang_timeout="{{ params.hang_timeout_s }}",
         max_resumes="{{ params.max_resumes }}",
-        retries=MAX_RESUMES,
+        retries=TRY_RETRIES,
         retry_delay=retry_delay,
         kubernetes_conn_id=kubernetes_conn_id,
         aws_conn_id=aws_conn_id,

@@ -10,7 +10,7 @@ One DAG run is one training run on the Kubernetes GPU cluster that serves infere
    (PodDisruptionBudgets honoured), flips their mode taint to training, raises the Kueue quota.
    **fabric_ready** then re-checks the claimed nodes' InfiniBand ports (`fabric_gate`).
 3. **train** submits the run to Kueue as one gang and follows it. A crash on bad hardware quarantines
-   the node and resumes from the last *verified* checkpoint on the spare; each retry is a resume.
+   the node and resumes from the last *verified* checkpoint on the spare, at once (in the triggerer).
 4. **verify_checkpoint** verifies the final checkpoint and publishes it as an Asset for evaluation or serving.
 5. **return_capacity** (teardown) always gives the nodes back to inference, even when a task failed or
    the run was marked failed by hand.
@@ -55,16 +55,19 @@ the log; wait for that run or choose other nodes.
 
 TRAIN_DOC = """
 Submits the run as one Kueue gang (an Indexed Job, one pod per node) and follows the Workload, the Job,
-its pods and the run's heartbeat without polling blindly. Each try is one attempt:
+its pods and the run's heartbeat without polling blindly, in the triggerer:
 
 - infrastructure failure (XID, node lost, NCCL timeout, eviction) or a hang: the culprit node is
-  quarantined with evidence and the task fails so Airflow retries it: the retry resumes from the latest
-  verified checkpoint on the other claimed nodes, at most `max_resumes` times;
+  quarantined with evidence and the run resumes at once from the latest verified checkpoint on the
+  other claimed nodes (a new attempt, same try), at most `max_resumes` times;
 - user code failure (non-zero exit, no hardware evidence): fails at once, no resume used; when the pods
-  printed GPU or NCCL errors no node confirms, it first gets one retry of its own (a flaky link looks so);
+  printed GPU or NCCL errors no node confirms, it first gets one resume of its own (a flaky link looks so);
 - preemption by a higher-priority Workload: Kueue requeues it; it keeps waiting, no resume used.
 
-**When it fails:** the log says attempt n of m, where each attempt resumed from and why it ended.
+Airflow's retries are for a try that fails on its own (a worker lost, the API unreachable): the next
+try reattaches to the running Job, or judges and resumes it.
+
+**When it fails:** the log names each attempt, where it resumed from and why it ended.
 Fix the code (user error) or the nodes, then "Clear" this task to resume from the latest verified checkpoint.
 Marking it failed stops the Job; the teardown still returns the nodes.
 """

@@ -13,7 +13,7 @@ from airflow.sdk import Param
 from trainops.health.policy import DEFAULT_POLICY
 from trainops.training.naming import DNS_1123_LABEL
 
-MAX_RESUMES = 10  # the training task's Airflow retries; the max_resumes param lowers it per run
+MAX_RESUMES = 10  # the largest max_resumes the form accepts
 DEMO_BUCKET = "trainops-demo"
 LOCAL_IMAGE = "devcluster.trainops.io/local"  # the devcluster runs this image's command as a local process
 DEMO_COMMAND = [

@@ -17,7 +17,7 @@ class WorkerDiesOnFirstTry(GangTrainingOperator):
     def execute(self, context):
         if not context["dag_run"].conf.get("kill_worker_after_submit") or context["ti"].try_number > 1:
             return super().execute(context)
-        self.gang_run(context).start(lambda n: n)
+        self.gang_run(context).start()
         raise SystemError("worker killed right after submitting")
 
 

@@ -1,4 +1,4 @@
-"""Resumes on the real services: an XID mid-run (the automatic retry resumes on the spare) and a "Clear"
+"""Resumes on the real services: an XID mid-run (the triggerer resumes it on the spare) and a "Clear"
 of ``train`` after a user-code failure (a resume with a fresh budget), all through REST API v2."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def xcom(airflow, run_id: str, task_id: str):
     )["value"]
 
 
-def test_an_xid_mid_run_quarantines_the_node_and_the_automatic_retry_resumes_on_the_spare(services, airflow):
+def test_an_xid_mid_run_quarantines_the_node_and_the_trigger_resumes_on_the_spare(services, airflow):
     from kubernetes import client
 
     api = services.kube()
@@ -83,7 +83,7 @@ def test_an_xid_mid_run_quarantines_the_node_and_the_automatic_retry_resumes_on_
 
     assert airflow.run(DAG_ID, "api-xid")["state"] == "success"
     train = airflow.ok("GET", f"/dags/{DAG_ID}/dagRuns/api-xid/taskInstances/train")
-    assert train["try_number"] == 2  # the automatic retry was the resume
+    assert train["try_number"] == 1  # the triggerer resumed the run itself: no Airflow retry
     trained = xcom(airflow, "api-xid", "train")
     assert trained["attempts"] == 2 and trained["resumes_used"] == 1
     assert trained["history"][1]["resume_step"] == last_committed >= 20  # step 20 came before beat 25

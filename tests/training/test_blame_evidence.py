@@ -27,7 +27,7 @@ def test_a_cuda_error_in_the_users_output_quarantines_nothing_resumes_once_then_
     dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri))
 
     assert dag_run.state == "failed"
-    assert task_state(dag_run, "train").try_number == 2
+    assert task_state(dag_run, "train").try_number == 1  # the trigger resumed, within the try
     assert len(jobs(api)) == 2
     for name in nodes:
         assert HEALTH_LABEL not in (node(api, name)["metadata"].get("labels") or {}), f"{name} quarantined"

@@ -246,7 +246,7 @@ def test_resumes_exhausted_is_a_clear_final_error_and_the_teardown_still_runs(
 
     assert dag_run.state == "failed"
     train = task_state(dag_run, "train")
-    assert train.state == "failed" and train.try_number == 3
+    assert train.state == "failed" and train.try_number == 1  # the trigger made both resumes
     assert sorted(j["metadata"]["labels"]["trainops.io/attempt"] for j in jobs(api)) == ["1", "2", "3"]
     printed = capfd.readouterr().out
     assert "resumes exhausted after 3 attempts" in printed
@@ -284,8 +284,8 @@ def start_attempt(cluster, api, run: str, run_uri: str):
     gang = GangRun(
         operator.spec(), dag_id, run_id, GangCluster(Kube(api)), CheckpointStore(), RunLedger(), print
     )
-    record, _ = gang.start(lambda n: n)
-    return operator, record, nodes
+    gang.start()
+    return operator, gang, nodes
 
 
 def assert_training_stopped(api, s3, run_uri: str) -> None:
@@ -311,8 +311,8 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
     import asyncio
 
     run_uri = f"s3://{bucket}/runs/killed-by-user/"
-    operator, record, _ = start_attempt(cluster, api, "tests/kill", run_uri)
-    trigger = operator.trigger(record.job)
+    operator, gang, _ = start_attempt(cluster, api, "tests/kill", run_uri)
+    trigger = operator.trigger(gang, resumes_left=1)
 
     async def follow_then_kill():
         following = asyncio.create_task(anext(trigger.run()))

@@ -1,4 +1,5 @@
-"""The resume budget (``max_resumes``) counts from the run's start or its last Clear, as Airflow counts tries."""
+"""The resume budget (``max_resumes``, else ``retries``) counts the resumes made since the run started or
+was last cleared, whichever try or trigger made them."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 from trainops.operators.training import GangTrainingOperator
+
+from trainops.training.attempts import RunLedger
 
 
 def operator(max_resumes: int | None, retries: int = 10) -> GangTrainingOperator:
@@ -19,20 +22,31 @@ def operator(max_resumes: int | None, retries: int = 10) -> GangTrainingOperator
     )
 
 
-def resumes_allowed(op: GangTrainingOperator, max_tries: int, first_try: int) -> int:
-    """How many tries after ``first_try`` Airflow may make before the operator calls the run exhausted."""
-    try_number = first_try
-    while try_number <= op._last_retry(SimpleNamespace(max_tries=max_tries, try_number=try_number)):
-        try_number += 1
-    return try_number - first_try
+def ledger(*tries: int) -> RunLedger:
+    """A ledger with one ended attempt per entry, begun by that try."""
+    ledger = RunLedger()
+    for number, try_number in enumerate(tries, 1):
+        ledger.begin(f"job-{number}", None, None, None, try_number)
+        ledger.end("infrastructure", "node lost")
+    return ledger
 
 
-@pytest.mark.parametrize("max_resumes, expected", [(None, 10), (0, 0), (2, 2), (50, 10)])
-def test_a_fresh_run_gets_max_resumes_capped_by_retries(max_resumes, expected):
-    assert resumes_allowed(operator(max_resumes), max_tries=10, first_try=1) == expected
+def resumes_left(op: GangTrainingOperator, max_tries: int, ledger: RunLedger) -> int:
+    return op._resumes_left(SimpleNamespace(max_tries=max_tries), SimpleNamespace(ledger=ledger))
+
+
+@pytest.mark.parametrize("max_resumes, expected", [(None, 10), (0, 0), (2, 2), (50, 50)])
+def test_a_fresh_run_gets_max_resumes_else_retries(max_resumes, expected):
+    assert resumes_left(operator(max_resumes), max_tries=10, ledger=ledger(1)) == expected
+
+
+@pytest.mark.parametrize("max_resumes, expected", [(None, 7), (2, 0), (4, 1)])
+def test_resumes_made_in_one_try_by_the_trigger_count(max_resumes, expected):
+    # try 1 began attempt 1 and its trigger resumed three times (attempts 2-4, all begun by try 1)
+    assert resumes_left(operator(max_resumes), max_tries=10, ledger=ledger(1, 1, 1, 1)) == expected
 
 
 @pytest.mark.parametrize("max_resumes, expected", [(None, 10), (0, 0), (2, 2)])
 def test_a_clear_gives_a_fresh_budget(max_resumes, expected):
-    # the run used 3 tries; Clear sets max_tries = 3 + retries and the next try is number 4
-    assert resumes_allowed(operator(max_resumes), max_tries=3 + 10, first_try=4) == expected
+    # 4 attempts in tries 1-3; Clear sets max_tries = 3 + retries and its try (4) made attempt 5
+    assert resumes_left(operator(max_resumes), max_tries=3 + 10, ledger=ledger(1, 1, 2, 3, 4)) == expected

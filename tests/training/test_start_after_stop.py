@@ -48,11 +48,11 @@ def test_a_try_after_the_attempt_was_stopped_submits_a_new_attempt(cluster, api,
             lambda d: state.update(ledger=d),
         )
 
-    first, _ = a_try().start(lambda n: n)
+    first, _ = a_try().start()
     wait_for(lambda: GangCluster(kube).job_pods("training", first.job), "the attempt's pods")
     GangCluster(kube).stop("training", first.job)  # the trigger's on_kill
 
-    second, reattached = a_try().start(lambda n: n)
+    second, reattached = a_try().start()
 
     assert not reattached and second.number == 2 and second.job != first.job
     ended = RunLedger.from_dict(state["ledger"]).attempts[0]

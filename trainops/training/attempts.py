@@ -1,4 +1,5 @@
-"""The bookkeeping of a run's attempts, kept in Airflow's task state store between tries.
+"""The bookkeeping of a run's attempts, kept in Airflow's task state store between tries (the trigger
+holds it while it resumes the run and hands it back in its event).
 
 One attempt is one Job.  The ledger is written *before* the Job is submitted (phase
 ``submitting``) and again after (``submitted``), so a worker that dies anywhere around the
@@ -8,6 +9,7 @@ reattach to it instead of submitting a second one.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
@@ -22,7 +24,9 @@ class Phase(StrEnum):
 @dataclass
 class AttemptRecord:
     """One attempt; ``kind``: how it ended (``succeeded`` or a ``FailureKind``), ``ended``: why;
-    ``hints``: what the failed pods printed about GPUs or NCCL (recorded, never used to blame a node)."""
+    ``hints``: what the failed pods printed about GPUs or NCCL (recorded, never used to blame a node);
+    ``try_number``: the Airflow try that began it (a resume in the trigger belongs to the deferred try);
+    ``began_at`` / ``ended_at``: when it was begun and when its end was seen (Unix time)."""
 
     number: int
     job: str
@@ -33,6 +37,9 @@ class AttemptRecord:
     ended: str | None = None
     kind: str | None = None
     hints: list[str] = field(default_factory=list)
+    try_number: int = 1
+    began_at: float | None = None
+    ended_at: float | None = None
 
     def __post_init__(self) -> None:
         self.phase = Phase(self.phase)
@@ -70,12 +77,23 @@ class RunLedger:
         return current if current is not None and current.phase is not Phase.ENDED else None
 
     def begin(
-        self, job: str, resume_from: str | None, resume_step: int | None, verified: str | None
+        self,
+        job: str,
+        resume_from: str | None,
+        resume_step: int | None,
+        verified: str | None,
+        try_number: int,
     ) -> AttemptRecord:
         if self.live is not None:
             raise RuntimeError(f"attempt {self.live.number} (Job {self.live.job}) has not ended")
         record = AttemptRecord(
-            len(self.attempts) + 1, job, Phase.SUBMITTING, resume_from, resume_step, verified
+            len(self.attempts) + 1,
+            job,
+            Phase.SUBMITTING,
+            resume_from,
+            resume_step,
+            verified,
+            try_number=try_number,
         )
         self.attempts.append(record)
         return record
@@ -83,11 +101,12 @@ class RunLedger:
     def next_number(self) -> int:
         return len(self.attempts) + 1
 
-    def end(self, kind: str, why: str, hints: list[str] | None = None) -> None:
+    def end(self, kind: str, why: str, hints: list[str] | None = None, seen_at: float | None = None) -> None:
+        """End the current attempt; ``seen_at``: when its end was seen (default: now)."""
         current = self.current
         if current is not None:
             current.phase, current.kind, current.ended = Phase.ENDED, str(kind), why
-            current.hints = list(hints or [])
+            current.hints, current.ended_at = list(hints or []), seen_at or time.time()
 
     def exclude(self, node: str, why: str) -> None:
         self.excluded.setdefault(node, why)
@@ -96,3 +115,8 @@ class RunLedger:
     def resumes_used(self) -> int:
         """Attempts after the first (each is one resume)."""
         return max(0, len(self.attempts) - 1)
+
+    def resumes_since(self, first_try: int) -> int:
+        """Resumes counted against the budget: attempts begun by try ``first_try`` or later (the run's
+        start or its last Clear), less the first of them (a Clear's resume comes with a fresh budget)."""
+        return max(0, sum(1 for a in self.attempts if a.try_number >= first_try) - 1)

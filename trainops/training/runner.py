@@ -1,17 +1,27 @@
-"""One try of the gang training task, Airflow-free: reattach or submit an attempt, then judge how it ended.
+"""One try of the gang training task, Airflow-free: reattach or submit an attempt, follow it, judge how
+it ended and resume it.
 
 ``GangRun.start()`` reattaches to the current attempt's Job when it is still alive (also when the
 previous try's worker died right after submitting: the ledger names the Job before it is
 created, and the name is deterministic), and otherwise submits a new attempt that resumes from
 the latest verified checkpoint.  ``GangRun.finish(outcome)`` classifies the end of an attempt
-and returns a ``Verdict``: succeeded, retry (a resume), or fail now.
+and returns a ``Verdict``: succeeded, retry (a resume), or fail now.  ``GangRun.follow(...)``
+(the trigger's loop) follows the attempt and, while the verdict is a resume and the budget allows,
+starts the next attempt at once and follows that: a crash is resumed within a second, without a
+round trip through the scheduler and a worker.  It is safe to repeat after a triggerer restart
+(a new trigger starts from the ledger it was deferred with): an attempt whose successor's Job
+exists was resumed (judged again from its pods, for the record), and that Job, named by its number,
+is found, not made twice.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -77,9 +87,13 @@ _STATUS_KIND = {  # how the follower ended an attempt -> the failure it is judge
 }
 
 
+JUDGING = ("fail_fast_on_user_error", "unconfirmed_fault_retries", "quarantine_culprits", "evidence_wait_s")
+
+
 class GangRun:
     """``cluster``: the run's Jobs and nodes; ``store``: the checkpoint store of the run path (Airflow:
-    from the AWS connection); ``save(ledger_dict)`` persists the ledger (Airflow: the task state store)."""
+    from the AWS connection); ``save(ledger_dict)`` persists the ledger (Airflow: the task state store);
+    ``try_number``: the Airflow try this is (recorded on the attempts it begins)."""
 
     def __init__(
         self,
@@ -95,23 +109,69 @@ class GangRun:
         unconfirmed_fault_retries: int = 0,
         quarantine_culprits: bool = True,
         evidence_wait_s: float = 0.0,
+        try_number: int = 1,
         logger: logging.Logger = log,
     ) -> None:
-        self.spec, self.dag_id, self.run_id = spec, dag_id, run_id
+        self.spec, self.dag_id, self.run_id, self.try_number = spec, dag_id, run_id, try_number
         self.cluster, self.store, self.ledger, self._save = cluster, store, ledger, save
         self.fail_fast_on_user_error = fail_fast_on_user_error
         self.unconfirmed_fault_retries = unconfirmed_fault_retries
         self.quarantine_culprits = quarantine_culprits
         self.evidence_wait_s = evidence_wait_s
         self.log = logger
+        self.submitting: asyncio.Future | None = None  # a next attempt being submitted by ``follow``
 
     def save(self) -> None:
         self._save(self.ledger.to_dict())
 
+    # ---- handing the run to the trigger --------------------------------------------------
+    def to_dict(self) -> dict:
+        """What a trigger needs to go on with this run (JSON: it is stored with the trigger)."""
+        return {
+            "spec": json.loads(json.dumps(dataclasses.asdict(self.spec))),
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "try_number": self.try_number,
+            "ledger": self.ledger.to_dict(),
+            **{name: getattr(self, name) for name in JUDGING},
+        }
+
+    @classmethod
+    def from_dict(
+        cls, data: dict, cluster: GangCluster, store: CheckpointStore, logger: logging.Logger = log
+    ) -> GangRun:
+        """The run ``to_dict`` described; its ledger is kept in memory (the trigger's event carries it)."""
+        return cls(
+            TrainingSpec(**data["spec"]),
+            data["dag_id"],
+            data["run_id"],
+            cluster,
+            store,
+            RunLedger.from_dict(data["ledger"]),
+            save=lambda _ledger: None,
+            try_number=data["try_number"],
+            logger=logger,
+            **{name: data[name] for name in JUDGING},
+        )
+
+    def event(self, verdict: Verdict) -> dict:
+        """The trigger's event: the verdict on the run and the ledger that led to it."""
+        return {
+            "decision": str(verdict.decision),
+            "message": verdict.message,
+            "result": verdict.result,
+            "ledger": self.ledger.to_dict(),
+        }
+
+    def adopt(self, event: dict) -> Verdict:
+        """Take the ledger the trigger kept (saved first: a resume it made must not be lost) and its verdict."""
+        self.ledger = RunLedger.from_dict(event["ledger"])
+        self.save()
+        return Verdict(Decision(event["decision"]), event["message"], result=event["result"])
+
     # ---- start -------------------------------------------------------------------------
-    def start(self, attempts_possible: Callable[[int], int]) -> tuple[AttemptRecord, bool]:
-        """Reattach or submit; returns the attempt and whether this try reattached.
-        ``attempts_possible(n)``: how many attempts the run can have, given this is attempt n."""
+    def start(self) -> tuple[AttemptRecord, bool]:
+        """Reattach or submit; returns the attempt and whether this try reattached."""
         if claim_run_path(self.store, self.spec.run_path, f"{self.dag_id}/{self.run_id}"):
             self.log.info("run path %s now belongs to this DAG run", self.spec.run_path)
         live = self.ledger.live
@@ -132,7 +192,7 @@ class GangRun:
                     FailureKind.STOPPED, f"stopped while no try was watching: Workload {stopped} deactivated"
                 )
                 self.save()
-                return self._new_attempt(attempts_possible), False
+                return self.new_attempt(), False
             if running:
                 self.log.info(
                     "reattaching to Job %s of attempt %d: it is still running", live.job, live.number
@@ -149,27 +209,40 @@ class GangRun:
                 return live, False
             if job is None:
                 self.ledger.end(FailureKind.INFRASTRUCTURE, f"Job {live.job} disappeared")
+            elif condition(job, "Complete"):
+                self.ledger.end(Status.SUCCEEDED, "completed while no try was watching")
+                self.save()
+                return live, True
             else:
-                # the previous try died before it judged the attempt; judge it now
-                pods = self.cluster.job_pods(self.spec.namespace, live.job)
-                if condition(job, "Complete"):
-                    self.ledger.end(Status.SUCCEEDED, "completed while no try was watching")
-                    self.save()
-                    return live, True
-                self._judge_failure(
-                    follow.Outcome(Status.FAILED, "failed while no try was watching", live.job, pods)
-                )
+                self._judge_unwatched("failed while no try was watching")
             self.save()
-        return self._new_attempt(attempts_possible), False
+        return self.new_attempt(), False
 
-    def _new_attempt(self, attempts_possible: Callable[[int], int]) -> AttemptRecord:
+    def _judge_unwatched(self, why: str) -> Verdict:
+        """Judge the current attempt, which ended while nothing followed it, from its pods as they are."""
+        job = self.ledger.current.job
+        pods = self.cluster.job_pods(self.spec.namespace, job)
+        return self._judge_failure(follow.Outcome(Status.FAILED, why, job, pods))
+
+    def _moved_on(self) -> bool:
+        """Whether the next attempt's Job exists: a trigger before this one (the triggerer restarted)
+        judged the current attempt and began the next."""
+        after = job_name(self.dag_id, self.run_id, self.ledger.next_number())
+        return self.cluster.read_job(self.spec.namespace, after) is not None
+
+    def new_attempt(self) -> AttemptRecord:
+        """Submit the next attempt, resuming from the latest verified checkpoint (or a fresh start)."""
         checkpoint, skipped = latest_checkpoint(self.spec.run_path, self.store)
         number = self.ledger.next_number()
         record = self.ledger.begin(
-            job_name(self.dag_id, self.run_id, number), checkpoint.uri, checkpoint.step, checkpoint.how
+            job_name(self.dag_id, self.run_id, number),
+            checkpoint.uri,
+            checkpoint.step,
+            checkpoint.how,
+            self.try_number,
         )
         self.save()  # before the submit: a worker dying now leaves the Job's name behind
-        self.log.info("attempt %d of %d: Job %s", number, attempts_possible(number), record.job)
+        self.log.info("attempt %d: Job %s", number, record.job)
         if checkpoint.uri:
             self.log.info("resuming from %s (step %s, %s)", checkpoint.uri, checkpoint.step, checkpoint.how)
         else:
@@ -210,6 +283,32 @@ class GangRun:
         record.phase = Phase.SUBMITTED
         self.save()
 
+    # ---- follow, judge, resume ------------------------------------------------------------
+    async def follow(
+        self, follow_attempt: Callable[[str], Awaitable[follow.Outcome]], resumes_left: int
+    ) -> Verdict:
+        """Follow the current attempt (``follow_attempt(job)``) to its end and judge it; while the verdict
+        is a resume and ``resumes_left`` allows, start the next attempt and follow that.  The blocking
+        judging and submitting run in threads; a cancel does not stop a submit under way, and
+        ``submitting`` holds it, so that a stop can wait for the Job it makes."""
+        while True:
+            if await asyncio.to_thread(self._moved_on):
+                self.log.info(
+                    "attempt %d was judged and resumed by an earlier trigger", self.ledger.current.number
+                )
+                # the earlier trigger resumed: the verdict was a resume; judged again only for the record
+                await asyncio.to_thread(self._judge_unwatched, "judged again after a triggerer restart")
+                verdict = Verdict(Decision.RETRY, "resumed by an earlier trigger")
+            else:
+                outcome = await follow_attempt(self.ledger.current.job)
+                verdict = await asyncio.to_thread(self.finish, outcome.to_dict())
+            if verdict.decision is not Decision.RETRY or resumes_left <= 0:
+                return verdict
+            resumes_left -= 1
+            self.log.info("resuming at once (%d more resumes left): %s", resumes_left, verdict.message)
+            self.submitting = asyncio.ensure_future(asyncio.to_thread(self.new_attempt))
+            await asyncio.shield(self.submitting)
+
     # ---- finish ------------------------------------------------------------------------
     def finish(self, event: dict) -> Verdict:
         outcome = follow.Outcome(**event)
@@ -218,7 +317,7 @@ class GangRun:
             self.ledger.preemptions += 1
             self.log.info("preempted and requeued by Kueue (no resume used): %s", message)
         if outcome.status is Status.SUCCEEDED:
-            self.ledger.end(Status.SUCCEEDED, outcome.message)
+            self.ledger.end(Status.SUCCEEDED, outcome.message, seen_at=outcome.seen_at)
             self.save()
             return Verdict(Decision.SUCCEEDED, outcome.message, result=self.result())
         if outcome.stopped:
@@ -243,7 +342,7 @@ class GangRun:
         if failure.kind is FailureKind.INFRASTRUCTURE:
             self._blame(failure, nodes)
             self.log.info("stopping the attempt: %s", self._stop_attempt(outcome))
-        self.ledger.end(failure.kind, failure.reason, failure.hints)
+        self.ledger.end(failure.kind, failure.reason, failure.hints, seen_at=outcome.seen_at)
         if failure.kind is FailureKind.USER_CODE and failure.hints:
             # the pods printed GPU/NCCL errors no node confirms: the user's code, or a fault the nodes
             # cannot see (a flaky link, an NCCL timeout): a small cap of its own (each retry is still a resume)

@@ -1,0 +1,94 @@
+"""The trigger resumes a crashed run itself, and a triggerer that dies while it does loses nothing: a new
+trigger, built from the same serialized kwargs (as the triggerer rebuilds it), finds the attempt the
+first one began instead of submitting another, and follows the run to its end."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from trainops.triggers.training import GangRunTrigger
+
+from tests.devcluster.ctrl_support import wait_for
+from tests.training.conftest import heartbeat_step, idle_nodes, jobs, node
+from tests.training.test_gang_e2e import running_pod
+from trainops.capacity.procedure import claim, give_back
+from trainops.checkpoints.store import CheckpointStore
+from trainops.conventions import HEALTH_LABEL
+from trainops.kube.client import Kube
+from trainops.training.attempts import RunLedger
+from trainops.training.cluster import GangCluster
+from trainops.training.follow import FollowConfig
+from trainops.training.progress import HangPolicy
+from trainops.training.runner import GangRun
+from trainops.training.spec import TrainingSpec
+
+ARGS = ["--steps", "120", "--checkpoint-every", "20", "--step-seconds", "0.05", "--heartbeat-every", "5"]
+
+
+def attempts_of(api) -> list[str]:
+    return sorted(j["metadata"]["labels"]["trainops.io/attempt"] for j in jobs(api))
+
+
+@pytest.mark.parametrize("fault", ["xid", "hang"])
+def test_a_trigger_restarted_after_it_resumed_finds_the_attempt_it_began(cluster, api, s3, bucket, fault):
+    """xid: attempt 1's Job failed; hang: the trigger stopped it (Workload deactivated, the Job not failed)."""
+    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+    nodes = idle_nodes(api)[:3]  # a gang of 2 and a spare
+    claim(kube, "dag/restart", nodes, cluster_queue="training")
+    run_uri = f"s3://{bucket}/runs/restart/"
+    spec = TrainingSpec(
+        image="devcluster.trainops.io/local",
+        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
+        args=ARGS,
+        run_uri=run_uri,
+        nodes=2,
+        node_names=nodes,
+    )
+    run = GangRun(
+        spec,
+        "dag",
+        "restart",
+        GangCluster(kube),
+        CheckpointStore(),
+        RunLedger(),
+        lambda _: None,
+        evidence_wait_s=5,
+    )
+    first, _ = run.start()
+    follow = FollowConfig("training", first.job, run_uri, 2, HangPolicy(floor=3.0, startup_timeout=30.0))
+    deferred = GangRunTrigger(follow.to_dict(), run.to_dict(), 2, kubeconfig=str(cluster.kubeconfig))
+    _, kwargs = deferred.serialize()
+
+    async def first_trigger() -> None:
+        """Runs until it has begun attempt 2, then the triggerer dies (a cancel, no on_kill)."""
+        events = GangRunTrigger(**kwargs).run()
+        pending = asyncio.ensure_future(anext(events))
+        while "2" not in attempts_of(api):
+            assert not pending.done(), f"the trigger ended before resuming: {pending.result().payload}"
+            await asyncio.sleep(0.1)
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+
+    wait_for(lambda: heartbeat_step(s3, run_uri) >= 25 and running_pod(api, "1"), "attempt 1 past step 20")
+    culprit = running_pod(api, "1")["spec"]["nodeName"]
+    if fault == "xid":
+        cluster.inject("xid", culprit, code=79)
+    else:
+        cluster.inject("hang", f"training/{first.job}")
+    asyncio.run(first_trigger())
+
+    async def second_trigger() -> dict:
+        return (await anext(GangRunTrigger(**kwargs).run())).payload
+
+    event = asyncio.run(second_trigger())
+
+    assert event["decision"] == "succeeded", event["message"]
+    assert attempts_of(api) == ["1", "2"]  # attempt 2's Job was found, not made again
+    ledger = RunLedger.from_dict(event["ledger"])
+    assert [a.number for a in ledger.attempts] == [1, 2] and ledger.attempts[1].resume_step >= 20
+    if fault == "xid":
+        assert culprit in ledger.excluded
+        assert node(api, culprit)["metadata"]["labels"][HEALTH_LABEL] == "quarantined"
+    give_back(kube, "dag/restart", cluster_queue="training", training_namespace="training")
