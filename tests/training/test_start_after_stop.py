@@ -59,3 +59,59 @@ def test_a_try_after_the_attempt_was_stopped_submits_a_new_attempt(cluster, api,
     assert ended.kind == FailureKind.STOPPED and "deactivated" in ended.ended
     GangCluster(kube).stop("training", second.job)
     give_back(kube, "dag/clear", cluster_queue="training")
+
+
+def test_a_try_after_a_clear_killed_a_trigger_that_had_resumed_starts_past_its_attempts(
+    cluster, api, s3, bucket
+):
+    """The trigger resumed (attempt 2) and was killed by a Clear before its event: the task state store
+    still names attempt 1.  The next try finds attempt 2 by its Job, sees it stopped, and starts attempt 3,
+    instead of taking the stopped Job 2 for a new attempt and failing the run."""
+    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+    nodes = idle_nodes(api)[:2]
+    claim(kube, "dag/clear2", nodes, cluster_queue="training")
+    spec = TrainingSpec(
+        image="devcluster.trainops.io/local",
+        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
+        args=ARGS,
+        run_uri=f"s3://{bucket}/runs/clear2/",
+        nodes=2,
+        node_names=nodes,
+    )
+    state: dict = {}
+    run = GangRun(
+        spec,
+        "dag",
+        "clear2",
+        GangCluster(kube),
+        CheckpointStore(),
+        RunLedger(),
+        lambda d: state.update(ledger=d),
+    )
+    first, _ = run.start()
+    trigger = GangRun.from_dict(
+        run.to_dict(), GangCluster(kube), CheckpointStore()
+    )  # keeps its ledger to itself
+    GangCluster(kube).stop("training", first.job)  # the trigger judged attempt 1 and stopped it
+    trigger.ledger.end(FailureKind.HANG, "no progress")
+    resumed = trigger.new_attempt()
+    wait_for(lambda: GangCluster(kube).job_pods("training", resumed.job), "attempt 2's pods")
+    GangCluster(kube).stop("training", resumed.job)  # the Clear's on_kill
+
+    after_clear = GangRun(
+        spec,
+        "dag",
+        "clear2",
+        GangCluster(kube),
+        CheckpointStore(),
+        RunLedger.from_dict(state["ledger"]),
+        lambda d: state.update(ledger=d),
+        try_number=2,
+    )
+    third, reattached = after_clear.start()
+
+    assert not reattached and third.number == 3
+    ledger = RunLedger.from_dict(state["ledger"])
+    assert [a.job for a in ledger.attempts[:2]] == [first.job, resumed.job]
+    assert ledger.attempts[1].kind == FailureKind.STOPPED
+    GangCluster(kube).stop("training", third.job)

@@ -9,9 +9,9 @@ and returns a ``Verdict``: succeeded, retry (a resume), or fail now.  ``GangRun.
 (the trigger's loop) follows the attempt and, while the verdict is a resume and the budget allows,
 starts the next attempt at once and follows that: a crash is resumed within a second, without a
 round trip through the scheduler and a worker.  It is safe to repeat after a triggerer restart
-(a new trigger starts from the ledger it was deferred with): an attempt whose successor's Job
-exists was resumed (judged again from its pods, for the record), and that Job, named by its number,
-is found, not made twice.
+(a new trigger starts from the ledger it was deferred with), and after a Clear that killed a trigger
+before it handed its ledger back: ``catch_up`` finds the attempts it began by their Jobs, named by
+attempt number, instead of making them twice or taking a stopped one for the next.
 """
 
 from __future__ import annotations
@@ -34,7 +34,14 @@ from trainops.training.blame import quarantine_node
 from trainops.training.cluster import GangCluster
 from trainops.training.failures import Failure, FailureKind, classify
 from trainops.training.follow import Status
-from trainops.training.job import build_job, build_service, condition, finished, master_addr
+from trainops.training.job import (
+    RESUME_ANNOTATION,
+    build_job,
+    build_service,
+    condition,
+    finished,
+    master_addr,
+)
 from trainops.training.naming import job_name
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
 
@@ -174,6 +181,7 @@ class GangRun:
         """Reattach or submit; returns the attempt and whether this try reattached."""
         if claim_run_path(self.store, self.spec.run_path, f"{self.dag_id}/{self.run_id}"):
             self.log.info("run path %s now belongs to this DAG run", self.spec.run_path)
+        self.catch_up()
         live = self.ledger.live
         if live is not None:
             job = self.cluster.read_job(self.spec.namespace, live.job)
@@ -224,11 +232,35 @@ class GangRun:
         pods = self.cluster.job_pods(self.spec.namespace, job)
         return self._judge_failure(follow.Outcome(Status.FAILED, why, job, pods))
 
-    def _moved_on(self) -> bool:
-        """Whether the next attempt's Job exists: a trigger before this one (the triggerer restarted)
-        judged the current attempt and began the next."""
-        after = job_name(self.dag_id, self.run_id, self.ledger.next_number())
-        return self.cluster.read_job(self.spec.namespace, after) is not None
+    def catch_up(self) -> int:
+        """Put in the ledger the attempts a trigger began that it never handed back (the triggerer
+        restarted, or a Clear or mark-failed killed the trigger before its event): their Jobs exist under
+        the next attempt numbers.  Each attempt they followed is judged again from its pods as they are,
+        for the record (the trigger resumed it, so the verdict was a resume).  Returns how many it found."""
+        found = 0
+        while job := self.cluster.read_job(
+            self.spec.namespace, job_name(self.dag_id, self.run_id, self.ledger.next_number())
+        ):
+            if self.ledger.live is not None:
+                self._judge_unwatched(
+                    "ended while no trigger handed back the ledger; a later attempt resumed it"
+                )
+            earlier = self.ledger.current
+            record = self.ledger.begin(
+                job["metadata"]["name"],
+                (job["metadata"].get("annotations") or {}).get(RESUME_ANNOTATION),
+                None,
+                "found on the cluster (begun by a trigger)",
+                earlier.try_number if earlier else self.try_number,
+            )
+            record.phase = Phase.SUBMITTED
+            self.log.info(
+                "attempt %d (Job %s) was begun by a trigger: following it", record.number, record.job
+            )
+            found += 1
+        if found:
+            self.save()
+        return found
 
     def new_attempt(self) -> AttemptRecord:
         """Submit the next attempt, resuming from the latest verified checkpoint (or a fresh start)."""
@@ -292,16 +324,9 @@ class GangRun:
         judging and submitting run in threads; a cancel does not stop a submit under way, and
         ``submitting`` holds it, so that a stop can wait for the Job it makes."""
         while True:
-            if await asyncio.to_thread(self._moved_on):
-                self.log.info(
-                    "attempt %d was judged and resumed by an earlier trigger", self.ledger.current.number
-                )
-                # the earlier trigger resumed: the verdict was a resume; judged again only for the record
-                await asyncio.to_thread(self._judge_unwatched, "judged again after a triggerer restart")
-                verdict = Verdict(Decision.RETRY, "resumed by an earlier trigger")
-            else:
-                outcome = await follow_attempt(self.ledger.current.job)
-                verdict = await asyncio.to_thread(self.finish, outcome.to_dict())
+            resumes_left -= await asyncio.to_thread(self.catch_up)  # a trigger before this one resumed
+            outcome = await follow_attempt(self.ledger.current.job)
+            verdict = await asyncio.to_thread(self.finish, outcome.to_dict())
             if verdict.decision is not Decision.RETRY or resumes_left <= 0:
                 return verdict
             resumes_left -= 1
