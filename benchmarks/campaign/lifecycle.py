@@ -39,12 +39,12 @@ from trainops.health.gate import GateConfig, run_gate
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.kube.client import Kube
 from trainops.kube.retry import Deadline
-from trainops.training.cluster import GangCluster
 from trainops.training.follow import read_heartbeat
 from trainops.training.runner import Decision
 
 REPO = Path(__file__).resolve().parents[2]
-TRIES = 4  # the train task's retries=3: each retry is a resume
+TRIES = 4  # the train task's retries=3: a try that fails on its own (its worker killed) is retried
+RESUMES = 3  # max_resumes: the trigger's resumes per run, a fresh budget after a Clear
 FAULT_AT_STEP = 50  # training faults wait for this much progress (between two checkpoints)
 REAPER_BOUND_S = 60.0
 
@@ -147,10 +147,10 @@ def claim_task(world: World, step: Step, result: RunResult) -> list[str]:
     raise RuntimeError(f"claim failed 3 times: {result.notes[-3:]}")
 
 
-def child(step_name: str, step: Step) -> subprocess.Popen:
+def child(step_name: str, step: Step, *args: str) -> subprocess.Popen:
     """The step in a process of its own (a worker), to be SIGKILLed."""
     return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.campaign.steps", step_name, json.dumps(asdict(step))],
+        [sys.executable, "-m", "benchmarks.campaign.steps", step_name, json.dumps(asdict(step)), *args],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -310,26 +310,31 @@ class Run:
             if killed_at is not None:
                 self.result.recover_s, killed_at = time.monotonic() - killed_at, None
 
+        budget_from = self.step.load_ledger().next_number()  # the budget's first attempt
         if fault == "sigkill-train":
-            process = child("train", self.step)
+            process = child("train", self.step, str(RESUMES))
             killed_at = sigkill_when(process, lambda: self.beats.step() >= FAULT_AT_STEP, 180)
             self.fault_at = time.time()
             self.result.notes.append(f"train killed at step {self.beats.step()}")
         first = 2 if fault == "sigkill-train" else 1  # the killed worker's try was the first
-        while not self.train_task(first, cleared, on_start):
-            # a Clear: its on_kill stops the Job; the setups run again, then train with fresh tries
-            GangCluster(self.step.kube()).stop(NAMESPACE, self.step.load_ledger().current.job)
+        while not self.train_task(first, budget_from, cleared, on_start):
+            # a Clear (its on_kill stopped the Job): the setups run again, then train with fresh tries
+            # and a fresh resume budget
             cleared.clear()
             self.step.nodes = gate(self.world)
             self.step.nodes = self.claim_task()
-            first = 1
+            first, budget_from = 1, self.step.load_ledger().next_number()
         cluster.server.faults.clear()  # a burst belongs to the train phase
 
-    def train_task(self, first: int, cleared: threading.Event, on_start: Callable[[], None]) -> bool:
-        """The train task's tries from ``first`` (retries=3, each a resume); False when a Clear came."""
+    def train_task(
+        self, first: int, budget_from: int, cleared: threading.Event, on_start: Callable[[], None]
+    ) -> bool:
+        """The train task's tries from ``first``, each with what is left of the resume budget that began at
+        attempt ``budget_from``; False when a Clear came."""
         for number in range(first, TRIES + 1):
+            used = max(0, len(self.step.load_ledger().attempts) - budget_from)
             try:
-                verdict = train_try(self.step, self.world.store, cleared, on_start=on_start)
+                verdict = train_try(self.step, self.world.store, RESUMES - used, cleared, on_start=on_start)
             except Exception as error:  # noqa: BLE001 - Airflow fails the try and retries it
                 self.result.notes.append(f"try {number} raised {type(error).__name__}: {error}"[:300])
                 continue
@@ -338,9 +343,10 @@ class Run:
             if verdict.decision is Decision.SUCCEEDED:
                 return True
             self.result.notes.append(f"try {number}: {verdict.message}"[:300])
-            if verdict.decision is Decision.FAIL:
-                raise RuntimeError(verdict.message)
-        raise RuntimeError(f"resumes exhausted: {self.result.notes[-1]}")
+            if verdict.decision is Decision.RETRY:  # the trigger resumes while the budget allows
+                raise RuntimeError(f"resumes exhausted: {verdict.message}")
+            raise RuntimeError(verdict.message)
+        raise RuntimeError(f"tries exhausted: {self.result.notes[-1]}")
 
     def inject_mid_train(self, cleared: threading.Event) -> None:
         try:

@@ -1,4 +1,5 @@
-"""The lifecycle's steps, Airflow-free, as the operators run them: claim, one try of ``train``, give back.
+"""The lifecycle's steps, Airflow-free, as the operators run them: claim, one try of ``train`` (with its
+trigger's resumes), give back.
 
 Each takes a ``Step`` (what an Airflow task would have from its context and connections: the
 cluster, the run key, the run's task state) so it runs the same in the campaign's process and in a
@@ -13,6 +14,7 @@ import contextlib
 import json
 import sys
 import threading
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -128,43 +130,57 @@ def _async_client(kubeconfig: str):
     return client
 
 
-async def _follow(follower: RunFollower, cleared: threading.Event) -> Outcome | None:
-    """The attempt's outcome, or None when ``cleared`` is set first (the trigger is killed)."""
-    followed = asyncio.ensure_future(follower.follow())
-    while not followed.done():
+async def _until_cleared(followed: Awaitable[Verdict], cleared: threading.Event) -> Verdict | None:
+    """``followed``'s verdict, or None when ``cleared`` is set first (the trigger is killed)."""
+    task = asyncio.ensure_future(followed)
+    while not task.done():
         if cleared.is_set():
-            followed.cancel()
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await followed
+                await task
             return None
-        await asyncio.wait([followed], timeout=0.1)
-    return followed.result()
+        await asyncio.wait([task], timeout=0.1)
+    return task.result()
 
 
 def train_try(
-    step: Step, store: CheckpointStore, cleared: threading.Event | None = None, on_start=lambda: None
+    step: Step,
+    store: CheckpointStore,
+    resumes_left: int,
+    cleared: threading.Event | None = None,
+    on_start=lambda: None,
 ) -> Verdict | None:
-    """GangTrainingOperator.execute (start), the trigger (follow), execute_complete (finish).
-    None when ``cleared`` stopped the follow (the Clear's on_kill stops the Job).
+    """GangTrainingOperator.execute (start), its trigger (follow, judge, resume ``resumes_left`` times),
+    execute_complete (the ledger saved).  None when ``cleared`` stopped the trigger first (the Clear's
+    on_kill stops the Job; the trigger's ledger is lost, as in Airflow).
     ``on_start()``: called once the attempt is submitted or reattached."""
     run = gang_run(step, store)
-    record, _ = run.start()
+    run.start()
     on_start()
-    config = FollowConfig(
-        "training",
-        record.job,
-        step.run_uri,
-        GANG,
-        hang=HANG,
-        start_timeout=60,
-        admission_timeout=120,
-        heartbeat_poll=0.2,
+    trigger = GangRun.from_dict(run.to_dict(), run.cluster, store)
+    client = _async_client(step.kubeconfig)
+
+    def follow_attempt(job: str) -> Awaitable[Outcome]:
+        config = FollowConfig(
+            "training",
+            job,
+            step.run_uri,
+            GANG,
+            hang=HANG,
+            start_timeout=60,
+            admission_timeout=120,
+            heartbeat_poll=0.2,
+        )
+        return RunFollower(config, trigger.cluster, client, store).follow()
+
+    verdict = asyncio.run(
+        _until_cleared(trigger.follow(follow_attempt, resumes_left), cleared or threading.Event())
     )
-    follower = RunFollower(config, GangCluster(step.kube()), _async_client(step.kubeconfig), store)
-    outcome = asyncio.run(_follow(follower, cleared or threading.Event()))
-    if outcome is None:
+    if verdict is None:
+        GangCluster(step.kube()).stop("training", trigger.ledger.current.job)  # the trigger's on_kill
         return None
-    return run.finish(outcome.to_dict())
+    step.save_ledger(trigger.ledger.to_dict())
+    return verdict
 
 
 def main(argv: list[str]) -> int:
@@ -172,7 +188,7 @@ def main(argv: list[str]) -> int:
     if name == "claim":
         claim_step(step)
     elif name == "train":
-        verdict = train_try(step, CheckpointStore())
+        verdict = train_try(step, CheckpointStore(), int(argv[2]))
         print(json.dumps(asdict(verdict), default=str))
         return 0 if verdict.decision is Decision.SUCCEEDED else 1
     elif name == "give_back":
