@@ -50,3 +50,12 @@ def test_resumes_made_in_one_try_by_the_trigger_count(max_resumes, expected):
 def test_a_clear_gives_a_fresh_budget(max_resumes, expected):
     # 4 attempts in tries 1-3; Clear sets max_tries = 3 + retries and its try (4) made attempt 5
     assert resumes_left(operator(max_resumes), max_tries=3 + 10, ledger=ledger(1, 1, 2, 3, 4)) == expected
+
+
+def test_the_ledger_records_when_each_attempt_began_and_when_its_end_was_seen():
+    ledger = RunLedger()
+    ledger.begin("job-1", None, None, None, 1)
+    ledger.end("infrastructure", "node lost", seen_at=123.0)
+    ledger.begin("job-2", None, None, None, 1)
+    first, second = RunLedger.from_dict(ledger.to_dict()).attempts
+    assert first.ended_at == 123.0 and first.began_at <= second.began_at and second.ended_at is None

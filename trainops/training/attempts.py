@@ -94,6 +94,7 @@ class RunLedger:
             resume_step,
             verified,
             try_number=try_number,
+            began_at=time.time(),
         )
         self.attempts.append(record)
         return record
