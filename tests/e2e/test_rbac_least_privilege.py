@@ -28,6 +28,10 @@ ONLY_WITH_INTEGRATIONS = {
     ("batch", "jobs", "delete"),
     ("", "services", "delete"),
 }
+# The evidence wait's watch on nodes (GangCluster.node_changes) runs only when a node reports its fault
+# after its pods failed: most XID runs here (the devcluster's probe round is 1 s), not every one.
+# tests/training/test_blame_evidence.py drives it on purpose.
+ONLY_WHEN_A_REPORT_LAGS = {("", "nodes", "watch")}
 
 
 def attributes_of(entry: dict) -> rbac.Attributes:
@@ -79,7 +83,9 @@ def test_no_call_is_denied_and_every_grant_is_used(audited):
     assert denied == [], f"calls of the package the API server refused: {denied}"
     requests = [attributes_of(e) for e in audited]
     used = {(a.group, a.resource_path, a.verb) for a in requests if a.resource_request}
-    unused = sorted({(g, r, v) for _, g, r, v in grants()} - used - ONLY_WITH_INTEGRATIONS)
+    unused = sorted(
+        {(g, r, v) for _, g, r, v in grants()} - used - ONLY_WITH_INTEGRATIONS - ONLY_WHEN_A_REPORT_LAGS
+    )
     assert unused == [], f"grants never used: {unused}"
 
 

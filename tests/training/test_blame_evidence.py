@@ -36,3 +36,73 @@ def test_a_cuda_error_in_the_users_output_quarantines_nothing_resumes_once_then_
     assert "unconfirmed fault (1 of 1 such retries)" in log
     assert "user code failed (no resume used)" in log
     assert task_state(dag_run, "give_back").state == "success"
+
+
+def test_a_node_that_reports_its_fault_after_the_pods_failed_is_blamed_once_it_does(cluster, api, s3, bucket):
+    """The pods died printing an XID, the node's probe reports it a round later: the judgement waits on a
+    watch of the nodes and blames the node when its report lands (not the user's code)."""
+    import sys
+    import threading
+
+    from tests.devcluster.ctrl_support import wait_for
+    from trainops.capacity.procedure import claim
+    from trainops.checkpoints.store import CheckpointStore
+    from trainops.kube.client import Kube
+    from trainops.training.attempts import RunLedger
+    from trainops.training.cluster import GangCluster
+    from trainops.training.follow import Outcome, Status
+    from trainops.training.runner import Decision, GangRun
+    from trainops.training.spec import TrainingSpec
+
+    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+    nodes = idle_nodes(api)[:2]
+    claim(kube, "dag/late-report", nodes, cluster_queue="training")
+    run_uri = f"s3://{bucket}/runs/late-report/"
+    spec = TrainingSpec(
+        image="devcluster.trainops.io/local",
+        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
+        args=["--steps", "400", "--step-seconds", "0.05"],
+        run_uri=run_uri,
+        nodes=2,
+        node_names=nodes,
+    )
+    cluster_calls = GangCluster(kube)
+    run = GangRun(
+        spec,
+        "dag",
+        "late-report",
+        cluster_calls,
+        CheckpointStore(),
+        RunLedger(),
+        lambda _: None,
+        evidence_wait_s=60,
+    )
+    record, _ = run.start()
+    pod = wait_for(lambda: running_pod(api, "1"), "a running pod")
+    culprit = pod["spec"]["nodeName"]
+    cluster.inject(
+        "crash-pod",
+        f"training/{pod['metadata']['name']}",
+        exit_code=1,
+        message="NVRM: Xid 79, GPU has fallen off the bus",
+    )
+    wait_for(
+        lambda: any(p["status"]["phase"] == "Failed" for p in cluster_calls.job_pods("training", record.job)),
+        "the pod failed",
+    )
+    late = threading.Timer(2.0, lambda: cluster.inject("xid", culprit, code=79))  # the probe's next round
+    late.start()
+
+    verdict = run.finish(
+        Outcome(
+            Status.FAILED, "a pod failed", record.job, cluster_calls.job_pods("training", record.job)
+        ).to_dict()
+    )
+
+    late.join()
+    assert verdict.decision is Decision.RETRY and "node fault" in verdict.message, verdict.message
+    assert run.ledger.excluded.keys() == {culprit}
+    assert node(api, culprit)["metadata"]["labels"][HEALTH_LABEL] == "quarantined"
+    assert not any(
+        HEALTH_LABEL in (node(api, n)["metadata"].get("labels") or {}) for n in nodes if n != culprit
+    )

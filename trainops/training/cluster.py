@@ -5,13 +5,15 @@ follower in the triggerer) runs them in a thread; only the watches are async (``
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import math
+import time
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from trainops.errors import TemporaryError
 from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, Kube
 from trainops.kube.nodes import json_of, read_node
-from trainops.kube.retry import Deadline, call
+from trainops.kube.retry import Backoff, Deadline, call
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL, finished
 from trainops.training.naming import run_key
 
@@ -210,8 +212,41 @@ class GangCluster:
         return dict(zip(names, results[: len(names)], strict=True)), tails
 
     def read_nodes(self, names: list[str]) -> dict[str, dict | None]:
-        """Each node by name (None for one that no longer exists)."""
-        return {name: self._node(name) for name in names}
+        """Each node by name, read concurrently (None for one that no longer exists)."""
+        with ThreadPoolExecutor(max_workers=max(1, min(MAX_CONCURRENT_READS, len(names)))) as pool:
+            return dict(zip(names, pool.map(self._node, names), strict=True))
+
+    def node_changes(self, names: list[str], until: float) -> Iterator[dict[str, dict | None]]:
+        """The nodes ``names`` now, then again each time one of them changes, until ``until``
+        (``time.monotonic()``): one watch on nodes, filtered here (a field selector takes one name),
+        from a version taken before the reads, so no change is missed; a broken watch (410 Gone, a
+        dropped connection) starts over the same way."""
+        from kubernetes import watch
+
+        backoff = Backoff(base=0.2, cap=5.0)
+        while time.monotonic() < until:
+            version = self._call(lambda: self.core.list_node(limit=1).metadata.resource_version, "list nodes")
+            nodes = self.read_nodes(names)
+            yield dict(nodes)
+            stream = watch.Watch()
+            try:
+                for event in stream.stream(
+                    self.core.list_node,
+                    resource_version=version,
+                    timeout_seconds=max(1, math.ceil(until - time.monotonic())),
+                ):
+                    node = event["raw_object"]
+                    name = node["metadata"]["name"]
+                    if name in nodes and event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        nodes[name] = None if event["type"] == "DELETED" else node
+                        yield dict(nodes)
+                    if time.monotonic() >= until:
+                        return
+            except Exception as error:  # noqa: BLE001 - the watch broke: read the nodes again, watch again
+                log.info("the watch on nodes broke (%s); reading them again", error)
+                time.sleep(backoff.next())
+            finally:
+                stream.stop()
 
     def _node(self, name: str) -> dict | None:
         return self._call(lambda: read_node(self.core, name), f"read node {name}", unless=MISSING)

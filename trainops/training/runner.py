@@ -27,7 +27,6 @@ from enum import StrEnum
 
 from trainops.checkpoints.owner import claim_run_path
 from trainops.checkpoints.store import CheckpointStore
-from trainops.kube.retry import Backoff
 from trainops.training import follow
 from trainops.training.attempts import AttemptRecord, Phase, RunLedger
 from trainops.training.blame import quarantine_node
@@ -46,9 +45,6 @@ from trainops.training.naming import job_name
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
 
 log = logging.getLogger(__name__)
-# The evidence wait reads every node of the attempt per poll; the node probe publishes once a round
-# (60 s in deploy/node-probe.yaml), so polls at most this far apart cost little latency and few reads.
-EVIDENCE_POLL_S = 10.0
 
 
 class Decision(StrEnum):
@@ -387,19 +383,17 @@ class GangRun:
     def _await_node_evidence(
         self, failure: Failure, outcome: follow.Outcome, nodes: dict[str, dict | None], logs: dict[str, str]
     ) -> tuple[Failure, dict[str, dict | None]]:
-        """When the pods printed GPU or NCCL errors but no node confirms one, ask the nodes again for up
-        to ``evidence_wait_s``: the node probe reports a real fault within its interval."""
+        """When the pods printed GPU or NCCL errors but no node confirms one, watch the nodes for up to
+        ``evidence_wait_s``: the node probe reports a real fault within its interval, and the watch
+        judges the moment it does."""
         if failure.kind is not FailureKind.USER_CODE or not failure.hints or self.evidence_wait_s <= 0:
             return failure, nodes
         self.log.info(
             "the pods printed GPU/NCCL errors; waiting up to %gs for the nodes' own health reports",
             self.evidence_wait_s,
         )
-        until, backoff = time.monotonic() + self.evidence_wait_s, Backoff(base=0.1, cap=EVIDENCE_POLL_S)
-        while time.monotonic() < until:
-            # soon at first (a probe that saw the fault may have published already), then less often
-            time.sleep(min(backoff.next(), max(0.0, until - time.monotonic())))
-            nodes = self.cluster.read_nodes(sorted(nodes))
+        names, until = sorted(nodes), time.monotonic() + self.evidence_wait_s
+        for nodes in self.cluster.node_changes(names, until):  # noqa: B020 - the latest reading of the same nodes
             failure = classify(outcome.pods, nodes, logs, container=CONTAINER_NAME)
             if failure.kind is not FailureKind.USER_CODE:
                 break
