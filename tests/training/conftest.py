@@ -85,3 +85,26 @@ def when(condition, action, name="fault") -> threading.Thread:
     thread.result = done
     thread.start()
     return thread
+
+
+def claimed_run(cluster, api, bucket: str, run_id: str, args: list[str], claimed: int = 2):
+    """Claim ``claimed`` idle nodes for the DAG run ``dag/<run_id>``; returns a ``Kube`` and the demo
+    trainer's two-node ``TrainingSpec`` on those nodes, under ``s3://<bucket>/runs/<run_id>/``."""
+    import sys
+
+    from trainops.capacity.procedure import claim
+    from trainops.kube.client import Kube
+    from trainops.training.spec import TrainingSpec
+
+    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+    nodes = idle_nodes(api)[:claimed]
+    claim(kube, f"dag/{run_id}", nodes, cluster_queue="training")
+    spec = TrainingSpec(
+        image="devcluster.trainops.io/local",
+        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
+        args=args,
+        run_uri=f"s3://{bucket}/runs/{run_id}/",
+        nodes=2,
+        node_names=nodes,
+    )
+    return kube, spec

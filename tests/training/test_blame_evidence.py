@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.training.conftest import heartbeat_step, idle_nodes, jobs, node, when
+from tests.training.conftest import claimed_run, heartbeat_step, idle_nodes, jobs, node, when
 from tests.training.test_gang_e2e import conf, running_pod, task_state
 from trainops.conventions import HEALTH_LABEL
 
@@ -41,31 +41,19 @@ def test_a_cuda_error_in_the_users_output_quarantines_nothing_resumes_once_then_
 def test_a_node_that_reports_its_fault_after_the_pods_failed_is_blamed_once_it_does(cluster, api, s3, bucket):
     """The pods died printing an XID, the node's probe reports it a round later: the judgement waits on a
     watch of the nodes and blames the node when its report lands (not the user's code)."""
-    import sys
     import threading
 
     from tests.devcluster.ctrl_support import wait_for
-    from trainops.capacity.procedure import claim
     from trainops.checkpoints.store import CheckpointStore
-    from trainops.kube.client import Kube
     from trainops.training.attempts import RunLedger
     from trainops.training.cluster import GangCluster
     from trainops.training.follow import Outcome, Status
     from trainops.training.runner import Decision, GangRun
-    from trainops.training.spec import TrainingSpec
 
-    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
-    nodes = idle_nodes(api)[:2]
-    claim(kube, "dag/late-report", nodes, cluster_queue="training")
-    run_uri = f"s3://{bucket}/runs/late-report/"
-    spec = TrainingSpec(
-        image="devcluster.trainops.io/local",
-        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
-        args=["--steps", "400", "--step-seconds", "0.05"],
-        run_uri=run_uri,
-        nodes=2,
-        node_names=nodes,
+    kube, spec = claimed_run(
+        cluster, api, bucket, "late-report", ["--steps", "400", "--step-seconds", "0.05"]
     )
+    nodes = list(spec.node_names)
     cluster_calls = GangCluster(kube)
     run = GangRun(
         spec,

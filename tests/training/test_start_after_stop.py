@@ -6,34 +6,20 @@ stopped Job happened to be marked Failed."""
 
 from __future__ import annotations
 
-import sys
-
 from tests.devcluster.ctrl_support import wait_for
-from tests.training.conftest import idle_nodes
-from trainops.capacity.procedure import claim, give_back
+from tests.training.conftest import claimed_run
+from trainops.capacity.procedure import give_back
 from trainops.checkpoints.store import CheckpointStore
-from trainops.kube.client import Kube
 from trainops.training.attempts import RunLedger
 from trainops.training.cluster import GangCluster
 from trainops.training.failures import FailureKind
 from trainops.training.runner import GangRun
-from trainops.training.spec import TrainingSpec
 
 ARGS = ["--steps", "400", "--checkpoint-every", "20", "--step-seconds", "0.02"]
 
 
 def test_a_try_after_the_attempt_was_stopped_submits_a_new_attempt(cluster, api, s3, bucket):
-    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
-    nodes = idle_nodes(api)[:2]
-    claim(kube, "dag/clear", nodes, cluster_queue="training")
-    spec = TrainingSpec(
-        image="devcluster.trainops.io/local",
-        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
-        args=ARGS,
-        run_uri=f"s3://{bucket}/runs/clear/",
-        nodes=2,
-        node_names=nodes,
-    )
+    kube, spec = claimed_run(cluster, api, bucket, "clear", ARGS)
     state: dict = {}
 
     def a_try() -> GangRun:  # each try reads the ledger the previous one saved, as the task state store
@@ -67,17 +53,7 @@ def test_a_try_after_a_clear_killed_a_trigger_that_had_resumed_starts_past_its_a
     """The trigger resumed (attempt 2) and was killed by a Clear before its event: the task state store
     still names attempt 1.  The next try finds attempt 2 by its Job, sees it stopped, and starts attempt 3,
     instead of taking the stopped Job 2 for a new attempt and failing the run."""
-    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
-    nodes = idle_nodes(api)[:2]
-    claim(kube, "dag/clear2", nodes, cluster_queue="training")
-    spec = TrainingSpec(
-        image="devcluster.trainops.io/local",
-        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
-        args=ARGS,
-        run_uri=f"s3://{bucket}/runs/clear2/",
-        nodes=2,
-        node_names=nodes,
-    )
+    kube, spec = claimed_run(cluster, api, bucket, "clear2", ARGS)
     state: dict = {}
     run = GangRun(
         spec,

@@ -5,24 +5,21 @@ first one began instead of submitting another, and follows the run to its end.""
 from __future__ import annotations
 
 import asyncio
-import sys
 
 import pytest
 from trainops.triggers.training import GangRunTrigger
 
 from tests.devcluster.ctrl_support import wait_for
-from tests.training.conftest import heartbeat_step, idle_nodes, jobs, node
+from tests.training.conftest import claimed_run, heartbeat_step, jobs, node
 from tests.training.test_gang_e2e import running_pod
-from trainops.capacity.procedure import claim, give_back
+from trainops.capacity.procedure import give_back
 from trainops.checkpoints.store import CheckpointStore
 from trainops.conventions import HEALTH_LABEL
-from trainops.kube.client import Kube
 from trainops.training.attempts import RunLedger
 from trainops.training.cluster import GangCluster
 from trainops.training.follow import FollowConfig
 from trainops.training.progress import HangPolicy
 from trainops.training.runner import GangRun
-from trainops.training.spec import TrainingSpec
 
 ARGS = ["--steps", "120", "--checkpoint-every", "20", "--step-seconds", "0.05", "--heartbeat-every", "5"]
 
@@ -34,18 +31,8 @@ def attempts_of(api) -> list[str]:
 @pytest.mark.parametrize("fault", ["xid", "hang"])
 def test_a_trigger_restarted_after_it_resumed_finds_the_attempt_it_began(cluster, api, s3, bucket, fault):
     """xid: attempt 1's Job failed; hang: the trigger stopped it (Workload deactivated, the Job not failed)."""
-    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
-    nodes = idle_nodes(api)[:3]  # a gang of 2 and a spare
-    claim(kube, "dag/restart", nodes, cluster_queue="training")
-    run_uri = f"s3://{bucket}/runs/restart/"
-    spec = TrainingSpec(
-        image="devcluster.trainops.io/local",
-        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
-        args=ARGS,
-        run_uri=run_uri,
-        nodes=2,
-        node_names=nodes,
-    )
+    kube, spec = claimed_run(cluster, api, bucket, "restart", ARGS, claimed=3)  # a gang of 2 and a spare
+    run_uri = spec.run_path
     run = GangRun(
         spec,
         "dag",
