@@ -30,7 +30,7 @@ from trainops.checkpoints.formats.manifest import COMMITTED_FILE
 from trainops.checkpoints.helper import SHOWN
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
-from trainops.training.job import EXCLUDED_ANNOTATION, condition
+from trainops.training.job import ATTEMPT_LABEL, EXCLUDED_ANNOTATION, RESUME_ANNOTATION, condition, finished
 
 MAX_COMMITS = 200  # the newest checkpoints plotted; older ones are counted, not read
 COMMIT_READERS = 16  # concurrent one-key listings of _COMMITTED
@@ -100,11 +100,36 @@ def _kept_out(job: Mapping) -> set[str]:
     return {name for name in str(value).split(",") if name}
 
 
+def _attempt_number(job: Mapping) -> int | None:
+    value = ((job.get("metadata") or {}).get("labels") or {}).get(ATTEMPT_LABEL)
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
+def _unrecorded(ledger_attempts: list[Mapping], jobs: list[Mapping]) -> list[dict[str, Any]]:
+    """Attempts that have a Job but no ledger entry yet: begun by the trigger, which hands the ledger
+    back when the run ends (how they ended is then known; here only what their Jobs say)."""
+    rows = []
+    for job in sorted(jobs, key=lambda j: _attempt_number(j) or 0):
+        if (number := _attempt_number(job) or 0) > len(ledger_attempts):
+            meta = job.get("metadata") or {}
+            resumed = str((meta.get("annotations") or {}).get(RESUME_ANNOTATION) or "").rstrip("/")
+            rows.append(
+                {
+                    "number": number,
+                    "job": meta.get("name"),
+                    "resume_step": step_from_name(resumed.rpartition("/")[2]),
+                }
+            )
+    return rows
+
+
 def attempt_times(ledger: Mapping, jobs: list[Mapping] | None) -> list[dict[str, Any]]:
-    """One entry per attempt of the ledger: when it started and ended (its Job's times; None when the
-    Job is gone or was not read), where it resumed from, how it ended and its culprits (None: unknown)."""
+    """One entry per attempt of the ledger, and per attempt the trigger began since (from its Job): when
+    it started and ended (its Job's times; None when the Job is gone or was not read), where it resumed
+    from, how it ended and its culprits (None: unknown)."""
     by_name = {(j.get("metadata") or {}).get("name"): j for j in jobs or []}
-    attempts = ledger.get("attempts") or []
+    attempts = list(ledger.get("attempts") or [])
+    attempts += _unrecorded(attempts, jobs or [])
     found = [by_name.get(a.get("job")) for a in attempts]
     # the nodes kept out of each attempt, and after the last one (the ledger's own list)
     kept_out = [_kept_out(job) if job is not None else None for job in found] + [
@@ -112,7 +137,7 @@ def attempt_times(ledger: Mapping, jobs: list[Mapping] | None) -> list[dict[str,
     ]
     rows = []
     for index, (attempt, job) in enumerate(zip(attempts, found, strict=True)):
-        ended = attempt.get("phase") == "ended"
+        ended = attempt.get("phase") == "ended" or (job is not None and finished(job))
         before, after = kept_out[index], kept_out[index + 1]
         rows.append(
             {

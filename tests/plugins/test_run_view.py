@@ -43,7 +43,7 @@ def test_the_run_view_answers_where_the_run_resumed_from_and_why(
     assert view["published_checkpoint"]["step"] == 60
     claimed, returned = view["capacity"]["claimed"], view["capacity"]["returned"]
     assert len(claimed["node_names"]) == 3 and set(returned["node_names"]) == set(claimed["node_names"])
-    assert view["tasks"]["train"]["state"] == "success" and view["tasks"]["train"]["try_number"] == 2
+    assert view["tasks"]["train"]["state"] == "success" and view["tasks"]["train"]["try_number"] == 1
 
     progress = view["progress"]
     assert progress["errors"] == {"heartbeat": None, "commits": None, "attempts": None}
@@ -106,8 +106,20 @@ def test_the_run_view_answers_where_the_run_resumed_from_and_why(
         assert answer.status_code == 200, answer.text
         return answer.json()
 
+    # Mid-run the task state holds the ledger as the task deferred (attempt 1 live); the attempt its
+    # trigger began since is shown from its Job.
+    as_deferred = {
+        "attempts": [first | {"phase": "submitted", "kind": None, "ended": None}],
+        "excluded": {},
+        "preemptions": 0,
+    }
+    mid_run = with_ledger(json.dumps(as_deferred))["progress"]["attempts"]
+    assert [(a["number"], a["job"]) for a in mid_run] == [(1, crashed["job"]), (2, resumed["job"])]
+    assert mid_run[1]["resume_step"] == second["resume_step"] and mid_run[1]["kind"] is None
+
     oversized = with_ledger(json.dumps({"attempts": [], "pad": "x" * (4 << 20)}))
-    assert oversized["ledger"]["attempts"] == [] and oversized["progress"]["attempts"] == []
+    assert oversized["ledger"]["attempts"] == []
+    assert [a["number"] for a in oversized["progress"]["attempts"]] == [1, 2]  # from the Jobs alone
     assert "over the 4194304-character limit" in oversized["ledger"]["error"]
     assert oversized["checkpoints"] == view["checkpoints"] and oversized["progress"]["commits"] == commits
     malformed = with_ledger(json.dumps({"attempts": [{"number": 1, "phase": "exploded"}]}))
