@@ -1,8 +1,8 @@
 """``PrometheusHook``: the fleet's dcgm-exporter metrics through Prometheus, from a ``trainops_prometheus`` connection.
 
 The connection type has its own form in the Airflow UI (declared in ``trainops.provider``): the
-Prometheus URL, basic auth, extra HTTP headers as JSON (e.g. a bearer token), TLS verification and
-a query timeout.  The http provider's ``HttpHook`` reads it into a ``requests`` session; this hook
+Prometheus URL, basic auth, extra HTTP headers as JSON (e.g. a bearer token), TLS verification, a
+query timeout and the label that names the node in dcgm-exporter's series.  The http provider's ``HttpHook`` reads it into a ``requests`` session; this hook
 hands that session to the Airflow-free :class:`~trainops.health.prometheus.PrometheusClient`,
 which the health gate queries.
 """
@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from airflow.providers.http.hooks.http import HttpHook
 
-from trainops.health.prometheus import PrometheusClient
+from trainops.health.prometheus import DEFAULT_NODE_LABEL, PrometheusClient
 
 DEFAULT_TIMEOUT_S = 30.0
+NODE_LABEL_FIELD = "node_label"  # the connection's extra field; not an HTTP header
 
 
 class PrometheusHook(HttpHook):
@@ -35,5 +36,7 @@ class PrometheusHook(HttpHook):
     def client(self) -> PrometheusClient:
         """A query client on the connection's base URL, with its authentication, headers and TLS settings."""
         session = self.get_conn()
+        session.headers.pop(NODE_LABEL_FIELD, None)  # HttpHook sends unknown extra fields as headers
         timeout = self.timeout_s or self.merged_extra.get("timeout") or DEFAULT_TIMEOUT_S
-        return PrometheusClient(self.base_url, session=session, timeout=float(timeout))
+        node_label = self.merged_extra.get(NODE_LABEL_FIELD) or DEFAULT_NODE_LABEL
+        return PrometheusClient(self.base_url, session=session, timeout=float(timeout), node_label=node_label)

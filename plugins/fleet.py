@@ -30,7 +30,6 @@ from trainops.kube.retry import Deadline
 LIST_DEADLINE_S = 60.0
 # dcgm-exporter's profiling metric: the fraction of cycles the GPU's tensor pipes were busy
 TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
-NODE_LABEL = "Hostname"  # dcgm-exporter's node label, as the health gate keys its series
 
 
 def tensor_activity(prometheus: PrometheusClient) -> dict[str, float]:
@@ -38,9 +37,10 @@ def tensor_activity(prometheus: PrometheusClient) -> dict[str, float]:
     Prometheus answers only for nodes with a sample in its lookback window; a value that is not a
     finite number is left out like a missing one."""
     activity = {}
-    for item in prometheus.query(f"avg by ({NODE_LABEL}) ({TENSOR_ACTIVE})"):
+    label = prometheus.node_label  # as the health gate keys its series
+    for item in prometheus.query(f"avg by ({label}) ({TENSOR_ACTIVE})"):
         try:
-            node, value = item["metric"][NODE_LABEL], float(item["value"][1])
+            node, value = item["metric"][label], float(item["value"][1])
         except (KeyError, IndexError, TypeError, ValueError):
             continue
         if math.isfinite(value):

@@ -73,6 +73,12 @@ PROMETHEUS_CONNECTION = {
             "description": "Seconds each PromQL query may take (default 30).",
             "schema": {"type": ["number", "null"], "exclusiveMinimum": 0},
         },
+        "node_label": {
+            "label": "Node label",
+            "description": "The label naming the Kubernetes node in dcgm-exporter's series (default Hostname, "
+            "which dcgm-exporter fills from NODE_NAME; e.g. node where Prometheus relabels it).",
+            "schema": {"type": ["string", "null"], "pattern": "^[a-zA-Z_][a-zA-Z0-9_]*$"},
+        },
     },
 }
 

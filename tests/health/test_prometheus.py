@@ -61,6 +61,20 @@ def test_healthy_fleet_in_a_fixed_number_of_queries(start_fleet):
     assert gpu["nvlink_replay_per_min"].value == 0.0 and gpu["row_remap_failure"].value is False
 
 
+def test_the_node_label_names_which_label_keys_the_reports(start_fleet):
+    """dcgm-exporter's Hostname is the node's name only where NODE_NAME is set; a Prometheus that relabels
+    the node's name (here the scrape target's ``node`` label, as from ``__meta_kubernetes_pod_node_name``)
+    is read through that label, and a label that is not the node's name finds none of the nodes."""
+    cluster = start_fleet()
+    cluster.inject("xid", "gpu-node-001", code=79, gpu=3)
+    cluster.wait_until_scraped()
+
+    relabeled = fleet_reports(PrometheusClient(cluster.prometheus_url, node_label="node"), NODES)
+    assert sorted(relabeled) == NODES and relabeled["gpu-node-001"].gpus["3"]["xid_events"].value == [79]
+    by_instance = fleet_reports(PrometheusClient(cluster.prometheus_url, node_label="instance"), NODES)
+    assert all(not by_instance[node].gpus for node in NODES)  # keyed "gpu-node-000:9400": no node matched
+
+
 def test_faults_show_up_per_node(start_fleet):
     cluster = start_fleet()
     cluster.inject("xid", "gpu-node-001", code=79, gpu=3)

@@ -68,7 +68,11 @@ def test_airflow_lists_the_prometheus_connection_type_its_form_fields_and_the_tr
     assert hooks["trainops_prometheus"]["class"] == "trainops.hooks.prometheus.PrometheusHook"
     assert hooks["trainops_prometheus"]["hook_name"] == "Prometheus (trainops)"
     widgets = {w["connection_parameter_name"] for w in airflow_cli("widgets")}
-    assert {"extra__trainops_prometheus__verify", "extra__trainops_prometheus__timeout"} <= widgets
+    assert {
+        "extra__trainops_prometheus__verify",
+        "extra__trainops_prometheus__timeout",
+        "extra__trainops_prometheus__node_label",
+    } <= widgets
     assert {"field_behaviours": "trainops_prometheus"} in airflow_cli("behaviours")
     triggers = {
         t["class"] for t in airflow_cli("triggers") if t["package_name"] == "airflow-provider-trainops"
@@ -103,7 +107,7 @@ def test_a_trainops_prometheus_connection_reaches_prometheus_with_its_auth_heade
             "host": f"http://127.0.0.1:{server.server_port}",
             "login": "gate",
             "password": "s3cret",
-            "extra": {"X-Scope-OrgID": "team-a", "timeout": 7, "verify": True},
+            "extra": {"X-Scope-OrgID": "team-a", "timeout": 7, "verify": True, "node_label": "node"},
         }
         monkeypatch.setenv("AIRFLOW_CONN_FLEET_METRICS", json.dumps(connection))
         client = PrometheusHook("fleet_metrics").client()
@@ -113,6 +117,6 @@ def test_a_trainops_prometheus_connection_reaches_prometheus_with_its_auth_heade
     headers = _Prometheus.seen[-1]
     assert headers["Authorization"] == "Basic " + base64.b64encode(b"gate:s3cret").decode()
     assert headers["X-Scope-OrgID"] == "team-a"
-    assert "timeout" not in headers and "verify" not in headers
-    assert client.timeout == 7.0
+    assert "timeout" not in headers and "verify" not in headers and "node_label" not in headers
+    assert client.timeout == 7.0 and client.node_label == "node"
     assert PrometheusHook("fleet_metrics", timeout_s=2.5).client().timeout == 2.5

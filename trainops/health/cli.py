@@ -23,7 +23,7 @@ from trainops.health.ib_reader import SysfsIbReader
 from trainops.health.nvml_reader import NvmlReader, load_pynvml
 from trainops.health.policy import evaluate, load_policy
 from trainops.health.probe import NODE_HEARTBEAT_S, REPORT_HEARTBEAT_S, Publisher, collect_report, publish
-from trainops.health.prometheus import PrometheusClient
+from trainops.health.prometheus import DEFAULT_NODE_LABEL, PrometheusClient
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.health.report import HealthReport
 from trainops.health.stragglers import UNKNOWN_SPEED
@@ -161,6 +161,12 @@ def _register_health(subparsers: Any) -> None:
         sub.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube)")
         sub.add_argument("--prometheus", metavar="URL", help="Prometheus base URL with dcgm-exporter metrics")
         sub.add_argument(
+            "--prometheus-node-label",
+            default=DEFAULT_NODE_LABEL,
+            metavar="LABEL",
+            help=f"the label naming the node in dcgm-exporter's series (default {DEFAULT_NODE_LABEL})",
+        )
+        sub.add_argument(
             "--prometheus-optional",
             action="store_true",
             help="if Prometheus is unreachable, use the node probe's reports alone (default: fail)",
@@ -197,7 +203,9 @@ def _on_unavailable(args: argparse.Namespace) -> str:
 
 
 def _prometheus(args: argparse.Namespace) -> PrometheusClient | None:
-    return PrometheusClient(args.prometheus) if args.prometheus else None
+    return (
+        PrometheusClient(args.prometheus, node_label=args.prometheus_node_label) if args.prometheus else None
+    )
 
 
 def run_health_gate(args: argparse.Namespace) -> int:

@@ -1,8 +1,8 @@
 """Fleet-wide GPU signals from dcgm-exporter metrics through the Prometheus HTTP API.
 
 A fixed number of instant queries covers the whole fleet (never one per node): one per metric,
-one for the sample timestamps (freshness) and one ``increase()`` per error counter. Series are keyed by the exporter's ``Hostname`` and ``gpu``
-labels. A node whose newest sample is older than ``max_age_s``, or that has no series at all,
+one for the sample timestamps (freshness) and one ``increase()`` per error counter. Series are keyed
+by the client's ``node_label`` and ``gpu`` labels. A node whose newest sample is older than ``max_age_s``, or that has no series at all,
 gets a report that knows nothing; a metric missing for a GPU makes that signal unknown.
 
 Enable the non-default counters in dcgm-exporter's CSV (ECC, row-remap pending, NVLink errors,
@@ -55,15 +55,26 @@ class PrometheusError(TemporaryError):
     """Prometheus could not be reached or refused a query."""
 
 
-class PrometheusClient:
-    """Instant queries against ``<base_url>/api/v1/query`` with a ``requests`` session."""
+DEFAULT_NODE_LABEL = "Hostname"
 
-    def __init__(self, base_url: str, session: Any = None, timeout: float = 30.0):
+
+class PrometheusClient:
+    """Instant queries against ``<base_url>/api/v1/query`` with a ``requests`` session.
+
+    ``node_label``: the label that names the Kubernetes node in dcgm-exporter's series.  dcgm-exporter
+    fills ``Hostname`` from its ``NODE_NAME`` variable, which the GPU Operator and its Helm chart set to
+    the node's name (without it, or before dcgm-exporter 3.1.6, ``Hostname`` is the exporter *pod*'s
+    name, unless it runs with hostNetwork).  A Prometheus that relabels the node's name into a label of
+    its own (e.g. ``node`` from ``__meta_kubernetes_pod_node_name``) names that one here."""
+
+    def __init__(
+        self, base_url: str, session: Any = None, timeout: float = 30.0, node_label: str = DEFAULT_NODE_LABEL
+    ):
         import requests
 
         self.base_url = base_url.rstrip("/")
         self.session = session or requests.Session()
-        self.timeout = timeout
+        self.timeout, self.node_label = timeout, node_label
 
     def query(self, promql: str, at: float | None = None) -> list[dict[str, Any]]:
         """The result vector of an instant query; raises PrometheusError with the cause."""
@@ -96,10 +107,9 @@ def fleet_reports(
     now: float | None = None,
     max_age_s: float = 120.0,
     rate_window_s: int = 300,
-    node_label: str = "Hostname",
 ) -> dict[str, HealthReport]:
     """One report per node seen in Prometheus, plus an empty one for each of ``nodes`` not seen."""
-    now = time.time() if now is None else now
+    now, node_label = time.time() if now is None else now, client.node_label
 
     def ask(expr: str, labels: str = "") -> list[dict[str, Any]]:
         # Only the labels the reports need: a dcgm-exporter series carries ten (UUID, modelName,
