@@ -36,7 +36,7 @@ class PrometheusHook(HttpHook):
     def client(self) -> PrometheusClient:
         """A query client on the connection's base URL, with its authentication, headers and TLS settings."""
         session = self.get_conn()
-        session.headers.pop(NODE_LABEL_FIELD, None)  # HttpHook sends unknown extra fields as headers
+        # HttpHook makes every extra field it does not know an HTTP header: take this one back out
+        node_label = session.headers.pop(NODE_LABEL_FIELD, None) or DEFAULT_NODE_LABEL
         timeout = self.timeout_s or self.merged_extra.get("timeout") or DEFAULT_TIMEOUT_S
-        node_label = self.merged_extra.get(NODE_LABEL_FIELD) or DEFAULT_NODE_LABEL
         return PrometheusClient(self.base_url, session=session, timeout=float(timeout), node_label=node_label)
