@@ -6,6 +6,8 @@ stopped Job happened to be marked Failed."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.devcluster.ctrl_support import wait_for
 from tests.training.conftest import claimed_run
 from trainops.capacity.procedure import give_back
@@ -91,3 +93,42 @@ def test_a_try_after_a_clear_killed_a_trigger_that_had_resumed_starts_past_its_a
     assert [a.job for a in ledger.attempts[:2]] == [first.job, resumed.job]
     assert ledger.attempts[1].kind == FailureKind.STOPPED
     GangCluster(kube).stop("training", third.job)
+
+
+def test_a_try_after_its_worker_died_fails_on_a_user_code_failure_it_finds_without_resuming(
+    cluster, api, s3, bucket
+):
+    """The worker died after submitting; the trainer then failed on its own (exit 1, nothing on the nodes).
+    The next try judges it as the trigger would have: the user's code, no resume, no second Job."""
+    from tests.training.conftest import jobs
+    from tests.training.test_gang_e2e import running_pod
+    from trainops.errors import PermanentError
+
+    kube, spec = claimed_run(cluster, api, bucket, "died", ARGS)
+    state: dict = {}
+
+    def a_try() -> GangRun:
+        ledger = RunLedger.from_dict(state.get("ledger"))
+        return GangRun(
+            spec,
+            "dag",
+            "died",
+            GangCluster(kube),
+            CheckpointStore(),
+            ledger,
+            lambda d: state.update(ledger=d),
+        )
+
+    first, _ = a_try().start()
+    pod = wait_for(lambda: running_pod(api, "1"), "attempt 1 running")
+    cluster.inject(
+        "crash-pod", f"training/{pod['metadata']['name']}", exit_code=1, message="ValueError: bad batch"
+    )
+    wait_for(
+        lambda: GangCluster(kube).read_job("training", first.job)["status"].get("failed"), "Job 1 failed"
+    )
+
+    with pytest.raises(PermanentError, match="exited with code 1"):
+        a_try().start()
+    assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]
+    assert RunLedger.from_dict(state["ledger"]).attempts[0].kind == FailureKind.USER_CODE

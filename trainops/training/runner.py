@@ -27,6 +27,7 @@ from enum import StrEnum
 
 from trainops.checkpoints.owner import claim_run_path
 from trainops.checkpoints.store import CheckpointStore
+from trainops.errors import PermanentError
 from trainops.training import follow
 from trainops.training.attempts import AttemptRecord, Phase, RunLedger
 from trainops.training.blame import quarantine_node
@@ -174,7 +175,8 @@ class GangRun:
 
     # ---- start -------------------------------------------------------------------------
     def start(self) -> tuple[AttemptRecord, bool]:
-        """Reattach or submit; returns the attempt and whether this try reattached."""
+        """Reattach or submit; returns the attempt and whether this try reattached.  An attempt that failed
+        while no try watched is judged first: ``PermanentError`` when that calls for no resume."""
         if claim_run_path(self.store, self.spec.run_path, f"{self.dag_id}/{self.run_id}"):
             self.log.info("run path %s now belongs to this DAG run", self.spec.run_path)
         self.catch_up()
@@ -218,7 +220,10 @@ class GangRun:
                 self.save()
                 return live, True
             else:
-                self._judge_unwatched("failed while no try was watching")
+                verdict = self._judge_unwatched("failed while no try was watching")
+                self.save()
+                if verdict.decision is not Decision.RETRY:  # the user's code, say: no resume
+                    raise PermanentError(verdict.message)
             self.save()
         return self.new_attempt(), False
 
