@@ -20,21 +20,30 @@ from trainops.training.runner import GangRun
 ARGS = ["--steps", "400", "--checkpoint-every", "20", "--step-seconds", "0.02"]
 
 
-def test_a_try_after_the_attempt_was_stopped_submits_a_new_attempt(cluster, api, s3, bucket):
-    kube, spec = claimed_run(cluster, api, bucket, "clear", ARGS)
-    state: dict = {}
+def tries(kube, spec, run_id: str, state: dict):
+    """``a_try(try_number)``: the run's ``GangRun`` for one try, which reads the ledger the previous try
+    saved in ``state`` (as Airflow's task state store) and saves its own there."""
 
-    def a_try() -> GangRun:  # each try reads the ledger the previous one saved, as the task state store
+    def a_try(try_number: int = 1) -> GangRun:
         ledger = RunLedger.from_dict(state.get("ledger"))
         return GangRun(
             spec,
             "dag",
-            "clear",
+            run_id,
             GangCluster(kube),
             CheckpointStore(),
             ledger,
             lambda d: state.update(ledger=d),
+            try_number=try_number,
         )
+
+    return a_try
+
+
+def test_a_try_after_the_attempt_was_stopped_submits_a_new_attempt(cluster, api, s3, bucket):
+    kube, spec = claimed_run(cluster, api, bucket, "clear", ARGS)
+    state: dict = {}
+    a_try = tries(kube, spec, "clear", state)
 
     first, _ = a_try().start()
     wait_for(lambda: GangCluster(kube).job_pods("training", first.job), "the attempt's pods")
@@ -57,15 +66,8 @@ def test_a_try_after_a_clear_killed_a_trigger_that_had_resumed_starts_past_its_a
     instead of taking the stopped Job 2 for a new attempt and failing the run."""
     kube, spec = claimed_run(cluster, api, bucket, "clear2", ARGS)
     state: dict = {}
-    run = GangRun(
-        spec,
-        "dag",
-        "clear2",
-        GangCluster(kube),
-        CheckpointStore(),
-        RunLedger(),
-        lambda d: state.update(ledger=d),
-    )
+    a_try = tries(kube, spec, "clear2", state)
+    run = a_try()
     first, _ = run.start()
     trigger = GangRun.from_dict(
         run.to_dict(), GangCluster(kube), CheckpointStore()
@@ -76,17 +78,7 @@ def test_a_try_after_a_clear_killed_a_trigger_that_had_resumed_starts_past_its_a
     wait_for(lambda: GangCluster(kube).job_pods("training", resumed.job), "attempt 2's pods")
     GangCluster(kube).stop("training", resumed.job)  # the Clear's on_kill
 
-    after_clear = GangRun(
-        spec,
-        "dag",
-        "clear2",
-        GangCluster(kube),
-        CheckpointStore(),
-        RunLedger.from_dict(state["ledger"]),
-        lambda d: state.update(ledger=d),
-        try_number=2,
-    )
-    third, reattached = after_clear.start()
+    third, reattached = a_try(try_number=2).start()
 
     assert not reattached and third.number == 3
     ledger = RunLedger.from_dict(state["ledger"])
@@ -106,18 +98,7 @@ def test_a_try_after_its_worker_died_fails_on_a_user_code_failure_it_finds_witho
 
     kube, spec = claimed_run(cluster, api, bucket, "died", ARGS)
     state: dict = {}
-
-    def a_try() -> GangRun:
-        ledger = RunLedger.from_dict(state.get("ledger"))
-        return GangRun(
-            spec,
-            "dag",
-            "died",
-            GangCluster(kube),
-            CheckpointStore(),
-            ledger,
-            lambda d: state.update(ledger=d),
-        )
+    a_try = tries(kube, spec, "died", state)
 
     first, _ = a_try().start()
     pod = wait_for(lambda: running_pod(api, "1"), "attempt 1 running")
