@@ -163,13 +163,17 @@ def heartbeat_rate(
     Kubernetes keep whole seconds, so a shorter span would be mostly rounding), else from the oldest
     one, else from the attempt's start at the step it resumed from; None when there is none."""
     start = attempt.get("started_at") if attempt else None
+    resumed = (attempt.get("resume_step") or 0) if attempt else 0
+    # the attempt's own commits: past the step it resumed from (its Job's creation time has whole seconds,
+    # and a resume within a second of the crash starts in the second of the last commits before it)
     earlier = [
         {"step": c["step"], "at": c["at"], "what": f"checkpoint step {c['step']} committed"}
         for c in commits
-        if c["step"] < heartbeat["step"] and c["at"] < heartbeat["at"] and (start is None or c["at"] >= start)
+        if resumed < c["step"] < heartbeat["step"]
+        and c["at"] < heartbeat["at"]
+        and (start is None or c["at"] >= start)
     ]
     if not earlier and start is not None and start < heartbeat["at"]:
-        resumed = attempt.get("resume_step") or 0
         earlier = [
             {
                 "step": resumed,
