@@ -77,7 +77,7 @@ def bench_fleet(kubeconfig: str, prometheus_url: str) -> bool:
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
     from trainops.plugins.app import app
-    from trainops.plugins.fleet import NODE_LABEL, TENSOR_ACTIVE
+    from trainops.plugins.fleet import TENSOR_ACTIVE
 
     from trainops.health.gate import list_paginated
     from trainops.health.prometheus import PrometheusClient
@@ -105,7 +105,7 @@ def bench_fleet(kubeconfig: str, prometheus_url: str) -> bool:
         for _ in range(ROUNDS):
             floors.append(timed(list_nodes))
             fleets.append(timed(lambda: http.get("/trainops/api/fleet", headers=headers).json()))
-            queries.append(timed(lambda: prometheus.query(f"avg by ({NODE_LABEL}) ({TENSOR_ACTIVE})")))
+            queries.append(timed(lambda: prometheus.query(f"avg by ({prometheus.node_label}) ({TENSOR_ACTIVE})")))
             activities.append(
                 timed(lambda: http.get("/trainops/api/fleet/tensor-activity", headers=headers).json())
             )
