@@ -30,7 +30,7 @@ from trainops.checkpoints.formats.manifest import COMMITTED_FILE
 from trainops.checkpoints.helper import SHOWN
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
-from trainops.training.job import ATTEMPT_LABEL, EXCLUDED_ANNOTATION, RESUME_ANNOTATION, condition, finished
+from trainops.training.job import ATTEMPT_LABEL, condition, finished, kept_out, resume_point
 
 MAX_COMMITS = 200  # the newest checkpoints plotted; older ones are counted, not read
 COMMIT_READERS = 16  # concurrent one-key listings of _COMMITTED
@@ -95,11 +95,6 @@ def _ended_at(job: Mapping) -> float | None:
     return None
 
 
-def _kept_out(job: Mapping) -> set[str]:
-    value = ((job.get("metadata") or {}).get("annotations") or {}).get(EXCLUDED_ANNOTATION) or ""
-    return {name for name in str(value).split(",") if name}
-
-
 def _attempt_number(job: Mapping) -> int | None:
     value = ((job.get("metadata") or {}).get("labels") or {}).get(ATTEMPT_LABEL)
     return int(value) if isinstance(value, str) and value.isdigit() else None
@@ -108,37 +103,31 @@ def _attempt_number(job: Mapping) -> int | None:
 def _unrecorded(ledger_attempts: list[Mapping], jobs: list[Mapping]) -> list[dict[str, Any]]:
     """Attempts that have a Job but no ledger entry yet: begun by the trigger, which hands the ledger
     back when the run ends (how they ended is then known; here only what their Jobs say)."""
-    rows = []
-    for job in sorted(jobs, key=lambda j: _attempt_number(j) or 0):
-        if (number := _attempt_number(job) or 0) > len(ledger_attempts):
-            meta = job.get("metadata") or {}
-            resumed = str((meta.get("annotations") or {}).get(RESUME_ANNOTATION) or "").rstrip("/")
-            rows.append(
-                {
-                    "number": number,
-                    "job": meta.get("name"),
-                    "resume_step": step_from_name(resumed.rpartition("/")[2]),
-                }
-            )
-    return rows
+    return [
+        {"number": number, "job": job["metadata"]["name"], "resume_step": resume_point(job)[1]}
+        for job in sorted(jobs, key=lambda j: _attempt_number(j) or 0)
+        if (number := _attempt_number(job) or 0) > len(ledger_attempts)
+    ]
 
 
 def attempt_times(ledger: Mapping, jobs: list[Mapping] | None) -> list[dict[str, Any]]:
     """One entry per attempt of the ledger, and per attempt the trigger began since (from its Job): when
-    it started and ended (its Job's times; None when the Job is gone or was not read), where it resumed
-    from, how it ended and its culprits (None: unknown)."""
+    it started and ended (its Job's times, whole seconds as S3's commit times are; None when the Job is
+    gone or was not read), where it resumed from, how it ended and its culprits (None: unknown)."""
     by_name = {(j.get("metadata") or {}).get("name"): j for j in jobs or []}
-    attempts = list(ledger.get("attempts") or [])
-    attempts += _unrecorded(attempts, jobs or [])
+    recorded = list(ledger.get("attempts") or [])
+    attempts = recorded + _unrecorded(recorded, jobs or [])
     found = [by_name.get(a.get("job")) for a in attempts]
-    # the nodes kept out of each attempt, and after the last one (the ledger's own list)
-    kept_out = [_kept_out(job) if job is not None else None for job in found] + [
-        set(ledger.get("excluded") or {})
+    # the nodes kept out of each attempt, and after the last one: the ledger's own list, once it has
+    # the last attempt's end (mid-run the trigger holds a newer one)
+    current = bool(recorded) and len(attempts) == len(recorded) and recorded[-1].get("phase") == "ended"
+    kept_out_of = [kept_out(job) if job is not None else None for job in found] + [
+        set(ledger.get("excluded") or {}) if current else None
     ]
     rows = []
     for index, (attempt, job) in enumerate(zip(attempts, found, strict=True)):
         ended = attempt.get("phase") == "ended" or (job is not None and finished(job))
-        before, after = kept_out[index], kept_out[index + 1]
+        before, after = kept_out_of[index], kept_out_of[index + 1]
         rows.append(
             {
                 "number": attempt.get("number"),

@@ -77,7 +77,7 @@ class GangRunTrigger(BaseTrigger):
             attempt = dataclasses.replace(config, job_name=job)
             return RunFollower(attempt, cluster, self._hook().async_client, store).follow()
 
-        verdict = await self._run.follow(follow_attempt, self.resumes_left)
+        verdict = await self._run.run_attempts(follow_attempt, self.resumes_left)
         yield TriggerEvent(self._run.event(verdict))
 
     async def on_kill(self) -> None:
@@ -86,11 +86,13 @@ class GangRunTrigger(BaseTrigger):
         from trainops.training.cluster import GangCluster
 
         run = self._run
-        if run is not None and run.submitting is not None:
-            await asyncio.wait([run.submitting])  # a next attempt under way: stop the Job it makes
-        job = run.ledger.current.job if run is not None else self.follow["job_name"]
 
         def stop() -> str:
+            if run is None:  # killed before run() began
+                job = self.follow["job_name"]
+            else:
+                with run.submit_lock:  # a next attempt under way: stop the Job it makes
+                    job = run.ledger.current.job
             return GangCluster(self._hook().kube()).stop(self.follow["namespace"], job)
 
         done = await asyncio.shield(asyncio.to_thread(stop))

@@ -174,7 +174,7 @@ def train_try(
         return RunFollower(config, trigger.cluster, client, store).follow()
 
     verdict = asyncio.run(
-        _until_cleared(trigger.follow(follow_attempt, resumes_left), cleared or threading.Event())
+        _until_cleared(trigger.run_attempts(follow_attempt, resumes_left), cleared or threading.Event())
     )
     if verdict is None:
         GangCluster(step.kube()).stop("training", trigger.ledger.current.job)  # the trigger's on_kill

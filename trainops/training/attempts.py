@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
+UNRECORDED = "unrecorded"  # how an attempt ended that a trigger judged and resumed, its reasons lost
+
 
 class Phase(StrEnum):
     SUBMITTING = "submitting"

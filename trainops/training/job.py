@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trainops.checkpoints.formats.base import step_from_name
 from trainops.conventions import (
     GPU_POOL_LABEL,
     GPU_RESOURCE,
@@ -52,6 +53,21 @@ def condition(obj: Mapping | None, kind: str) -> Mapping | None:
 def finished(job: Mapping) -> bool:
     """Whether the Job has ended: Complete or Failed."""
     return condition(job, "Complete") is not None or condition(job, "Failed") is not None
+
+
+def _annotation(job: Mapping, key: str) -> str:
+    return str(((job.get("metadata") or {}).get("annotations") or {}).get(key) or "")
+
+
+def resume_point(job: Mapping) -> tuple[str | None, int | None]:
+    """Where the attempt's Job resumed from: the checkpoint URI and its step (None, None: a fresh start)."""
+    uri = _annotation(job, RESUME_ANNOTATION) or None
+    return uri, step_from_name(uri.rstrip("/").rpartition("/")[2]) if uri else None
+
+
+def kept_out(job: Mapping) -> set[str]:
+    """The nodes the attempt's Job was kept off (its node affinity, recorded as an annotation)."""
+    return {name for name in _annotation(job, EXCLUDED_ANNOTATION).split(",") if name}
 
 
 def master_addr(name: str, namespace: str) -> str:

@@ -5,13 +5,13 @@ it ended and resume it.
 previous try's worker died right after submitting: the ledger names the Job before it is
 created, and the name is deterministic), and otherwise submits a new attempt that resumes from
 the latest verified checkpoint.  ``GangRun.finish(outcome)`` classifies the end of an attempt
-and returns a ``Verdict``: succeeded, retry (a resume), or fail now.  ``GangRun.follow(...)``
+and returns a ``Verdict``: succeeded, retry (a resume), or fail now.  ``GangRun.run_attempts(...)``
 (the trigger's loop) follows the attempt and, while the verdict is a resume and the budget allows,
 starts the next attempt at once and follows that: a crash is resumed within a second, without a
-round trip through the scheduler and a worker.  It is safe to repeat after a triggerer restart
-(a new trigger starts from the ledger it was deferred with), and after a Clear that killed a trigger
-before it handed its ledger back: ``catch_up`` finds the attempts it began by their Jobs, named by
-attempt number, instead of making them twice or taking a stopped one for the next.
+round trip through the scheduler and a worker.  A trigger rebuilt after a triggerer restart holds
+the ledger it was deferred with, as does the try after a Clear that killed a trigger before its event:
+``start()`` (``catch_up``) finds the attempts begun since by their Jobs, named by attempt number,
+instead of making them twice or taking a stopped one for the next.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,18 +30,19 @@ from trainops.checkpoints.owner import claim_run_path
 from trainops.checkpoints.store import CheckpointStore
 from trainops.errors import PermanentError
 from trainops.training import follow
-from trainops.training.attempts import AttemptRecord, Phase, RunLedger
+from trainops.training.attempts import UNRECORDED, AttemptRecord, Phase, RunLedger
 from trainops.training.blame import quarantine_node
 from trainops.training.cluster import GangCluster
 from trainops.training.failures import Failure, FailureKind, classify
 from trainops.training.follow import Status
 from trainops.training.job import (
-    RESUME_ANNOTATION,
     build_job,
     build_service,
     condition,
     finished,
+    kept_out,
     master_addr,
+    resume_point,
 )
 from trainops.training.naming import job_name
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
@@ -123,7 +125,7 @@ class GangRun:
         self.quarantine_culprits = quarantine_culprits
         self.evidence_wait_s = evidence_wait_s
         self.log = logger
-        self.submitting: asyncio.Future | None = None  # a next attempt being submitted by ``follow``
+        self.submit_lock = threading.Lock()  # held while a next attempt is submitted
 
     def save(self) -> None:
         self._save(self.ledger.to_dict())
@@ -200,9 +202,7 @@ class GangRun:
                 self.save()
                 return self.new_attempt(), False
             if running:
-                self.log.info(
-                    "reattaching to Job %s of attempt %d: it is still running", live.job, live.number
-                )
+                self.log.info("attempt %d's Job %s is running: following it", live.number, live.job)
                 self.cluster.create_service(build_service(self.spec, job))  # gone if a try died mid-submit
                 return live, True
             if job is None and live.phase is Phase.SUBMITTING:
@@ -220,51 +220,51 @@ class GangRun:
                 self.save()
                 return live, True
             else:
-                verdict = self._judge_unwatched("failed while no try was watching")
-                self.save()
+                pods = self.cluster.job_pods(self.spec.namespace, live.job)
+                outcome = follow.Outcome(Status.FAILED, "failed while no try was watching", live.job, pods)
+                verdict = self._judge_failure(outcome)
                 if verdict.decision is not Decision.RETRY:  # the user's code, say: no resume
+                    self.save()
                     raise PermanentError(verdict.message)
             self.save()
         return self.new_attempt(), False
 
-    def _judge_unwatched(self, why: str) -> Verdict:
-        """Judge the current attempt, which ended while nothing followed it, from its pods as they are."""
-        job = self.ledger.current.job
-        pods = self.cluster.job_pods(self.spec.namespace, job)
-        return self._judge_failure(follow.Outcome(Status.FAILED, why, job, pods))
-
     def catch_up(self) -> int:
         """Put in the ledger the attempts a trigger began that it never handed back (the triggerer
         restarted, or a Clear or mark-failed killed the trigger before its event): their Jobs exist under
-        the next attempt numbers.  Each attempt they followed is judged again from its pods as they are,
-        for the record (the trigger resumed it, so the verdict was a resume).  Returns how many it found."""
+        the next attempt numbers, and say where they resumed from and which nodes they kept out.  The
+        attempt each one replaced was judged a resume by that trigger, whose reasons are lost: it ends
+        ``unrecorded``.  Returns how many it found."""
         found = 0
         while job := self.cluster.read_job(
             self.spec.namespace, job_name(self.dag_id, self.run_id, self.ledger.next_number())
         ):
             if self.ledger.live is not None:
-                self._judge_unwatched(
-                    "ended while no trigger handed back the ledger; a later attempt resumed it"
-                )
-            earlier = self.ledger.current
+                self.ledger.end(UNRECORDED, "resumed by a trigger whose ledger was lost")
+            for node in sorted(kept_out(job)):
+                self.ledger.exclude(node, "kept out by a trigger whose ledger was lost")
+            earlier, (resume_from, resume_step) = self.ledger.current, resume_point(job)
             record = self.ledger.begin(
                 job["metadata"]["name"],
-                (job["metadata"].get("annotations") or {}).get(RESUME_ANNOTATION),
-                None,
+                resume_from,
+                resume_step,
                 "found on the cluster (begun by a trigger)",
                 earlier.try_number if earlier else self.try_number,
             )
             record.phase = Phase.SUBMITTED
-            self.log.info(
-                "attempt %d (Job %s) was begun by a trigger: following it", record.number, record.job
-            )
+            self.log.info("attempt %d (Job %s) was begun by a trigger", record.number, record.job)
             found += 1
         if found:
             self.save()
         return found
 
     def new_attempt(self) -> AttemptRecord:
-        """Submit the next attempt, resuming from the latest verified checkpoint (or a fresh start)."""
+        """Submit the next attempt, resuming from the latest verified checkpoint (or a fresh start).
+        ``submit_lock`` is held meanwhile (a stop waits on it, then stops the Job this makes)."""
+        with self.submit_lock:
+            return self._new_attempt()
+
+    def _new_attempt(self) -> AttemptRecord:
         checkpoint, skipped = latest_checkpoint(self.spec.run_path, self.store)
         number = self.ledger.next_number()
         record = self.ledger.begin(
@@ -317,23 +317,25 @@ class GangRun:
         self.save()
 
     # ---- follow, judge, resume ------------------------------------------------------------
-    async def follow(
+    async def run_attempts(
         self, follow_attempt: Callable[[str], Awaitable[follow.Outcome]], resumes_left: int
     ) -> Verdict:
         """Follow the current attempt (``follow_attempt(job)``) to its end and judge it; while the verdict
-        is a resume and ``resumes_left`` allows, start the next attempt and follow that.  The blocking
-        judging and submitting run in threads; a cancel does not stop a submit under way, and
-        ``submitting`` holds it, so that a stop can wait for the Job it makes."""
+        is a resume and ``resumes_left`` allows, start the next attempt and follow that.  It starts with
+        ``start()``, as a try does: a trigger rebuilt after a triggerer restart holds the ledger it was
+        deferred with, and the run may have moved on since (an attempt stopped, another begun).  The
+        blocking judging and submitting run in threads."""
+        before = self.ledger.next_number()
+        await asyncio.to_thread(self.start)
+        resumes_left -= self.ledger.next_number() - before
         while True:
-            resumes_left -= await asyncio.to_thread(self.catch_up)  # a trigger before this one resumed
             outcome = await follow_attempt(self.ledger.current.job)
             verdict = await asyncio.to_thread(self.finish, outcome.to_dict())
             if verdict.decision is not Decision.RETRY or resumes_left <= 0:
                 return verdict
             resumes_left -= 1
             self.log.info("resuming at once (%d more resumes left): %s", resumes_left, verdict.message)
-            self.submitting = asyncio.ensure_future(asyncio.to_thread(self.new_attempt))
-            await asyncio.shield(self.submitting)
+            await asyncio.to_thread(self.new_attempt)
 
     # ---- finish ------------------------------------------------------------------------
     def finish(self, event: dict) -> Verdict:
