@@ -7,13 +7,14 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from trainops.errors import TemporaryError
 from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, Kube
 from trainops.kube.nodes import json_of, read_node
-from trainops.kube.retry import Backoff, Deadline, call
+from trainops.kube.retry import Backoff, Deadline, call, is_transient, wait_before_retry
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL, finished
 from trainops.training.naming import run_key
 
@@ -23,7 +24,8 @@ LOG_TAIL_LINES = 100
 MAX_CONCURRENT_READS = 8
 WORKLOADS = "workloads"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-MISSING, EXISTS = 404, 409
+MISSING, EXISTS, GONE = 404, 409, 410
+WATCH_READ_SLACK_S = 10.0
 
 
 class GangCluster:
@@ -201,11 +203,10 @@ class GangCluster:
         skipped)."""
         names = sorted({n for p in pods if (n := (p.get("spec") or {}).get("nodeName"))})
         failed = [p["metadata"]["name"] for p in pods if (p.get("status") or {}).get("phase") == "Failed"]
-        reads = [lambda n=n: self._node(n) for n in names] + [
-            lambda p=p: self._log_tail(namespace, p) for p in failed
-        ]
-        with ThreadPoolExecutor(max_workers=max(1, min(MAX_CONCURRENT_READS, len(reads)))) as pool:
-            results = list(pool.map(lambda read: read(), reads))
+        results = _concurrently(
+            [lambda n=n: self._node(n) for n in names]
+            + [lambda p=p: self._log_tail(namespace, p) for p in failed]
+        )
         tails = {
             pod: tail for pod, tail in zip(failed, results[len(names) :], strict=True) if tail is not None
         }
@@ -213,14 +214,14 @@ class GangCluster:
 
     def read_nodes(self, names: list[str]) -> dict[str, dict | None]:
         """Each node by name, read concurrently (None for one that no longer exists)."""
-        with ThreadPoolExecutor(max_workers=max(1, min(MAX_CONCURRENT_READS, len(names)))) as pool:
-            return dict(zip(names, pool.map(self._node, names), strict=True))
+        return dict(zip(names, _concurrently([lambda n=n: self._node(n) for n in names]), strict=True))
 
     def node_changes(self, names: list[str], until: float) -> Iterator[dict[str, dict | None]]:
         """The nodes ``names`` now, then again each time one of them changes, until ``until``
         (``time.monotonic()``): one watch on nodes, filtered here (a field selector takes one name),
         from a version taken before the reads, so no change is missed; a broken watch (410 Gone, a
-        dropped connection) starts over the same way."""
+        dropped connection, a transient answer) starts over the same way.  Events stay JSON (most are of
+        other nodes: a large fleet's status writes are not built into client models)."""
         from kubernetes import watch
 
         backoff = Backoff(base=0.2, cap=5.0)
@@ -228,23 +229,30 @@ class GangCluster:
             version = self._call(lambda: self.core.list_node(limit=1).metadata.resource_version, "list nodes")
             nodes = self.read_nodes(names)
             yield dict(nodes)
-            stream = watch.Watch()
+            stream, left = watch.Watch(), until - time.monotonic()
             try:
                 for event in stream.stream(
                     self.core.list_node,
                     resource_version=version,
-                    timeout_seconds=max(1, math.ceil(until - time.monotonic())),
+                    timeout_seconds=max(1, math.ceil(left)),
+                    _request_timeout=max(1.0, left) + WATCH_READ_SLACK_S,  # a dead connection ends too
+                    deserialize=False,
                 ):
-                    node = event["raw_object"]
-                    name = node["metadata"]["name"]
-                    if name in nodes and event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                        nodes[name] = None if event["type"] == "DELETED" else node
+                    node = event["object"]
+                    if node["metadata"]["name"] in nodes and event["type"] in (
+                        "ADDED",
+                        "MODIFIED",
+                        "DELETED",
+                    ):
+                        nodes[node["metadata"]["name"]] = None if event["type"] == "DELETED" else node
                         yield dict(nodes)
                     if time.monotonic() >= until:
                         return
-            except Exception as error:  # noqa: BLE001 - the watch broke: read the nodes again, watch again
+            except Exception as error:
+                if getattr(error, "status", None) != GONE and not is_transient(error):
+                    raise
                 log.info("the watch on nodes broke (%s); reading them again", error)
-                time.sleep(backoff.next())
+                time.sleep(min(wait_before_retry(error, backoff), max(0.0, until - time.monotonic())))
             finally:
                 stream.stop()
 
@@ -263,3 +271,9 @@ class GangCluster:
         except ApiException as error:
             log.info("no log for pod %s (%s)", pod, error.status)
             return None
+
+
+def _concurrently(reads: list[Callable[[], Any]]) -> list[Any]:
+    """Each read's result, in order, at most ``MAX_CONCURRENT_READS`` at a time."""
+    with ThreadPoolExecutor(max_workers=max(1, min(MAX_CONCURRENT_READS, len(reads)))) as pool:
+        return list(pool.map(lambda read: read(), reads))
