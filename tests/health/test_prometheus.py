@@ -75,6 +75,11 @@ def test_the_node_label_names_which_label_keys_the_reports(start_fleet):
     assert all(not by_instance[node].gpus for node in NODES)  # keyed "gpu-node-000:9400": no node matched
 
 
+def test_a_node_label_that_is_no_label_name_is_refused_before_any_query():
+    with pytest.raises(ValueError, match="node_label must be a Prometheus label name"):
+        PrometheusClient("http://prometheus.invalid:9090", node_label="node) or vector(1")
+
+
 def test_faults_show_up_per_node(start_fleet):
     cluster = start_fleet()
     cluster.inject("xid", "gpu-node-001", code=79, gpu=3)

@@ -11,6 +11,7 @@ Enable the non-default counters in dcgm-exporter's CSV (ECC, row-remap pending, 
 
 from __future__ import annotations
 
+import re
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -56,6 +57,7 @@ class PrometheusError(TemporaryError):
 
 
 DEFAULT_NODE_LABEL = "Hostname"
+LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")  # Prometheus' label name syntax
 
 
 class PrometheusClient:
@@ -72,6 +74,11 @@ class PrometheusClient:
     ):
         import requests
 
+        if not isinstance(node_label, str) or not LABEL_NAME.fullmatch(node_label):
+            raise ValueError(
+                f"node_label must be a Prometheus label name (letters, digits, _; not starting with a digit), "
+                f"e.g. 'Hostname' or 'node', got {node_label!r}"
+            )
         self.base_url = base_url.rstrip("/")
         self.session = session or requests.Session()
         self.timeout, self.node_label = timeout, node_label
