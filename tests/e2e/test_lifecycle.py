@@ -65,6 +65,7 @@ def test_xid_on_a_training_node_quarantines_it_and_resumes_on_the_spare(
     dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "xid"))
 
     assert dag_run.state == "success"
+    assert task_instances(dag_run)["train"].try_number == 1  # the trigger resumed, within the try
     trained = xcom_value(dag_run, "train")
     assert trained["attempts"] == 2 and trained["resumes_used"] == 1
     assert trained["history"][1]["resume_step"] >= 20

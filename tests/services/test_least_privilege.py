@@ -32,13 +32,10 @@ ACCOUNTS = {service: PREFIX + account for service, account in SERVICE_ACCOUNTS.i
 NOT_EXERCISED_HERE = {
     "airflow-triggerer": {
         # HealthGateTrigger over named nodes (fabric_ready deferred, waiting for a port to come
-        # back) GETs each node and its report; here the fabric check passes at once.  (The
-        # deferred health_gate over the pool lists them: exercised.)
-        ("", "nodes", "get"),
+        # back) GETs each node's report; here the fabric check passes at once.  (The deferred
+        # health_gate over the pool lists them: exercised.  GangRunTrigger reads nodes and deactivates
+        # the crashed attempt's Workload when it judges the XID: exercised.)
         ("", "configmaps", "get"),
-        # GangRunTrigger stops the run (GangCluster.stop: deactivate its Workload) on a hang, or in
-        # on_kill when a user fails the deferred task; the teardown's own stop usually comes first.
-        ("kueue.x-k8s.io", "workloads", "patch"),
     },
     "airflow-apiserver": {
         # "Return this run's GPUs" on a run still training: GangCluster.stop reads each unfinished

@@ -40,9 +40,8 @@ def test_a_cuda_error_in_the_users_output_quarantines_nothing_resumes_once_then_
 
 def test_a_node_that_reports_its_fault_after_the_pods_failed_is_blamed_once_it_does(cluster, api, s3, bucket):
     """The pods died printing an XID, the node's probe reports it a round later: the judgement waits on a
-    watch of the nodes and blames the node when its report lands (not the user's code)."""
-    import threading
-
+    watch of the nodes and blames the node when its report lands (not the user's code).  The XID reaches
+    the node only once the judgement has read the nodes for the wait, so only the watch can see it."""
     from tests.devcluster.ctrl_support import wait_for
     from trainops.checkpoints.store import CheckpointStore
     from trainops.training.attempts import RunLedger
@@ -78,8 +77,15 @@ def test_a_node_that_reports_its_fault_after_the_pods_failed_is_blamed_once_it_d
         lambda: any(p["status"]["phase"] == "Failed" for p in cluster_calls.job_pods("training", record.job)),
         "the pod failed",
     )
-    late = threading.Timer(2.0, lambda: cluster.inject("xid", culprit, code=79))  # the probe's next round
-    late.start()
+    watched = cluster_calls.node_changes
+
+    def node_changes(names, until):  # the node's report comes after the wait's first reading
+        readings = watched(names, until)
+        yield next(readings)
+        cluster.inject("xid", culprit, code=79)
+        yield from readings
+
+    cluster_calls.node_changes = node_changes
 
     verdict = run.finish(
         Outcome(
@@ -87,7 +93,6 @@ def test_a_node_that_reports_its_fault_after_the_pods_failed_is_blamed_once_it_d
         ).to_dict()
     )
 
-    late.join()
     assert verdict.decision is Decision.RETRY and "node fault" in verdict.message, verdict.message
     assert run.ledger.excluded.keys() == {culprit}
     assert node(api, culprit)["metadata"]["labels"][HEALTH_LABEL] == "quarantined"

@@ -71,6 +71,7 @@ def test_xid_crash_quarantines_the_node_and_resumes_elsewhere_from_the_last_veri
     dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri))
 
     assert dag_run.state == "success"
+    assert task_state(dag_run, "train").try_number == 1  # the trigger resumed, within the try
     result = xcom_value(dag_run, "train")
     assert result["attempts"] == 2 and result["resumes_used"] == 1
     culprit = fault["node"]

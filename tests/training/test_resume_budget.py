@@ -3,6 +3,7 @@ was last cleared, whichever try or trigger made them."""
 
 from __future__ import annotations
 
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -53,9 +54,11 @@ def test_a_clear_gives_a_fresh_budget(max_resumes, expected):
 
 
 def test_the_ledger_records_when_each_attempt_began_and_when_its_end_was_seen():
-    ledger = RunLedger()
+    ledger, before = RunLedger(), time.time()
     ledger.begin("job-1", None, None, None, 1)
     ledger.end("infrastructure", "node lost", seen_at=123.0)
     ledger.begin("job-2", None, None, None, 1)
+    after = time.time()
     first, second = RunLedger.from_dict(ledger.to_dict()).attempts
-    assert first.ended_at == 123.0 and first.began_at <= second.began_at and second.ended_at is None
+    assert first.ended_at == 123.0 and second.ended_at is None
+    assert before <= first.began_at <= second.began_at <= after

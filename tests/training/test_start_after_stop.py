@@ -15,6 +15,7 @@ from trainops.checkpoints.store import CheckpointStore
 from trainops.training.attempts import RunLedger
 from trainops.training.cluster import GangCluster
 from trainops.training.failures import FailureKind
+from trainops.training.job import finished
 from trainops.training.runner import GangRun
 
 ARGS = ["--steps", "400", "--checkpoint-every", "20", "--step-seconds", "0.02"]
@@ -105,9 +106,7 @@ def test_a_try_after_its_worker_died_fails_on_a_user_code_failure_it_finds_witho
     cluster.inject(
         "crash-pod", f"training/{pod['metadata']['name']}", exit_code=1, message="ValueError: bad batch"
     )
-    wait_for(
-        lambda: GangCluster(kube).read_job("training", first.job)["status"].get("failed"), "Job 1 failed"
-    )
+    wait_for(lambda: finished(GangCluster(kube).read_job("training", first.job)), "Job 1 Failed")
 
     with pytest.raises(PermanentError, match="exited with code 1"):
         a_try().start()

@@ -15,7 +15,7 @@ from tests.training.test_gang_e2e import running_pod
 from trainops.capacity.procedure import give_back
 from trainops.checkpoints.store import CheckpointStore
 from trainops.conventions import HEALTH_LABEL
-from trainops.training.attempts import RunLedger
+from trainops.training.attempts import UNRECORDED, RunLedger
 from trainops.training.cluster import GangCluster
 from trainops.training.follow import FollowConfig
 from trainops.training.progress import HangPolicy
@@ -41,7 +41,7 @@ def test_a_trigger_restarted_after_it_resumed_finds_the_attempt_it_began(cluster
         CheckpointStore(),
         RunLedger(),
         lambda _: None,
-        evidence_wait_s=5,
+        evidence_wait_s=60,
     )
     first, _ = run.start()
     follow = FollowConfig("training", first.job, run_uri, 2, HangPolicy(floor=3.0, startup_timeout=30.0))
@@ -74,7 +74,7 @@ def test_a_trigger_restarted_after_it_resumed_finds_the_attempt_it_began(cluster
     assert event["decision"] == "succeeded", event["message"]
     assert attempts_of(api) == ["1", "2"]  # attempt 2's Job was found, not made again
     ledger = RunLedger.from_dict(event["ledger"])
-    assert [a.number for a in ledger.attempts] == [1, 2]
+    assert [(a.number, a.kind) for a in ledger.attempts] == [(1, UNRECORDED), (2, "succeeded")]
     assert ledger.attempts[1].resume_from.startswith(f"{run_uri}step-")  # read from the Job it found
     if fault == "xid":
         assert culprit in ledger.excluded
