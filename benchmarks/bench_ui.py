@@ -105,7 +105,9 @@ def bench_fleet(kubeconfig: str, prometheus_url: str) -> bool:
         for _ in range(ROUNDS):
             floors.append(timed(list_nodes))
             fleets.append(timed(lambda: http.get("/trainops/api/fleet", headers=headers).json()))
-            queries.append(timed(lambda: prometheus.query(f"avg by ({prometheus.node_label}) ({TENSOR_ACTIVE})")))
+            queries.append(
+                timed(lambda: prometheus.query(f"avg by ({prometheus.node_label}) ({TENSOR_ACTIVE})"))
+            )
             activities.append(
                 timed(lambda: http.get("/trainops/api/fleet/tensor-activity", headers=headers).json())
             )
