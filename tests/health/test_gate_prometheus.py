@@ -56,6 +56,19 @@ def test_prometheus_fills_what_the_probe_lacks_with_a_few_fleet_queries(scraped)
     assert 0 < queries <= 30  # for 16 nodes, as for 4,096
 
 
+def test_a_node_label_that_holds_no_node_names_is_named_in_the_result(scraped):
+    """A connection whose node_label is not where the exporter puts the node's name: every node is
+    without series, and the result says which label was read and how to change it."""
+    api_client = config.new_client_from_config(config_file=str(scraped.kubeconfig))
+    prometheus = PrometheusClient(scraped.prometheus_url, node_label="instance")
+    result = run_gate(client.CoreV1Api(api_client), GateConfig(speed_tiers=False), prometheus=prometheus)
+    api_client.close()
+    [warning] = result.warnings
+    assert "dcgm-exporter series for 16 values of label 'instance'" in warning
+    assert "set the Prometheus connection's node_label (CLI: --prometheus-node-label)" in warning
+    assert f"WARNING: {warning}" in result.table()
+
+
 def test_unreachable_prometheus_fails_the_gate_with_a_clear_error(devcluster, core_v1, dead_url, capsys):
     with pytest.raises(GateError, match=f"Prometheus at {dead_url} unreachable.*on_unavailable='probe-only'"):
         run_gate(core_v1, GateConfig(), prometheus=PrometheusClient(dead_url))

@@ -119,7 +119,7 @@ def test_stale_and_missing_nodes_are_unknown(start_fleet):
         "s old (bound 120s)"
     )
     for node in ("gpu-node-002", "gpu-node-003", "gpu-node-099"):
-        assert reports[node].signals["gpu_count"].reason == "no dcgm-exporter series for this node"
+        assert reports[node].signals["gpu_count"].reason == f'no dcgm-exporter series with Hostname="{node}"'
         assert reports[node].gpus == {}
         assert evaluate(reports[node]).verdict == "exclude"
     assert reports["gpu-node-000"].signals["gpu_count"].value == 8

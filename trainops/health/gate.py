@@ -36,7 +36,13 @@ from trainops.conventions import (
 )
 from trainops.errors import TemporaryError
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
-from trainops.health.prometheus import PrometheusClient, PrometheusError, fleet_reports, no_series
+from trainops.health.prometheus import (
+    PrometheusClient,
+    PrometheusError,
+    fleet_reports,
+    label_mismatch,
+    no_series,
+)
 from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
 from trainops.health.report import HealthReport, Signal, merge_reports
 from trainops.health.stragglers import UNKNOWN_SPEED, USABLE, Selection, choose_nodes, node_speed
@@ -216,7 +222,8 @@ def run_gate(
         with gc_paused():
             # The fleet-wide queries run while the nodes and their reports are read and decoded.
             metrics = pool.submit(fleet_reports, prometheus, now=now) if prometheus is not None else None
-            return _run_gate(core_v1, config, metrics, now, deadline)
+            node_label = prometheus.node_label if prometheus is not None else ""
+            return _run_gate(core_v1, config, metrics, node_label, now, deadline)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
@@ -225,6 +232,7 @@ def _run_gate(
     core_v1: Any,
     config: GateConfig,
     metrics: Future[dict[str, HealthReport]] | None,
+    node_label: str,
     now: float,
     deadline: Deadline,
 ) -> GateResult:
@@ -239,9 +247,12 @@ def _run_gate(
         try:
             seen = metrics.result()
             reports = {
-                name: merge_reports(reports[name], seen.get(name) or no_series(name, now)) for name in names
+                name: merge_reports(reports[name], seen.get(name) or no_series(name, now, node_label))
+                for name in names
             }
             sources.append("prometheus")
+            if mismatch := label_mismatch(seen, names, node_label):
+                warnings.append(mismatch)
         except PrometheusError as err:
             if config.on_unavailable == "fail":
                 raise GateError(

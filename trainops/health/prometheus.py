@@ -169,13 +169,25 @@ def fleet_reports(
         reports[node] = HealthReport(node, now, "prometheus", signals, gpus)
     for node in nodes or ():
         if node not in reports:
-            reports[node] = no_series(node, now)
+            reports[node] = no_series(node, now, node_label)
     return reports
 
 
-def no_series(node: str, now: float) -> HealthReport:
+def no_series(node: str, now: float, node_label: str) -> HealthReport:
     """The report of a node Prometheus has no dcgm-exporter series for: it knows nothing."""
-    return HealthReport.empty(node, now, "prometheus", "no dcgm-exporter series for this node")
+    return HealthReport.empty(node, now, "prometheus", f'no dcgm-exporter series with {node_label}="{node}"')
+
+
+def label_mismatch(seen: Iterable[str], nodes: Iterable[str], node_label: str) -> str | None:
+    """Why no node has series when Prometheus has series all the same: ``node_label`` holds no node names."""
+    seen, nodes = set(seen), set(nodes)
+    if not seen or seen & nodes:
+        return None
+    return (
+        f"Prometheus has dcgm-exporter series for {len(seen)} values of label {node_label!r} (such as "
+        f"{min(seen)!r}) but none for these nodes: set the Prometheus connection's node_label "
+        "(CLI: --prometheus-node-label) to the label that holds the node's name"
+    )
 
 
 def _gpu_signals(values: dict[str, Any], xids: set[int]) -> Signals:
