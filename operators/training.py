@@ -207,8 +207,8 @@ class GangTrainingOperator(BaseOperator):
             pod_template=self.pod_template,
         )
 
-    def trigger(self, run, resumes_left: int):
-        """The ``GangRunTrigger`` that follows ``run``'s current attempt and may resume it ``resumes_left`` times."""
+    def trigger(self, run):
+        """The ``GangRunTrigger`` that follows ``run``'s current attempt and resumes it as its budget allows."""
         from trainops.triggers.training import GangRunTrigger
 
         from trainops.training.follow import FollowConfig
@@ -227,7 +227,6 @@ class GangTrainingOperator(BaseOperator):
         return GangRunTrigger(
             config.to_dict(),
             run.to_dict(),
-            resumes_left,
             self.kubernetes_conn_id,
             self.kubeconfig,
             self.aws_conn_id,
@@ -241,7 +240,7 @@ class GangTrainingOperator(BaseOperator):
         from trainops.training.cluster import GangCluster
         from trainops.training.runner import GangRun
 
-        state = context["task_state_store"]
+        state, ti = context["task_state_store"], context["ti"]
         kube = KubernetesClusterHook(conn_id=self.kubernetes_conn_id, config_file=self.kubeconfig).kube()
         return GangRun(
             self.spec(),
@@ -255,25 +254,26 @@ class GangTrainingOperator(BaseOperator):
             unconfirmed_fault_retries=self.unconfirmed_fault_retries,
             quarantine_culprits=self.quarantine_culprits,
             evidence_wait_s=self.evidence_wait_s,
-            try_number=context["ti"].try_number,
+            try_number=ti.try_number,
             logger=self.log,
+            **self.resume_budget(ti),
         )
 
-    def _resumes_left(self, ti, run) -> int:
-        """Resumes the run may still make: ``max_resumes`` (None: ``retries``) less those made since the
-        run started or was last cleared (a Clear sets ``max_tries`` to the last try + ``retries``, so the
-        first try since then is ``max_tries - retries + 1``: every Clear gives a fresh budget)."""
-        budget = self.retries if self.max_resumes is None else int(self.max_resumes)
-        return max(0, budget - run.ledger.resumes_since(ti.max_tries - self.retries + 1))
+    def resume_budget(self, ti) -> dict:
+        """``max_resumes`` (None: ``retries``) and the try it counts from: a Clear sets ``max_tries`` to its
+        last try + ``retries``, so the first try since the run started or was last cleared is
+        ``max_tries - retries + 1`` (every Clear gives a fresh budget)."""
+        return {
+            "max_resumes": self.retries if self.max_resumes is None else int(self.max_resumes),
+            "first_try": ti.max_tries - self.retries + 1,
+        }
 
     # ---- Airflow -----------------------------------------------------------------------
     @translate_errors
     def execute(self, context):
         run = self.gang_run(context)
         run.start()
-        self.defer(
-            trigger=self.trigger(run, self._resumes_left(context["ti"], run)), method_name="execute_complete"
-        )
+        self.defer(trigger=self.trigger(run), method_name="execute_complete")
 
     @translate_errors
     def execute_complete(self, context, event: dict):
@@ -288,5 +288,5 @@ class GangTrainingOperator(BaseOperator):
         if verdict.decision is Decision.SUCCEEDED:
             return verdict.result
         if verdict.decision is Decision.RETRY:  # the trigger resumes while the budget allows
-            raise PermanentError(run.exhausted_message(verdict))
+            raise PermanentError(run.exhausted_message(verdict.message))
         raise PermanentError(verdict.message)

@@ -3,7 +3,7 @@
 It watches the Job, its pods and its Kueue Workload (``KubernetesClusterHook``: the
 ``kubernetes`` connection, or ``kubeconfig``) and reads the run's heartbeat from the store of the
 AWS connection.  When an attempt ends it judges it (``GangRun.finish``: quarantine the culprits,
-stop the attempt) and, when that calls for a resume and ``resumes_left`` allows, submits the next
+stop the attempt) and, when that calls for a resume and the run's budget allows, submits the next
 attempt from the latest verified checkpoint and follows it, all in the triggerer: a crash is
 resumed without waiting for the scheduler and a worker.  It fires one event at the end: the
 verdict and the attempt ledger (``GangRun.event``), which the task saves.
@@ -24,20 +24,19 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 
 class GangRunTrigger(BaseTrigger):
-    """``follow``: a ``FollowConfig`` as a dict; ``run``: ``GangRun.to_dict()``; ``resumes_left``: how many
-    resumes it may make; ``kubeconfig``: this file instead of the connection's."""
+    """``follow``: a ``FollowConfig`` as a dict; ``run``: ``GangRun.to_dict()`` (with its resume budget);
+    ``kubeconfig``: this file instead of the connection's."""
 
     def __init__(
         self,
         follow: dict,
         run: dict,
-        resumes_left: int,
         kubernetes_conn_id: str = "kubernetes_default",
         kubeconfig: str | None = None,
         aws_conn_id: str | None = "aws_default",
     ):
         super().__init__()
-        self.follow, self.run_state, self.resumes_left = follow, run, resumes_left
+        self.follow, self.run_state = follow, run
         self.kubernetes_conn_id = kubernetes_conn_id
         self.kubeconfig = kubeconfig
         self.aws_conn_id = aws_conn_id
@@ -49,7 +48,6 @@ class GangRunTrigger(BaseTrigger):
             {
                 "follow": self.follow,
                 "run": self.run_state,
-                "resumes_left": self.resumes_left,
                 "kubernetes_conn_id": self.kubernetes_conn_id,
                 "kubeconfig": self.kubeconfig,
                 "aws_conn_id": self.aws_conn_id,
@@ -77,7 +75,7 @@ class GangRunTrigger(BaseTrigger):
             attempt = dataclasses.replace(config, job_name=job)
             return RunFollower(attempt, cluster, self._hook().async_client, store).follow()
 
-        verdict = await self._run.run_attempts(follow_attempt, self.resumes_left)
+        verdict = await self._run.run_attempts(follow_attempt)
         yield TriggerEvent(self._run.event(verdict))
 
     async def on_kill(self) -> None:

@@ -35,6 +35,7 @@ from trainops.capacity.reaper import reap
 from trainops.checkpoints.latest import latest_verified
 from trainops.checkpoints.store import CheckpointStore
 from trainops.conventions import QUARANTINE_TAINT
+from trainops.errors import PermanentError
 from trainops.health.gate import GateConfig, run_gate
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.kube.client import Kube
@@ -43,8 +44,7 @@ from trainops.training.follow import read_heartbeat
 from trainops.training.runner import Decision
 
 REPO = Path(__file__).resolve().parents[2]
-TRIES = 4  # the train task's retries=3: a try that fails on its own (its worker killed) is retried
-RESUMES = 3  # max_resumes: the trigger's resumes per run, a fresh budget after a Clear
+TRIES = 4  # the train task's retries=3 (+1): a try that fails on its own (its worker killed) is retried
 FAULT_AT_STEP = 50  # training faults wait for this much progress (between two checkpoints)
 REAPER_BOUND_S = 60.0
 
@@ -310,38 +310,42 @@ class Run:
             if killed_at is not None:
                 self.result.recover_s, killed_at = time.monotonic() - killed_at, None
 
-        budget_from = self.step.load_ledger().next_number()  # the budget's first attempt
         if fault == "sigkill-train":
-            process = child("train", self.step, str(RESUMES))
+            process = child("train", self.step)
             killed_at = sigkill_when(process, lambda: self.beats.step() >= FAULT_AT_STEP, 180)
             self.fault_at = time.time()
             self.result.notes.append(f"train killed at step {self.beats.step()}")
-        first = 2 if fault == "sigkill-train" else 1  # the killed worker's try was the first
-        while not self.train_task(first, budget_from, cleared, on_start):
+        first = first_try = 1  # the try to make next; the try the resume budget counts from
+        if fault == "sigkill-train":
+            first = 2  # the killed worker's try was the first
+        while (cleared_in := self.train_task(first, first_try, cleared, on_start)) is not None:
             # a Clear (its on_kill stopped the Job): the setups run again, then train with fresh tries
             # and a fresh resume budget
             cleared.clear()
             self.step.nodes = gate(self.world)
             self.step.nodes = self.claim_task()
-            first, budget_from = 1, self.step.load_ledger().next_number()
+            first = first_try = cleared_in + 1
         cluster.server.faults.clear()  # a burst belongs to the train phase
 
     def train_task(
-        self, first: int, budget_from: int, cleared: threading.Event, on_start: Callable[[], None]
-    ) -> bool:
-        """The train task's tries from ``first``, each with what is left of the resume budget that began at
-        attempt ``budget_from``; False when a Clear came."""
-        for number in range(first, TRIES + 1):
-            used = max(0, len(self.step.load_ledger().attempts) - budget_from)
+        self, first: int, first_try: int, cleared: threading.Event, on_start: Callable[[], None]
+    ) -> int | None:
+        """The train task's tries from ``first`` to its last (Airflow numbers them on past a Clear: its
+        tries are ``first_try`` to ``first_try + retries``); the try a Clear came in, or None."""
+        for number in range(first, first_try + TRIES):
             try:
-                verdict = train_try(self.step, self.world.store, RESUMES - used, cleared, on_start=on_start)
+                verdict = train_try(
+                    self.step, self.world.store, number, first_try, cleared, on_start=on_start
+                )
+            except PermanentError:  # Airflow fails the task without a retry
+                raise
             except Exception as error:  # noqa: BLE001 - Airflow fails the try and retries it
                 self.result.notes.append(f"try {number} raised {type(error).__name__}: {error}"[:300])
                 continue
             if verdict is None:
-                return False
+                return number
             if verdict.decision is Decision.SUCCEEDED:
-                return True
+                return None
             self.result.notes.append(f"try {number}: {verdict.message}"[:300])
             if verdict.decision is Decision.RETRY:  # the trigger resumes while the budget allows
                 raise RuntimeError(f"resumes exhausted: {verdict.message}")

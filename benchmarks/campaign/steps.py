@@ -43,6 +43,7 @@ TRAIN_ARGS = [
     "--heartbeat-every",
     "5",
 ]
+RESUMES = 3  # max_resumes: the trigger's resumes per run, a fresh budget after a Clear
 # a save takes well under a second here: a trainer hung in one is caught in 10 s, not the default 30 min
 HANG = HangPolicy(floor=3.0, startup_timeout=30.0, safety_factor=5.0, save_timeout=10.0)
 
@@ -92,7 +93,8 @@ def give_back_step(step: Step) -> None:
     give_back(step.kube(), step.run, cluster_queue=QUEUE, deadlines=DEADLINES)
 
 
-def gang_run(step: Step, store: CheckpointStore) -> GangRun:
+def gang_run(step: Step, store: CheckpointStore, try_number: int = 1, first_try: int = 1) -> GangRun:
+    """The train task's run for one try; its resume budget counts from try ``first_try``."""
     dag_id, _, run_id = step.run.partition("/")
     spec = TrainingSpec(
         image="devcluster.trainops.io/local",
@@ -113,6 +115,9 @@ def gang_run(step: Step, store: CheckpointStore) -> GangRun:
         save=step.save_ledger,
         unconfirmed_fault_retries=1,
         evidence_wait_s=5,
+        try_number=try_number,
+        max_resumes=RESUMES,
+        first_try=first_try,
     )
 
 
@@ -146,15 +151,16 @@ async def _until_cleared(followed: Awaitable[Verdict], cleared: threading.Event)
 def train_try(
     step: Step,
     store: CheckpointStore,
-    resumes_left: int,
+    try_number: int,
+    first_try: int,
     cleared: threading.Event | None = None,
     on_start=lambda: None,
 ) -> Verdict | None:
-    """GangTrainingOperator.execute (start), its trigger (follow, judge, resume ``resumes_left`` times),
-    execute_complete (the ledger saved).  None when ``cleared`` stopped the trigger first (the Clear's
+    """GangTrainingOperator.execute (start), its trigger (follow, judge, resume while the budget counted
+    from try ``first_try`` allows), execute_complete (the ledger saved).  None when ``cleared`` stopped the trigger first (the Clear's
     on_kill stops the Job; the trigger's ledger is lost, as in Airflow).
     ``on_start()``: called once the attempt is submitted or reattached."""
-    run = gang_run(step, store)
+    run = gang_run(step, store, try_number, first_try)
     run.start()
     on_start()
     trigger = GangRun.from_dict(run.to_dict(), run.cluster, store)
@@ -173,9 +179,7 @@ def train_try(
         )
         return RunFollower(config, trigger.cluster, client, store).follow()
 
-    verdict = asyncio.run(
-        _until_cleared(trigger.run_attempts(follow_attempt, resumes_left), cleared or threading.Event())
-    )
+    verdict = asyncio.run(_until_cleared(trigger.run_attempts(follow_attempt), cleared or threading.Event()))
     if verdict is None:
         GangCluster(step.kube()).stop("training", trigger.ledger.current.job)  # the trigger's on_kill
         return None
@@ -188,7 +192,7 @@ def main(argv: list[str]) -> int:
     if name == "claim":
         claim_step(step)
     elif name == "train":
-        verdict = train_try(step, CheckpointStore(), int(argv[2]))
+        verdict = train_try(step, CheckpointStore(), try_number=1, first_try=1)
         print(json.dumps(asdict(verdict), default=str))
         return 0 if verdict.decision is Decision.SUCCEEDED else 1
     elif name == "give_back":

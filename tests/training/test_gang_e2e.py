@@ -283,7 +283,14 @@ def start_attempt(cluster, api, run: str, run_uri: str):
     )
     dag_id, _, run_id = run.partition("/")
     gang = GangRun(
-        operator.spec(), dag_id, run_id, GangCluster(Kube(api)), CheckpointStore(), RunLedger(), print
+        operator.spec(),
+        dag_id,
+        run_id,
+        GangCluster(Kube(api)),
+        CheckpointStore(),
+        RunLedger(),
+        print,
+        max_resumes=1,
     )
     gang.start()
     return operator, gang, nodes
@@ -313,7 +320,7 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
 
     run_uri = f"s3://{bucket}/runs/killed-by-user/"
     operator, gang, _ = start_attempt(cluster, api, "tests/kill", run_uri)
-    trigger = operator.trigger(gang, resumes_left=1)
+    trigger = operator.trigger(gang)
 
     async def follow_then_kill():
         following = asyncio.create_task(anext(trigger.run()))

@@ -10,6 +10,7 @@ import pytest
 from trainops.operators.training import GangTrainingOperator
 
 from trainops.training.attempts import RunLedger
+from trainops.training.runner import GangRun
 
 
 def operator(max_resumes: int | None, retries: int = 10) -> GangTrainingOperator:
@@ -33,7 +34,9 @@ def ledger(*tries: int) -> RunLedger:
 
 
 def resumes_left(op: GangTrainingOperator, max_tries: int, ledger: RunLedger) -> int:
-    return op._resumes_left(SimpleNamespace(max_tries=max_tries), SimpleNamespace(ledger=ledger))
+    """What the run the operator makes for a try with ``max_tries`` may still resume."""
+    budget = op.resume_budget(SimpleNamespace(max_tries=max_tries))
+    return GangRun(op.spec(), "dag", "run", None, None, ledger, print, **budget).resumes_left
 
 
 @pytest.mark.parametrize("max_resumes, expected", [(None, 10), (0, 0), (2, 2), (50, 50)])

@@ -22,10 +22,10 @@ ARGS = ["--steps", "400", "--checkpoint-every", "20", "--step-seconds", "0.02"]
 
 
 def tries(kube, spec, run_id: str, state: dict):
-    """``a_try(try_number)``: the run's ``GangRun`` for one try, which reads the ledger the previous try
-    saved in ``state`` (as Airflow's task state store) and saves its own there."""
+    """``a_try(try_number, **budget)``: the run's ``GangRun`` for one try, which reads the ledger the
+    previous try saved in ``state`` (as Airflow's task state store) and saves its own there."""
 
-    def a_try(try_number: int = 1) -> GangRun:
+    def a_try(try_number: int = 1, **budget) -> GangRun:
         ledger = RunLedger.from_dict(state.get("ledger"))
         return GangRun(
             spec,
@@ -36,6 +36,7 @@ def tries(kube, spec, run_id: str, state: dict):
             ledger,
             lambda d: state.update(ledger=d),
             try_number=try_number,
+            **budget,
         )
 
     return a_try
@@ -48,9 +49,9 @@ def test_a_try_after_the_attempt_was_stopped_submits_a_new_attempt(cluster, api,
 
     first, _ = a_try().start()
     wait_for(lambda: GangCluster(kube).job_pods("training", first.job), "the attempt's pods")
-    GangCluster(kube).stop("training", first.job)  # the trigger's on_kill
+    GangCluster(kube).stop("training", first.job)  # the Clear's on_kill
 
-    second, reattached = a_try().start()
+    second, reattached = a_try(2, first_try=2).start()  # the Clear's try
 
     assert not reattached and second.number == 2 and second.job != first.job
     ended = RunLedger.from_dict(state["ledger"]).attempts[0]
@@ -79,7 +80,7 @@ def test_a_try_after_a_clear_killed_a_trigger_that_had_resumed_starts_past_its_a
     wait_for(lambda: GangCluster(kube).job_pods("training", resumed.job), "attempt 2's pods")
     GangCluster(kube).stop("training", resumed.job)  # the Clear's on_kill
 
-    third, reattached = a_try(try_number=2).start()
+    third, reattached = a_try(2, first_try=2).start()
 
     assert not reattached and third.number == 3
     ledger = RunLedger.from_dict(state["ledger"])
@@ -112,3 +113,38 @@ def test_a_try_after_its_worker_died_fails_on_a_user_code_failure_it_finds_witho
         a_try().start()
     assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]
     assert RunLedger.from_dict(state["ledger"]).attempts[0].kind == FailureKind.USER_CODE
+
+
+def test_a_try_after_its_worker_died_with_the_resume_budget_spent_fails_without_a_new_attempt(
+    cluster, api, s3, bucket
+):
+    """The trigger ran out of resumes and its event's ledger was saved, then the worker died before it
+    failed the task: the next try must not resume once more (it reads what is left of the budget)."""
+    from tests.training.conftest import jobs
+    from trainops.errors import PermanentError
+
+    def attempts() -> set[str]:
+        return {j["metadata"]["labels"]["trainops.io/attempt"] for j in jobs(api)}
+
+    kube, spec = claimed_run(cluster, api, bucket, "spent", ARGS)
+    state: dict = {}
+    a_try = tries(kube, spec, "spent", state)
+    run = a_try(1, max_resumes=1)
+    first, _ = run.start()
+    GangCluster(kube).stop("training", first.job)
+    run.ledger.end(FailureKind.HANG, "no progress for 300 s")
+    second = run.new_attempt()  # the trigger's one resume
+    GangCluster(kube).stop("training", second.job)
+    run.ledger.end(FailureKind.HANG, "no progress for 300 s")
+    run.save()  # execute_complete saved the event's ledger, then its worker died
+
+    with pytest.raises(
+        PermanentError, match="resumes exhausted after 2 attempts; last: no progress for 300 s"
+    ):
+        a_try(2, max_resumes=1).start()
+    assert "3" not in attempts(), "a third attempt was submitted"
+    assert len(RunLedger.from_dict(state["ledger"]).attempts) == 2
+
+    cleared, _ = a_try(3, max_resumes=1, first_try=3).start()  # a Clear gives a fresh budget
+    assert cleared.number == 3 and "3" in attempts()
+    GangCluster(kube).stop("training", cleared.job)

@@ -42,10 +42,11 @@ def test_a_trigger_restarted_after_it_resumed_finds_the_attempt_it_began(cluster
         RunLedger(),
         lambda _: None,
         evidence_wait_s=60,
+        max_resumes=2,
     )
     first, _ = run.start()
     follow = FollowConfig("training", first.job, run_uri, 2, HangPolicy(floor=3.0, startup_timeout=30.0))
-    deferred = GangRunTrigger(follow.to_dict(), run.to_dict(), 2, kubeconfig=str(cluster.kubeconfig))
+    deferred = GangRunTrigger(follow.to_dict(), run.to_dict(), kubeconfig=str(cluster.kubeconfig))
     _, kwargs = deferred.serialize()
 
     async def first_trigger() -> None:

@@ -93,13 +93,23 @@ _STATUS_KIND = {  # how the follower ended an attempt -> the failure it is judge
 }
 
 
-JUDGING = ("fail_fast_on_user_error", "unconfirmed_fault_retries", "quarantine_culprits", "evidence_wait_s")
+# what a trigger gets to judge and resume the run as the try would (``to_dict``)
+OPTIONS = (
+    "fail_fast_on_user_error",
+    "unconfirmed_fault_retries",
+    "quarantine_culprits",
+    "evidence_wait_s",
+    "max_resumes",
+    "first_try",
+)
 
 
 class GangRun:
     """``cluster``: the run's Jobs and nodes; ``store``: the checkpoint store of the run path (Airflow:
     from the AWS connection); ``save(ledger_dict)`` persists the ledger (Airflow: the task state store);
-    ``try_number``: the Airflow try this is (recorded on the attempts it begins)."""
+    ``try_number``: the Airflow try this is (recorded on the attempts it begins); ``max_resumes``: the
+    resumes allowed since try ``first_try`` (the run's start or its last Clear: each Clear gives a fresh
+    budget)."""
 
     def __init__(
         self,
@@ -116,6 +126,8 @@ class GangRun:
         quarantine_culprits: bool = True,
         evidence_wait_s: float = 0.0,
         try_number: int = 1,
+        max_resumes: int = 0,
+        first_try: int = 1,
         logger: logging.Logger = log,
     ) -> None:
         self.spec, self.dag_id, self.run_id, self.try_number = spec, dag_id, run_id, try_number
@@ -124,11 +136,16 @@ class GangRun:
         self.unconfirmed_fault_retries = unconfirmed_fault_retries
         self.quarantine_culprits = quarantine_culprits
         self.evidence_wait_s = evidence_wait_s
+        self.max_resumes, self.first_try = max_resumes, first_try
         self.log = logger
         self.submit_lock = threading.Lock()  # held while a next attempt is submitted
 
     def save(self) -> None:
         self._save(self.ledger.to_dict())
+
+    @property
+    def resumes_left(self) -> int:
+        return max(0, self.max_resumes - self.ledger.resumes_since(self.first_try))
 
     # ---- handing the run to the trigger --------------------------------------------------
     def to_dict(self) -> dict:
@@ -139,7 +156,7 @@ class GangRun:
             "run_id": self.run_id,
             "try_number": self.try_number,
             "ledger": self.ledger.to_dict(),
-            **{name: getattr(self, name) for name in JUDGING},
+            **{name: getattr(self, name) for name in OPTIONS},
         }
 
     @classmethod
@@ -157,7 +174,7 @@ class GangRun:
             save=lambda _ledger: None,
             try_number=data["try_number"],
             logger=logger,
-            **{name: data[name] for name in JUDGING},
+            **{name: data[name] for name in OPTIONS},
         )
 
     def event(self, verdict: Verdict) -> dict:
@@ -178,7 +195,8 @@ class GangRun:
     # ---- start -------------------------------------------------------------------------
     def start(self) -> tuple[AttemptRecord, bool]:
         """Reattach or submit; returns the attempt and whether this try reattached.  An attempt that failed
-        while no try watched is judged first: ``PermanentError`` when that calls for no resume."""
+        while no try watched is judged first: ``PermanentError`` when that calls for no resume, or when
+        the resume budget is spent (a worker died after its trigger ran out of resumes)."""
         if claim_run_path(self.store, self.spec.run_path, f"{self.dag_id}/{self.run_id}"):
             self.log.info("run path %s now belongs to this DAG run", self.spec.run_path)
         self.catch_up()
@@ -200,7 +218,7 @@ class GangRun:
                     FailureKind.STOPPED, f"stopped while no try was watching: Workload {stopped} deactivated"
                 )
                 self.save()
-                return self.new_attempt(), False
+                return self._resume_unwatched(), False
             if running:
                 self.log.info("attempt %d's Job %s is running: following it", live.number, live.job)
                 self.cluster.create_service(build_service(self.spec, job))  # gone if a try died mid-submit
@@ -227,7 +245,15 @@ class GangRun:
                     self.save()
                     raise PermanentError(verdict.message)
             self.save()
-        return self.new_attempt(), False
+        return self._resume_unwatched(), False
+
+    def _resume_unwatched(self) -> AttemptRecord:
+        """The next attempt, when the budget allows it: the first since the run's start or its last Clear
+        is free, each after that is a resume."""
+        begun = any(a.try_number >= self.first_try for a in self.ledger.attempts)
+        if begun and self.resumes_left <= 0:
+            raise PermanentError(self.exhausted_message(self.ledger.current.ended or "no resume left"))
+        return self.new_attempt()
 
     def catch_up(self) -> int:
         """Put in the ledger the attempts a trigger began that it never handed back (the triggerer
@@ -317,24 +343,21 @@ class GangRun:
         self.save()
 
     # ---- follow, judge, resume ------------------------------------------------------------
-    async def run_attempts(
-        self, follow_attempt: Callable[[str], Awaitable[follow.Outcome]], resumes_left: int
-    ) -> Verdict:
+    async def run_attempts(self, follow_attempt: Callable[[str], Awaitable[follow.Outcome]]) -> Verdict:
         """Follow the current attempt (``follow_attempt(job)``) to its end and judge it; while the verdict
-        is a resume and ``resumes_left`` allows, start the next attempt and follow that.  It starts with
+        is a resume and the budget allows, start the next attempt and follow that.  It starts with
         ``start()``, as a try does: a trigger rebuilt after a triggerer restart holds the ledger it was
         deferred with, and the run may have moved on since (an attempt stopped, another begun).  The
         blocking judging and submitting run in threads."""
-        before = self.ledger.next_number()
         await asyncio.to_thread(self.start)
-        resumes_left -= self.ledger.next_number() - before
         while True:
             outcome = await follow_attempt(self.ledger.current.job)
             verdict = await asyncio.to_thread(self.finish, outcome.to_dict())
-            if verdict.decision is not Decision.RETRY or resumes_left <= 0:
+            if verdict.decision is not Decision.RETRY or self.resumes_left <= 0:
                 return verdict
-            resumes_left -= 1
-            self.log.info("resuming at once (%d more resumes left): %s", resumes_left, verdict.message)
+            self.log.info(
+                "resuming at once (%d more resumes left): %s", self.resumes_left - 1, verdict.message
+            )
             await asyncio.to_thread(self.new_attempt)
 
     # ---- finish ------------------------------------------------------------------------
@@ -444,11 +467,11 @@ class GangRun:
             "checkpoint": {"uri": checkpoint.uri, "step": checkpoint.step, "verified": checkpoint.how},
         }
 
-    def exhausted_message(self, verdict: Verdict) -> str:
+    def exhausted_message(self, last: str) -> str:
         checkpoint, _ = latest_checkpoint(self.spec.run_path, self.store)
         where = f"{checkpoint.uri} (step {checkpoint.step})" if checkpoint.uri else "none"
         return (
-            f"resumes exhausted after {len(self.ledger.attempts)} attempts; last: {verdict.message}. "
+            f"resumes exhausted after {len(self.ledger.attempts)} attempts; last: {last}. "
             f"Latest verified checkpoint: {where}. Excluded nodes: {self.ledger.excluded or 'none'}. "
             "Fix the cause, then Clear the task to resume from that checkpoint."
         )
