@@ -148,3 +148,26 @@ def test_a_try_after_its_worker_died_with_the_resume_budget_spent_fails_without_
     cleared, _ = a_try(3, max_resumes=1, first_try=3).start()  # a Clear gives a fresh budget
     assert cleared.number == 3 and "3" in attempts()
     GangCluster(kube).stop("training", cleared.job)
+
+
+def test_a_try_after_its_worker_died_on_a_succeeded_run_follows_the_completed_job_again(
+    cluster, api, s3, bucket
+):
+    """The trigger's event said succeeded and was saved, then the worker died: the next try must not
+    train once more from the last checkpoint."""
+    from tests.training.conftest import jobs
+    from trainops.training.follow import Status
+
+    kube, spec = claimed_run(cluster, api, bucket, "done", ["--steps", "20", "--checkpoint-every", "10"])
+    state: dict = {}
+    a_try = tries(kube, spec, "done", state)
+    run = a_try(1, max_resumes=3)
+    first, _ = run.start()
+    wait_for(lambda: finished(GangCluster(kube).read_job("training", first.job)), "the Job completed")
+    run.ledger.end(Status.SUCCEEDED, "completed")
+    run.save()
+
+    again, reattached = a_try(2, max_resumes=3).start()
+
+    assert (again.number, reattached) == (1, True)
+    assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]

@@ -196,7 +196,8 @@ class GangRun:
     def start(self) -> tuple[AttemptRecord, bool]:
         """Reattach or submit; returns the attempt and whether this try reattached.  An attempt that failed
         while no try watched is judged first: ``PermanentError`` when that calls for no resume, or when
-        the resume budget is spent (a worker died after its trigger ran out of resumes)."""
+        the resume budget is spent (a worker died after its trigger ran out of resumes).  A run whose
+        last attempt succeeded is not resumed: its completed Job is followed again."""
         if claim_run_path(self.store, self.spec.run_path, f"{self.dag_id}/{self.run_id}"):
             self.log.info("run path %s now belongs to this DAG run", self.spec.run_path)
         self.catch_up()
@@ -245,6 +246,10 @@ class GangRun:
                     self.save()
                     raise PermanentError(verdict.message)
             self.save()
+        elif self.ledger.current is not None and self.ledger.current.kind == Status.SUCCEEDED:
+            # the task's worker died after it saved the trigger's event: follow the completed Job again
+            self.log.info("attempt %d already succeeded: nothing to resume", self.ledger.current.number)
+            return self.ledger.current, True
         return self._resume_unwatched(), False
 
     def _resume_unwatched(self) -> AttemptRecord:
