@@ -171,3 +171,35 @@ def test_a_try_after_its_worker_died_on_a_succeeded_run_follows_the_completed_jo
 
     assert (again.number, reattached) == (1, True)
     assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]
+
+
+def test_a_try_after_its_worker_died_on_a_failed_verdict_fails_until_a_clear(cluster, api, s3, bucket):
+    """The trigger judged the user's code failed (no resume) and its event was saved, then the worker
+    died before it failed the task: the next try fails too; a Clear resumes."""
+    from tests.training.conftest import jobs
+    from tests.training.test_gang_e2e import running_pod
+    from trainops.errors import PermanentError
+    from trainops.training.follow import Outcome, Status
+    from trainops.training.runner import Decision
+
+    kube, spec = claimed_run(cluster, api, bucket, "failed", ARGS)
+    state: dict = {}
+    a_try = tries(kube, spec, "failed", state)
+    run = a_try(1, max_resumes=3)
+    first, _ = run.start()
+    pod = wait_for(lambda: running_pod(api, "1"), "attempt 1 running")
+    cluster.inject("crash-pod", f"training/{pod['metadata']['name']}", exit_code=1, message="KeyError: 'x'")
+    wait_for(lambda: finished(GangCluster(kube).read_job("training", first.job)), "Job 1 Failed")
+    pods = GangCluster(kube).job_pods("training", first.job)
+    verdict = run.finish(Outcome(Status.FAILED, "a pod failed", first.job, pods).to_dict())  # the trigger
+    assert verdict.decision is Decision.FAIL
+
+    with pytest.raises(
+        PermanentError, match=r"attempt 1 failed, no resume \(user_code\): .*exited with code 1"
+    ):
+        a_try(2, max_resumes=3).start()
+    assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]
+
+    cleared, reattached = a_try(3, max_resumes=3, first_try=3).start()
+    assert (cleared.number, reattached) == (2, False)
+    GangCluster(kube).stop("training", cleared.job)

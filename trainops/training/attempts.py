@@ -27,6 +27,7 @@ class Phase(StrEnum):
 class AttemptRecord:
     """One attempt; ``kind``: how it ended (``succeeded`` or a ``FailureKind``), ``ended``: why;
     ``hints``: what the failed pods printed about GPUs or NCCL (recorded, never used to blame a node);
+    ``verdict``: what its failure called for (``retry``: a resume, or ``fail``);
     ``try_number``: the Airflow try that began it (a resume in the trigger belongs to the deferred try);
     ``began_at`` / ``ended_at``: when it was begun and when its end was seen (Unix time)."""
 
@@ -39,6 +40,7 @@ class AttemptRecord:
     ended: str | None = None
     kind: str | None = None
     hints: list[str] = field(default_factory=list)
+    verdict: str | None = None
     try_number: int = 1
     began_at: float | None = None
     ended_at: float | None = None

@@ -194,10 +194,10 @@ class GangRun:
 
     # ---- start -------------------------------------------------------------------------
     def start(self) -> tuple[AttemptRecord, bool]:
-        """Reattach or submit; returns the attempt and whether this try reattached.  An attempt that failed
-        while no try watched is judged first: ``PermanentError`` when that calls for no resume, or when
-        the resume budget is spent (a worker died after its trigger ran out of resumes).  A run whose
-        last attempt succeeded is not resumed: its completed Job is followed again."""
+        """Reattach or submit; returns the attempt and whether this try reattached.  What was decided
+        since the run's start or its last Clear stands (a worker may die after it saved the trigger's
+        event): an attempt that failed while no try watched is judged first, one judged to fail or with
+        no resume left raises ``PermanentError``, and one that succeeded is followed again."""
         if claim_run_path(self.store, self.spec.run_path, f"{self.dag_id}/{self.run_id}"):
             self.log.info("run path %s now belongs to this DAG run", self.spec.run_path)
         self.catch_up()
@@ -246,10 +246,13 @@ class GangRun:
                     self.save()
                     raise PermanentError(verdict.message)
             self.save()
-        elif self.ledger.current is not None and self.ledger.current.kind == Status.SUCCEEDED:
-            # the task's worker died after it saved the trigger's event: follow the completed Job again
-            self.log.info("attempt %d already succeeded: nothing to resume", self.ledger.current.number)
-            return self.ledger.current, True
+        elif (last := self.ledger.current) is not None and last.try_number >= self.first_try:
+            # ended with no Clear since: the worker died after it saved the trigger's event
+            if last.kind == Status.SUCCEEDED:
+                self.log.info("attempt %d already succeeded: following its completed Job", last.number)
+                return last, True
+            if last.verdict == Decision.FAIL:
+                raise PermanentError(f"attempt {last.number} failed, no resume ({last.kind}): {last.ended}")
         return self._resume_unwatched(), False
 
     def _resume_unwatched(self) -> AttemptRecord:
@@ -384,6 +387,12 @@ class GangRun:
         return verdict
 
     def _judge_failure(self, outcome: follow.Outcome) -> Verdict:
+        """The verdict on a failed attempt, recorded on it (a try after a lost worker reads it)."""
+        verdict = self._verdict(outcome)
+        self.ledger.current.verdict = str(verdict.decision)
+        return verdict
+
+    def _verdict(self, outcome: follow.Outcome) -> Verdict:
         nodes: dict[str, dict | None] = {}
         if outcome.status is Status.FAILED:
             nodes, logs = self.cluster.failure_evidence(self.spec.namespace, outcome.pods)
