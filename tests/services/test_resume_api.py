@@ -95,6 +95,15 @@ def test_an_xid_mid_run_quarantines_the_node_and_the_trigger_resumes_on_the_spar
     assert len(second) == 2 and culprit not in second
     assert xcom(airflow, "api-xid", "verify_checkpoint")["step"] == 200
     assert_capacity_back(api, before)  # the culprit stays quarantined, out of both pools
+    # the trigger's judgement is in the try's log, as the UI shows it (its start() judges an attempt that
+    # failed before it followed it; otherwise its follow does)
+    log = airflow.ok(
+        "GET", f"/dags/{DAG_ID}/dagRuns/api-xid/taskInstances/train/logs/1", params={"full_content": "true"}
+    )
+    events = [str(line.get("event", "")) for line in log["content"]]
+    assert any(e.startswith(f"quarantined node {culprit}") for e in events), events
+    assert any(e.startswith("attempt 1 ended: infrastructure: node fault") for e in events), events
+    assert any(e.startswith("attempt 2: Job") for e in events), events
 
 
 def test_clear_after_a_user_code_failure_resumes_from_the_last_verified_checkpoint(services, airflow):

@@ -99,3 +99,80 @@ def test_a_node_that_reports_its_fault_after_the_pods_failed_is_blamed_once_it_d
     assert not any(
         HEALTH_LABEL in (node(api, n)["metadata"].get("labels") or {}) for n in nodes if n != culprit
     )
+
+
+def test_waiting_for_a_nodes_report_leaves_the_triggerers_shared_threads_free(cluster, api, s3, bucket):
+    """The trigger judges in threads of its own: a judgement that waits for the nodes' reports does not
+    hold the event loop's default executor, which every trigger in the triggerer shares (here one
+    thread, so a judgement in it would hold back the other trigger's call until it ends)."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.devcluster.ctrl_support import wait_for
+    from trainops.checkpoints.store import CheckpointStore
+    from trainops.training.attempts import RunLedger
+    from trainops.training.cluster import GangCluster
+    from trainops.training.follow import Outcome, Status
+    from trainops.training.runner import Decision, GangRun
+
+    kube, spec = claimed_run(cluster, api, bucket, "shared", ["--steps", "400", "--step-seconds", "0.05"])
+    cluster_calls = GangCluster(kube)
+    run = GangRun(
+        spec,
+        "dag",
+        "shared",
+        cluster_calls,
+        CheckpointStore(),
+        RunLedger(),
+        lambda _: None,
+        evidence_wait_s=3,
+    )
+    waiting = threading.Event()
+    watched = cluster_calls.node_changes
+
+    def node_changes(names, until):  # no node reports: the judgement waits the whole evidence_wait_s
+        waiting.set()
+        yield from watched(names, until)
+
+    cluster_calls.node_changes = node_changes
+
+    def crash_and_wait(job: str) -> Outcome:
+        pod = wait_for(lambda: running_pod(api, "1"), "a running pod")
+        cluster.inject(
+            "crash-pod",
+            f"training/{pod['metadata']['name']}",
+            exit_code=1,
+            message="NVRM: Xid 79, GPU has fallen off the bus",
+        )
+        pods = wait_for(
+            lambda: (
+                [p for p in cluster_calls.job_pods("training", job) if p["status"]["phase"] == "Failed"]
+                and cluster_calls.job_pods("training", job)
+            ),
+            "the pod failed",
+        )
+        return Outcome(Status.FAILED, "a pod failed", job, pods)
+
+    async def follow_attempt(job: str) -> Outcome:
+        return await asyncio.to_thread(crash_and_wait, job)
+
+    async def triggerer() -> tuple[bool, Decision]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
+        judged = asyncio.Event()
+
+        async def judge() -> Decision:
+            verdict = await run.run_attempts(follow_attempt)
+            judged.set()
+            return verdict.decision
+
+        judging = asyncio.create_task(judge())
+        while not waiting.is_set():
+            await asyncio.sleep(0.05)
+        await asyncio.to_thread(lambda: None)  # another trigger's call
+        return judged.is_set(), await judging
+
+    judged_first, decision = asyncio.run(triggerer())
+
+    assert decision is Decision.FAIL  # nobody confirmed the XID: the user's code
+    assert not judged_first, "another trigger's call waited for the judgement"

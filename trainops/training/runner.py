@@ -17,12 +17,15 @@ instead of making them twice or taking a stopped one for the next.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
+import functools
 import json
 import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -91,6 +94,17 @@ _STATUS_KIND = {  # how the follower ended an attempt -> the failure it is judge
     Status.DEACTIVATED: FailureKind.STOPPED,
     Status.JOB_MISSING: FailureKind.INFRASTRUCTURE,
 }
+
+
+# The trigger's blocking work runs here, not in the event loop's default executor, which every trigger
+# in the triggerer shares: judging may wait up to ``evidence_wait_s`` on the nodes' reports.
+_RUN_THREADS = ThreadPoolExecutor(thread_name_prefix="trainops-gang-run")
+
+
+async def _in_thread(fn: Callable, *args):
+    """``asyncio.to_thread`` (the context, logging's included, goes along) in ``_RUN_THREADS``."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args)
+    return await asyncio.get_running_loop().run_in_executor(_RUN_THREADS, call)
 
 
 # what a trigger gets to judge and resume the run as the try would (``to_dict``)
@@ -258,9 +272,10 @@ class GangRun:
     def _resume_unwatched(self) -> AttemptRecord:
         """The next attempt, when the budget allows it: the first since the run's start or its last Clear
         is free, each after that is a resume."""
-        begun = any(a.try_number >= self.first_try for a in self.ledger.attempts)
-        if begun and self.resumes_left <= 0:
-            raise PermanentError(self.exhausted_message(self.ledger.current.ended or "no resume left"))
+        if any(a.try_number >= self.first_try for a in self.ledger.attempts):
+            if self.resumes_left <= 0:
+                raise PermanentError(self.exhausted_message(self.ledger.current.ended or "no resume left"))
+            self.log.info("resuming (%d more resumes left)", self.resumes_left - 1)
         return self.new_attempt()
 
     def catch_up(self) -> int:
@@ -356,22 +371,21 @@ class GangRun:
         is a resume and the budget allows, start the next attempt and follow that.  It starts with
         ``start()``, as a try does: a trigger rebuilt after a triggerer restart holds the ledger it was
         deferred with, and the run may have moved on since (an attempt stopped, another begun).  The
-        blocking judging and submitting run in threads."""
-        await asyncio.to_thread(self.start)
+        blocking judging and submitting run in threads of their own (``_RUN_THREADS``)."""
+        await _in_thread(self.start)
         while True:
             outcome = await follow_attempt(self.ledger.current.job)
-            verdict = await asyncio.to_thread(self.finish, outcome.to_dict())
+            verdict = await _in_thread(self.finish, outcome.to_dict())
             if verdict.decision is not Decision.RETRY or self.resumes_left <= 0:
                 return verdict
             self.log.info(
                 "resuming at once (%d more resumes left): %s", self.resumes_left - 1, verdict.message
             )
-            await asyncio.to_thread(self.new_attempt)
+            await _in_thread(self.new_attempt)
 
     # ---- finish ------------------------------------------------------------------------
     def finish(self, event: dict) -> Verdict:
         outcome = follow.Outcome(**event)
-        record = self.ledger.current
         for message in outcome.preemptions:
             self.ledger.preemptions += 1
             self.log.info("preempted and requeued by Kueue (no resume used): %s", message)
@@ -383,13 +397,13 @@ class GangRun:
             self.log.info("stopped the run: %s", outcome.stopped)
         verdict = self._judge_failure(outcome)
         self.save()
-        self.log.info("attempt %d ended: %s", record.number if record else 0, verdict.message)
         return verdict
 
     def _judge_failure(self, outcome: follow.Outcome) -> Verdict:
         """The verdict on a failed attempt, recorded on it (a try after a lost worker reads it)."""
         verdict = self._verdict(outcome)
         self.ledger.current.verdict = str(verdict.decision)
+        self.log.info("attempt %d ended: %s", self.ledger.current.number, verdict.message)
         return verdict
 
     def _verdict(self, outcome: follow.Outcome) -> Verdict:
