@@ -86,11 +86,9 @@ class GangRunTrigger(BaseTrigger):
         run = self._run
 
         def stop() -> str:
-            if run is None:  # killed before run() began
-                job = self.follow["job_name"]
-            else:
-                with run.submit_lock:  # a next attempt under way: stop the Job it makes
-                    job = run.ledger.current.job
+            # killed before run() began; else no Job is created after this one (a start or resume still
+            # running in this cancelled trigger's thread would make one)
+            job = self.follow["job_name"] if run is None else run.stop_submitting()
             return GangCluster(self._hook().kube()).stop(self.follow["namespace"], job)
 
         done = await asyncio.shield(asyncio.to_thread(stop))

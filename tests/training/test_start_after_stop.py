@@ -203,3 +203,23 @@ def test_a_try_after_its_worker_died_on_a_failed_verdict_fails_until_a_clear(clu
     cleared, reattached = a_try(3, max_resumes=3, first_try=3).start()
     assert (cleared.number, reattached) == (2, False)
     GangCluster(kube).stop("training", cleared.job)
+
+
+def test_a_killed_trigger_submits_nothing_after_its_on_kill(cluster, api, s3, bucket):
+    """Mark-failed came as the trigger began: its on_kill stopped attempt 1 while its start() still read
+    the run in a thread (cancelling the coroutine does not stop that thread).  That start() finds attempt 1
+    stopped and must not submit attempt 2, which nobody would stop (seen once on the services stack)."""
+    from tests.training.conftest import jobs
+    from trainops.errors import PermanentError
+
+    kube, spec = claimed_run(cluster, api, bucket, "killed", ARGS)
+    run = tries(kube, spec, "killed", {})(1, max_resumes=3)
+    first, _ = run.start()
+    wait_for(lambda: GangCluster(kube).job_pods("training", first.job), "the attempt's pods")
+    trigger = GangRun.from_dict(run.to_dict(), GangCluster(kube), CheckpointStore())
+
+    GangCluster(kube).stop("training", trigger.stop_submitting())  # the trigger's on_kill
+    with pytest.raises(PermanentError, match="the task was killed: attempt 2's Job .* is not created"):
+        trigger.start()  # what its thread goes on with
+
+    assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]

@@ -152,7 +152,8 @@ class GangRun:
         self.evidence_wait_s = evidence_wait_s
         self.max_resumes, self.first_try = max_resumes, first_try
         self.log = logger
-        self.submit_lock = threading.Lock()  # held while a next attempt is submitted
+        self.submit_lock = threading.Lock()  # held while a Job is created
+        self.killed = False  # set under submit_lock by ``stop_submitting``: no Job is created after it
 
     def save(self) -> None:
         self._save(self.ledger.to_dict())
@@ -244,7 +245,8 @@ class GangRun:
                     live.number,
                     live.job,
                 )
-                self._submit(live)
+                with self.submit_lock:
+                    self._submit(live)
                 return live, False
             if job is None:
                 self.ledger.end(FailureKind.INFRASTRUCTURE, f"Job {live.job} disappeared")
@@ -307,6 +309,14 @@ class GangRun:
             self.save()
         return found
 
+    def stop_submitting(self) -> str:
+        """The task was killed: no Job is created from now on (a start or resume still running in a thread
+        of a cancelled trigger fails instead).  Returns the current attempt's Job, to be stopped: a submit
+        under way holds ``submit_lock``, so it is that attempt's Job, created."""
+        with self.submit_lock:
+            self.killed = True
+            return self.ledger.current.job
+
     def new_attempt(self) -> AttemptRecord:
         """Submit the next attempt, resuming from the latest verified checkpoint (or a fresh start).
         ``submit_lock`` is held meanwhile (a stop waits on it, then stops the Job this makes)."""
@@ -340,6 +350,10 @@ class GangRun:
         return record
 
     def _submit(self, record: AttemptRecord) -> None:
+        if self.killed:
+            raise PermanentError(
+                f"the task was killed: attempt {record.number}'s Job {record.job} is not created"
+            )
         job = build_job(
             self.spec,
             name=record.job,
