@@ -181,7 +181,7 @@ def train_try(
 
     verdict = asyncio.run(_until_cleared(trigger.run_attempts(follow_attempt), cleared or threading.Event()))
     if verdict is None:
-        GangCluster(step.kube()).stop("training", trigger.ledger.current.job)  # the trigger's on_kill
+        GangCluster(step.kube()).stop("training", trigger.stop_submitting())  # the trigger's on_kill
         return None
     step.save_ledger(trigger.ledger.to_dict())
     return verdict
