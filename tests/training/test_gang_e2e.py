@@ -333,6 +333,30 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
     assert_training_stopped(api, s3, run_uri)
 
 
+def test_a_trigger_that_starts_after_the_teardown_stopped_the_run_does_not_resume_it(
+    cluster, api, s3, bucket
+):
+    """Mark-failed before the triggerer ran the trigger: the teardown stopped attempt 1, then the trigger
+    started (its cancel came later).  It must end the run as stopped, not submit attempt 2 on nodes being
+    given back (seen on the services stack: a second, active Workload after the teardown)."""
+    import asyncio
+
+    from tests.devcluster.ctrl_support import wait_for
+    from trainops.kube.client import Kube
+    from trainops.kube.retry import Deadline
+    from trainops.training.cluster import GangCluster
+
+    run_uri = f"s3://{bucket}/runs/torn-down/"
+    operator, gang, _ = start_attempt(cluster, api, "tests/torn-down", run_uri)
+    wait_for(lambda: heartbeat_step(s3, run_uri) >= 5, "attempt 1 training")
+    GangCluster(Kube(api)).stop_run("training", "tests/torn-down", Deadline(60))  # the teardown
+
+    event = asyncio.run(anext(operator.trigger(gang).run())).payload
+
+    assert event["decision"] == "fail" and "deactivated" in event["message"], event["message"]
+    assert [j["metadata"]["labels"]["trainops.io/attempt"] for j in jobs(api)] == ["1"]
+
+
 def test_returning_a_runs_capacity_by_hand_stops_its_training_first(cluster, api, s3, bucket):
     """`trainops capacity return` (and the reaper, the UI's return, the teardown: one give_back) on a
     run that is still training: its Job is stopped and its pods gone before any node goes back, so

@@ -208,11 +208,14 @@ class GangRun:
         return Verdict(Decision(event["decision"]), event["message"], result=event["result"])
 
     # ---- start -------------------------------------------------------------------------
-    def start(self) -> tuple[AttemptRecord, bool]:
+    def start(self, resume_stopped: bool = True) -> tuple[AttemptRecord, bool]:
         """Reattach or submit; returns the attempt and whether this try reattached.  What was decided
         since the run's start or its last Clear stands (a worker may die after it saved the trigger's
         event): an attempt that failed while no try watched is judged first, one judged to fail or with
-        no resume left raises ``PermanentError``, and one that succeeded is followed again."""
+        no resume left raises ``PermanentError``, and one that succeeded is followed again.  An attempt
+        stopped by someone else (a Clear's or mark-failed's ``on_kill``, the teardown) is resumed, as a try
+        after a Clear must; with ``resume_stopped=False`` (a trigger) it is followed, and the follow ends it
+        as stopped: a trigger that starts after the teardown stopped the run must not resume it."""
         if claim_run_path(self.store, self.spec.run_path, f"{self.dag_id}/{self.run_id}"):
             self.log.info("run path %s now belongs to this DAG run", self.spec.run_path)
         self.catch_up()
@@ -220,7 +223,7 @@ class GangRun:
         if live is not None:
             job = self.cluster.read_job(self.spec.namespace, live.job)
             running = job is not None and not finished(job)
-            stopped = self.cluster.stopped(self.spec.namespace, job) if running else None
+            stopped = self.cluster.stopped(self.spec.namespace, job) if running and resume_stopped else None
             if stopped is not None:
                 # stopped (a Clear's or a mark-failed's on_kill) before it ended: a new attempt, not a
                 # reattach, whose follow would end at once as deactivated and fail the run
@@ -384,9 +387,10 @@ class GangRun:
         """Follow the current attempt (``follow_attempt(job)``) to its end and judge it; while the verdict
         is a resume and the budget allows, start the next attempt and follow that.  It starts with
         ``start()``, as a try does: a trigger rebuilt after a triggerer restart holds the ledger it was
-        deferred with, and the run may have moved on since (an attempt stopped, another begun).  The
+        deferred with, and the run may have moved on since (another attempt begun; one stopped by someone
+        else is followed to its end as stopped, not resumed: ``start(resume_stopped=False)``).  The
         blocking judging and submitting run in threads of their own (``_RUN_THREADS``)."""
-        await _in_thread(self.start)
+        await _in_thread(self.start, False)
         while True:
             outcome = await follow_attempt(self.ledger.current.job)
             verdict = await _in_thread(self.finish, outcome.to_dict())
