@@ -237,7 +237,7 @@ class GangRun:
                     FailureKind.STOPPED, f"stopped while no try was watching: Workload {stopped} deactivated"
                 )
                 self.save()
-                return self._resume_unwatched(), False
+                return self._next_attempt(), False
             if running:
                 self.log.info("attempt %d's Job %s is running: following it", live.number, live.job)
                 self.cluster.create_service(build_service(self.spec, job))  # gone if a try died mid-submit
@@ -272,11 +272,11 @@ class GangRun:
                 return last, True
             if last.verdict == Decision.FAIL:
                 raise PermanentError(f"attempt {last.number} failed, no resume ({last.kind}): {last.ended}")
-        return self._resume_unwatched(), False
+        return self._next_attempt(), False
 
-    def _resume_unwatched(self) -> AttemptRecord:
-        """The next attempt, when the budget allows it: the first since the run's start or its last Clear
-        is free, each after that is a resume."""
+    def _next_attempt(self) -> AttemptRecord:
+        """``new_attempt`` from ``start()``, when the budget allows it: the first attempt since the run's
+        start or its last Clear is free, each after that is a resume."""
         if any(a.try_number >= self.first_try for a in self.ledger.attempts):
             if self.resumes_left <= 0:
                 raise PermanentError(self.exhausted_message(self.ledger.current.ended or "no resume left"))
