@@ -1,8 +1,9 @@
 """Retrain on a schedule and whenever new training data lands: the training lifecycle, same tasks.
 
 Runs every Sunday at 03:00 UTC and each time the ``training-data`` Asset is updated (a data pipeline
-that lists it in its ``outlets``). Each run writes its checkpoints under
-``<checkpoint_uri>/<run_name>-<run date>/``, so a run never resumes from an earlier run's checkpoints.
+that lists it in its ``outlets``). Each run writes its checkpoints under a run path of its own,
+``<checkpoint_uri>/scheduled-retraining-<run date>-<time>-<hash>/`` (``run_name`` left empty is derived
+from the DAG run), so a run never resumes from an earlier run's checkpoints.
 """
 
 from airflow.sdk import DAG, Asset, AssetOrTimeSchedule, CronTriggerTimetable
@@ -19,13 +20,9 @@ with DAG(
     ),
     catchup=False,
     max_active_runs=1,
-    params=lifecycle_params(run_name="retrain"),
+    params=lifecycle_params(),
     doc_md=__doc__ + LIFECYCLE_DOC,
     render_template_as_native_obj=True,
     tags=["trainops", "training", "scheduled"],
 ):
-    training_lifecycle(
-        "scheduled_retraining",
-        run_path="{{ params.checkpoint_uri.rstrip('/') }}/{{ params.run_name }}-"
-        "{{ dag_run.run_after.strftime('%Y%m%d-%H%M%S') }}/",
-    )
+    training_lifecycle("scheduled_retraining")

@@ -1,4 +1,4 @@
-"""Verify a checkpoint, or find the newest verified one under a run path, from a DAG."""
+"""Reserve a run path for a DAG run; verify a checkpoint, or find the newest verified one under a run path."""
 
 from __future__ import annotations
 
@@ -10,6 +10,54 @@ from trainops.operators._errors import translate_errors
 from trainops.plugins.links import TrainingRunLink
 
 from trainops.errors import TemporaryError
+
+
+class RunPathOperator(BaseOperator):
+    """Reserve the run path ``<checkpoint_uri>/<run_name>/`` for this DAG run, before anything is claimed.
+
+    One conditional write to S3 (``trainops-run.json``, see ``trainops.checkpoints.owner``); a retry or a
+    Clear of the same DAG run finds the path its own.  A path another DAG run owns fails the task at once,
+    naming that run and what to do, so the tasks after it never touch a node.  With ``run_name`` empty
+    the name is derived from the DAG run (``<dag>-<YYYYmmdd-HHMMSS>-<hash>``): triggering twice with the
+    same form gives two runs, each with its own path.  Returns (XCom) ``run_uri``, ``run_name`` and
+    ``owner`` (``<dag_id>/<run_id>``).
+
+    :param checkpoint_uri: ``s3://bucket/prefix/`` under which the run's path is made. Templated.
+    :param run_name: the run path's last segment, a DNS-1123 label; None or empty: derived from the DAG
+        run. Templated.
+    :param aws_conn_id: Airflow ``aws`` connection of the S3 store (endpoint, credentials, region).
+    """
+
+    template_fields: Sequence[str] = ("checkpoint_uri", "run_name")
+    ui_color = "#eef4e8"
+
+    def __init__(
+        self,
+        *,
+        checkpoint_uri: str,
+        run_name: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.checkpoint_uri, self.run_name, self.aws_conn_id = checkpoint_uri, run_name, aws_conn_id
+
+    @translate_errors
+    def execute(self, context: Any) -> dict[str, str]:
+        from trainops.hooks.checkpoint_store import CheckpointStoreHook
+
+        from trainops.checkpoints.owner import claim_run_path, derived_run_name, run_path
+
+        dag_run = context["dag_run"]
+        owner = f"{dag_run.dag_id}/{dag_run.run_id}"
+        name = self.run_name or derived_run_name(dag_run.dag_id, dag_run.run_id, dag_run.run_after)
+        run_uri = run_path(self.checkpoint_uri, name)
+        store = CheckpointStoreHook(aws_conn_id=self.aws_conn_id).get_store()
+        if claim_run_path(store, run_uri, owner):
+            self.log.info("Run path %s reserved for DAG run %s", run_uri, owner)
+        else:
+            self.log.info("Run path %s already belongs to this DAG run (a retry or a Clear)", run_uri)
+        return {"run_uri": run_uri, "run_name": name, "owner": owner}
 
 
 class CheckpointVerifyOperator(BaseOperator):

@@ -18,6 +18,7 @@ from trainops.operators.training import LEDGER_KEY
 from trainops.errors import TrainopsError
 
 TRAIN, VERIFY, CLAIM, RETURN = "train", "verify_checkpoint", "claim_nodes", "return_capacity"
+RESERVE = "reserve_run_path"
 
 
 class RunNotFound(LookupError):
@@ -61,8 +62,12 @@ def _xcom(session: Session, dag_id: str, run_id: str, task_id: str) -> Any:
 
 
 def _run_uri(session: Session, dag_id: str, run_id: str) -> str | None:
+    """The run path the lifecycle's first task reserved, else the one ``train`` or ``verify`` rendered."""
     from airflow.models.renderedtifields import RenderedTaskInstanceFields as Rendered
 
+    reserved = _xcom(session, dag_id, run_id, RESERVE)
+    if isinstance(reserved, dict) and str(reserved.get("run_uri", "")).startswith("s3://"):
+        return reserved["run_uri"]
     for task_id in (TRAIN, VERIFY):
         fields = session.scalar(
             select(Rendered.rendered_fields).where(

@@ -1,6 +1,6 @@
 """The lifecycle's task chain, added to the DAG being defined: ``training_lifecycle(dag_id)``.
 
-health gate -> claim nodes -> fabric of the claimed nodes (the three are setups) -> gang training (each
+reserve the run path -> health gate -> claim nodes -> fabric of the claimed nodes (the three are setups) -> gang training (each
 retry a resume) -> verify the final checkpoint (outlet: an Airflow Asset), and beside it return capacity
 (teardown, runs on every path; its failure fails the run).
 The tasks are the provider's operators as they are; everything heavy (kubernetes, boto3) is imported
@@ -16,12 +16,13 @@ from typing import Any
 
 from airflow.sdk import Asset
 from trainops.operators.capacity import ClaimNodesOperator, ReturnCapacityOperator
-from trainops.operators.checkpoint import CheckpointVerifyOperator
+from trainops.operators.checkpoint import CheckpointVerifyOperator, RunPathOperator
 from trainops.operators.health import NodeHealthGateOperator
 from trainops.operators.lifecycle.docs import (
     CLAIM_DOC,
     FABRIC_DOC,
     GATE_DOC,
+    RESERVE_DOC,
     RETURN_DOC,
     TRAIN_DOC,
     VERIFY_DOC,
@@ -31,7 +32,9 @@ from trainops.sensors.health import FabricHealthSensor
 
 from trainops.health.policy import DEFAULT_POLICY
 
-RUN_PATH = "{{ params.checkpoint_uri.rstrip('/') }}/{{ params.run_name }}/"
+# The run path and name as the first task reserved them (run_name empty: derived from the DAG run).
+RUN_PATH = "{{ ti.xcom_pull(task_ids='reserve_run_path')['run_uri'] }}"
+RUN_NAME = "{{ ti.xcom_pull(task_ids='reserve_run_path')['run_name'] }}"
 # The run's node total, computed here only: the gate finds at least this many, the claim takes this many.
 NODES_WITH_SPARES = "{{ params.nodes + params.spare_nodes }}"
 # fabric_gate off: every InfiniBand row of the policy switched off (clusters without InfiniBand).
@@ -63,7 +66,6 @@ def final_checkpoint_asset(dag_id: str) -> Asset:
 def training_lifecycle(
     dag_id: str,
     *,
-    run_path: str = RUN_PATH,
     kubernetes_conn_id: str = "kubernetes_default",
     aws_conn_id: str = "aws_default",
     retry_delay: timedelta = timedelta(seconds=5),
@@ -71,7 +73,7 @@ def training_lifecycle(
     """Add the lifecycle's tasks to the DAG being defined (``with DAG(...)``); returns them by task id.
 
     The DAG needs ``params=lifecycle_params()`` and ``render_template_as_native_obj=True``.
-    ``run_path``: template of the run's S3 path (default ``<checkpoint_uri>/<run_name>/``).
+    The run's S3 path is ``<checkpoint_uri>/<run_name>/``, reserved for the DAG run by its first task.
     """
     # The gate and the fabric check read health alike (fabric_gate off reaches both through the policy).
     health_sources = {
@@ -80,6 +82,13 @@ def training_lifecycle(
         "on_prometheus_unavailable": "{{ params.on_prometheus_unavailable }}",
         "kubernetes_conn_id": kubernetes_conn_id,
     }
+    reserve = RunPathOperator(
+        task_id="reserve_run_path",
+        checkpoint_uri="{{ params.checkpoint_uri }}",
+        run_name="{{ params.run_name }}",
+        aws_conn_id=aws_conn_id,
+        doc_md=RESERVE_DOC,
+    )
     gate = NodeHealthGateOperator(
         task_id="health_gate",
         min_nodes=NODES_WITH_SPARES,
@@ -114,8 +123,8 @@ def training_lifecycle(
         task_id="train",
         image="{{ params.image }}",
         command="{{ params.command }}",
-        run_uri=run_path,
-        env={"TRAINOPS_RUN_NAME": "{{ params.run_name }}"},
+        run_uri=RUN_PATH,
+        env={"TRAINOPS_RUN_NAME": RUN_NAME},
         nodes="{{ params.nodes }}",
         gpus_per_node="{{ params.gpus_per_node }}",
         local_queue="{{ params.kueue_queue }}",
@@ -131,7 +140,7 @@ def training_lifecycle(
     )
     verify = CheckpointVerifyOperator(
         task_id="verify_checkpoint",
-        run_uri=run_path,
+        run_uri=RUN_PATH,
         aws_conn_id=aws_conn_id,
         outlets=[final_checkpoint_asset(dag_id)],
         doc_md=VERIFY_DOC,
@@ -150,5 +159,7 @@ def training_lifecycle(
     # verify_checkpoint alone: a setup without a teardown would be re-run for every task after it.
     # verify_checkpoint stays a leaf beside the teardown: it holds no GPUs, and with the teardown able
     # to fail the run (on_failure_fail_dagrun), Airflow judges the run by both of them.
-    gate >> claim >> fabric_ready >> train >> [verify, give_back]
-    return {task.task_id: task for task in (gate, claim, fabric_ready, train, verify, give_back)}
+    # The run path is reserved before the gate: a path another DAG run owns fails the run before any node
+    # is touched (no quarantine, no claim).
+    reserve >> gate >> claim >> fabric_ready >> train >> [verify, give_back]
+    return {task.task_id: task for task in (reserve, gate, claim, fabric_ready, train, verify, give_back)}

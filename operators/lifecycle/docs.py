@@ -5,7 +5,8 @@ LIFECYCLE_DOC = """
 
 One DAG run is one training run on the Kubernetes GPU cluster that serves inference the rest of the time:
 
-1. **health_gate** reads every GPU node's health report and quarantines the failing ones.
+1. **reserve_run_path** makes `<checkpoint_uri>/<run_name>/` this DAG run's (a name another run owns
+   fails here, before any node is touched). **health_gate** reads every GPU node's health report and quarantines the failing ones.
 2. **claim_nodes** (setup) borrows `nodes + spare_nodes` healthy nodes from inference: drains them
    (PodDisruptionBudgets honoured), flips their mode taint to training, raises the Kueue quota.
    **fabric_ready** then re-checks the claimed nodes' InfiniBand ports (`fabric_gate`).
@@ -15,11 +16,21 @@ One DAG run is one training run on the Kubernetes GPU cluster that serves infere
 5. **return_capacity** (teardown) always gives the nodes back to inference, even when a task failed or
    the run was marked failed by hand.
 
-Checkpoints live under `<checkpoint_uri>/<run_name>/`, which one DAG run owns (a second run with
-the same `run_name` is refused). A "Clear" on **train** re-runs the gate and the claim with it (they
+Checkpoints live under `<checkpoint_uri>/<run_name>/`, which one DAG run owns. Leave `run_name` empty
+and each DAG run gets its own, derived from the DAG run (`<dag>-<date>-<time>-<hash>`), so triggering
+twice gives two runs; a second run with a name another run already used is refused. A "Clear" on **train** re-runs the gate and the claim with it (they
 are setups), so the run resumes from the latest verified checkpoint, with a fresh `max_resumes`
 budget, on nodes that pass the gate again. If **return_capacity** fails after its retries, the DAG
 run fails (GPUs may still be held): run `trainops capacity return --run <dag_id>/<run_id>`.
+"""
+
+RESERVE_DOC = """
+Makes the run path `<checkpoint_uri>/<run_name>/` this DAG run's (`trainops-run.json`, written once), before
+anything touches the cluster. With `run_name` empty the name is derived from the DAG run, unique per run.
+
+**When it fails:** another DAG run owns the path (the log names it); nothing was claimed or quarantined.
+Trigger again with `run_name` empty or another name; to continue that run on purpose, delete its
+`trainops-run.json` first.
 """
 
 GATE_DOC = """

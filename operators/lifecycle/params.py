@@ -53,8 +53,17 @@ def _dns(title: str, description: str) -> dict[str, Any]:
 
 PARAM_SPECS: dict[str, tuple[Any, dict[str, Any]]] = {
     "run_name": (
-        "demo-run",
-        _dns("Run name", "Names the run: its checkpoints go under checkpoint_uri/run_name/"),
+        None,
+        {
+            "type": ["null", "string"],
+            "pattern": f"^$|{DNS_1123_LABEL.pattern}",
+            "maxLength": 63,
+            "title": "Run name",
+            "description": "Names the run: its checkpoints go under checkpoint_uri/run_name/. Empty: derived "
+            "from this DAG run (<dag>-<date>-<time>-<hash>), so every trigger starts a run of its own. A name "
+            "another DAG run already used is refused before any node is touched. (DNS-1123 label: "
+            "lower-case letters, digits and '-'.)",
+        },
     ),
     "image": (
         LOCAL_IMAGE,

@@ -8,7 +8,15 @@ import sys
 
 from tests.conftest import REPO_DAGS
 
-LIFECYCLE = ["health_gate", "claim_nodes", "fabric_ready", "train", "verify_checkpoint", "return_capacity"]
+LIFECYCLE = [
+    "reserve_run_path",
+    "health_gate",
+    "claim_nodes",
+    "fabric_ready",
+    "train",
+    "verify_checkpoint",
+    "return_capacity",
+]
 
 
 def dag_bag():
@@ -41,6 +49,7 @@ def test_a_clear_on_train_re_runs_the_gate_and_the_claim_and_a_failed_teardown_f
         subset = dag.partial_subset(task_ids={task_id}, include_downstream=False, include_upstream=False)
         return set(subset.task_dict)
 
+    # the run path stays reserved: a Clear does not reserve it again
     assert cleared("train") == {"health_gate", "claim_nodes", "fabric_ready", "train", "return_capacity"}
     # re-verifying the checkpoint holds no GPUs: no gate, no claim, no fabric check
     assert cleared("verify_checkpoint") == {"verify_checkpoint"}

@@ -6,6 +6,8 @@ replicas and Ready, the training ClusterQueue's GPU quota where it was.
 
 from __future__ import annotations
 
+import re
+
 from trainops_devcluster.airflow_home import xcom_value
 
 from tests.e2e.conftest import (
@@ -41,20 +43,31 @@ def final_checkpoint_events(dag_id: str = DAG_ID) -> list[dict]:
 def test_clean_path_trains_verifies_publishes_the_checkpoint_and_gives_everything_back(
     cluster, api, s3, bucket, run_dag, capacity_before
 ):
-    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "clean"))
+    """Triggered twice with the form's run_name (empty): two runs, each on a run path of its own."""
+    conf = {"checkpoint_uri": f"s3://{bucket}/runs/", "command": TRAINER}
+    dag_run = run_dag(DAG_ID, conf)
 
     assert dag_run.state == "success"
+    run_uri = xcom_value(dag_run, "reserve_run_path")["run_uri"]
+    assert re.fullmatch(rf"s3://{bucket}/runs/training-lifecycle-\d{{8}}-\d{{6}}-[0-9a-f]{{6}}/", run_uri)
     gate = xcom_value(dag_run, "health_gate")
     claimed = xcom_value(dag_run, "claim_nodes")["node_names"]
     assert len(claimed) == 3 and set(claimed) <= set(gate["node_names"])
     trained = xcom_value(dag_run, "train")
     assert trained["attempts"] == 1 and trained["resumes_used"] == 0
     verified = xcom_value(dag_run, "verify_checkpoint")
-    assert verified["uri"] == f"s3://{bucket}/runs/clean/step-60/" and verified["step"] == 60
-    assert latest_verified(f"s3://{bucket}/runs/clean/").checkpoint.step == 60
+    assert verified["uri"] == f"{run_uri}step-60/" and verified["step"] == 60
+    assert latest_verified(run_uri).checkpoint.step == 60
     assert {"uri": verified["uri"], "step": 60}.items() <= final_checkpoint_events()[-1].items()
     ran_on = {p["spec"]["nodeName"] for p in pods(api)}
     assert len(ran_on) == 2 and ran_on <= set(claimed)
+    assert_capacity_back(api, capacity_before)
+
+    again = run_dag(DAG_ID, conf)
+
+    assert again.state == "success"
+    second_uri = xcom_value(again, "reserve_run_path")["run_uri"]
+    assert second_uri != run_uri and xcom_value(again, "verify_checkpoint")["uri"] == f"{second_uri}step-60/"
     assert_capacity_back(api, capacity_before)
 
 

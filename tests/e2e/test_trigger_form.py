@@ -1,7 +1,7 @@
 """Bad trigger-form params are rejected with a message naming the field, and nothing in the cluster changes.
 
-The form checks what JSON-schema can (the run is never created); the health gate checks what needs
-the cluster before it writes anything (the run fails at its first task).
+The form checks what JSON-schema can (the run is never created); the run path is reserved before the
+gate, and the gate checks what needs the cluster before it writes anything.
 """
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.conftest import DAG_ID, lifecycle_conf, task_instances, writes
+from trainops.checkpoints.owner import claim_run_path
+from trainops.checkpoints.store import CheckpointStore
 
 
 @pytest.mark.parametrize(
@@ -61,3 +63,19 @@ def test_an_unknown_policy_row_that_reaches_the_gate_fails_naming_the_row_before
     with pytest.raises(AirflowFailException, match="unknown health policy row 'no_such_row'"):
         gate.execute({})
     assert writes(cluster) == []
+
+
+def test_a_run_name_another_dag_run_owns_is_refused_before_the_gate_touches_a_node(
+    cluster, bucket, run_dag, capfd
+):
+    claim_run_path(CheckpointStore(), f"s3://{bucket}/runs/taken/", "training_lifecycle/manual__earlier")
+
+    dag_run = run_dag(DAG_ID, lifecycle_conf(bucket, "taken"))
+
+    assert dag_run.state == "failed"
+    states = {task_id: ti.state for task_id, ti in task_instances(dag_run).items()}
+    assert states["reserve_run_path"] == "failed" and states["health_gate"] == "upstream_failed", states
+    log = capfd.readouterr().out
+    assert "belongs to DAG run 'training_lifecycle/manual__earlier'" in log
+    assert "Trigger again with run_name left empty" in log
+    assert writes(cluster) == []  # no quarantine, no claim: the gate never ran

@@ -58,26 +58,38 @@ def test_make_up_started_every_described_service_and_it_is_healthy(services, air
     assert stack.up(services.state) == services.at
 
 
-def test_trigger_with_params_succeeds_with_train_deferred_on_the_triggerer(services, airflow):
+def test_trigger_twice_with_the_form_defaults_gives_two_runs_that_succeed_with_train_deferred(
+    services, airflow
+):
+    """What a user pressing Trigger twice gets: the form's run_name is empty, so each DAG run derives
+    its own run path and both train (the form's defaults run the demo trainer on the stack's cluster)."""
     api = services.kube()
     before = Capacity.read(api)
     airflow.unpause(DAG_ID)
 
-    answer = airflow.trigger(DAG_ID, "api-happy", {"run_name": "api-happy", "command": trainer(60, 0.05)})
-    assert answer.status_code == 200, answer.text
-    seen = airflow.follow(DAG_ID, "api-happy", lambda run, _: run["state"] in TERMINAL)
+    for run_id in ("api-happy", "api-happy-again"):
+        answer = airflow.trigger(DAG_ID, run_id, {})
+        assert answer.status_code == 200, answer.text
+    seen = {
+        run_id: airflow.follow(DAG_ID, run_id, lambda run, _: run["state"] in TERMINAL)
+        for run_id in ("api-happy", "api-happy-again")
+    }
 
-    assert airflow.run(DAG_ID, "api-happy")["state"] == "success", seen[-1]
-    # The training task waited in the triggerer (no worker slot), not inline in a worker.
-    assert "deferred" in [states["train"] for states in seen]
-    verified = airflow.ok(
-        "GET", f"/dags/{DAG_ID}/dagRuns/api-happy/taskInstances/verify_checkpoint/xcomEntries/return_value"
-    )["value"]
-    verified = json.loads(verified) if isinstance(verified, str) else verified
-    assert verified["step"] == 60
-    assert verified["uri"].startswith(f"s3://{stack_spec.BUCKET}/runs/api-happy/")
-    prefix = verified["uri"].split("/", 3)[3]
-    assert f"{prefix}_COMMITTED" in services.bucket_keys(prefix)
+    paths = set()
+    for run_id, states in seen.items():
+        assert airflow.run(DAG_ID, run_id)["state"] == "success", states[-1]
+        # The training task waited in the triggerer (no worker slot), not inline in a worker.
+        assert "deferred" in [s["train"] for s in states]
+        verified = airflow.ok(
+            "GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/verify_checkpoint/xcomEntries/return_value"
+        )["value"]
+        verified = json.loads(verified) if isinstance(verified, str) else verified
+        assert verified["step"] == 200
+        assert verified["uri"].startswith(f"s3://{stack_spec.BUCKET}/runs/training-lifecycle-")
+        prefix = verified["uri"].split("/", 3)[3]
+        assert f"{prefix}_COMMITTED" in services.bucket_keys(prefix)
+        paths.add(prefix.split("/")[1])
+    assert len(paths) == 2
     assert_capacity_back(api, before)
 
 
@@ -209,6 +221,6 @@ def test_an_asset_event_through_the_api_runs_scheduled_retraining(services, airf
     (run,) = triggered()
     airflow.follow("scheduled_retraining", run["dag_run_id"], lambda r, _: r["state"] in TERMINAL)
     assert airflow.run("scheduled_retraining", run["dag_run_id"])["state"] == "success"
-    committed = [k for k in services.bucket_keys("runs/retrain-") if k.endswith("/_COMMITTED")]
-    assert committed, "no committed checkpoint under the dated run path runs/retrain-<date>/"
+    committed = [k for k in services.bucket_keys("runs/scheduled-retraining-") if k.endswith("/_COMMITTED")]
+    assert committed, "no committed checkpoint under the derived run path runs/scheduled-retraining-<date>-…/"
     assert_capacity_back(api, before)

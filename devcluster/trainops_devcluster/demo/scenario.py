@@ -159,7 +159,9 @@ class Watcher:
         from trainops_devcluster.airflow_home import xcom_value
 
         value = xcom_value(run, task_id) or {}
-        if task_id == "health_gate":
+        if task_id == "reserve_run_path":
+            self.timeline.say(f"run path {value['run_uri']} reserved for this DAG run")
+        elif task_id == "health_gate":
             counts = Counter(v["verdict"] for v in value["verdicts"])
             lines = [
                 f"  {v['name']}: {v['verdict']}: {v['reasons'][0]}"
