@@ -210,11 +210,5 @@ class ReturnCapacityOperator(BaseOperator):
             deadlines=self.deadlines,
             log=self.log,
         )
-        self.log.info(
-            "returned %d node(s) and %d GPUs of %s; still quarantined: %s",
-            len(summary.node_names),
-            summary.gpus_returned,
-            run,
-            summary.quarantined or "none",
-        )
+        self.log.info("%s", summary.describe())
         return asdict(summary)

@@ -107,6 +107,8 @@ class ApiServer:
 
     #: seconds between BOOKMARK events on an idle watch that asked for them
     bookmark_interval = 5.0
+    #: seconds a write waits, before it is applied, for its connection to close (see ``_cancel_if_gone``)
+    cancel_window_s = 0.0
 
     def __init__(
         self,
@@ -191,6 +193,7 @@ class ApiServer:
         code = 500
         try:
             body = _read_body(h)
+            _cancel_if_gone(h, 0.0)
             user = self.tokens.authenticate(h.headers.get("Authorization"))  # 401
             self._authorize(user, attrs)  # 403
             if h.headers.get("Content-Type", "").startswith(protobuf.MEDIA_TYPE):
@@ -204,6 +207,8 @@ class ApiServer:
                 code = self._send_error(h, _injected(injected, h.path))
                 return
             code = self._route(h, path, query, body, user)
+        except Cancelled:
+            code, h.close_connection = 504, True
         except StoreError as error:
             code = self._send_error(h, error)
         except (BrokenPipeError, ConnectionResetError):
@@ -453,6 +458,7 @@ class ApiServer:
         return obj
 
     def _admit(self, call: _Call, operation: str, obj: dict, old: dict | None) -> dict:
+        _cancel_if_gone(call.handler, self.cancel_window_s)
         node_probe_policy.check(call.user, operation, call.kind.resource, call.sub, call.ns, obj, old)
         for admit in self.admission:
             obj = admit(call.kind.resource, operation, obj, old)
@@ -686,6 +692,7 @@ class ApiServer:
     def _delete_one(self, call: _Call, name: str, options: dict) -> dict:
         named = {"metadata": {"name": name}}
         node_probe_policy.check(call.user, "DELETE", call.kind.resource, "", call.ns, None, named)
+        _cancel_if_gone(call.handler, self.cancel_window_s)
         if options.get("dryRun") is True:
             return self.store.get(call.kind.resource, call.ns, name)
         pre = options.get("preconditions") or {}
@@ -776,6 +783,7 @@ class ApiServer:
                         except Conflict:
                             continue
             pre = options.get("preconditions") or {}
+            _cancel_if_gone(call.handler, self.cancel_window_s)
             gc.delete_object(
                 self.store,
                 "pods",
@@ -968,10 +976,26 @@ def _end_stream(h: BaseHTTPRequestHandler) -> None:
     h.close_connection = True
 
 
-def _client_gone(h: BaseHTTPRequestHandler) -> bool:
-    """True once the client closed its end of a long-running response."""
+class Cancelled(StoreError):
+    """The request's connection closed before it was applied."""
+
+
+def _cancel_if_gone(h: BaseHTTPRequestHandler, window_s: float) -> None:
+    """Raise ``Cancelled`` when the client has closed the connection (waiting up to ``window_s`` for
+    it to): kube-apiserver cancels a request whose connection closes before it is applied and
+    applies nothing (its log: 504 ``context canceled``).  That is what a client meets that sends a
+    request on a connection whose previous response it released unread (urllib3's ``release_conn()``
+    on an unread body): it fails at once, closing the connection, while the request is on its way.
+    kube-apiserver's writes take milliseconds (etcd), so the close nearly always wins there; the
+    devcluster's take microseconds, hence the window (0: look once)."""
+    if _client_gone(h, window_s):
+        raise Cancelled("the client closed the connection")
+
+
+def _client_gone(h: BaseHTTPRequestHandler, wait_s: float = 0.0) -> bool:
+    """True once the client closed its end of the connection (waiting up to ``wait_s`` for it)."""
     try:
-        readable, _, _ = select.select([h.connection], [], [], 0)
+        readable, _, _ = select.select([h.connection], [], [], wait_s)
         if readable and isinstance(h.connection, ssl.SSLSocket):
             return True  # TLS cannot peek; a client sends nothing but its close alert mid-response
         return bool(readable) and not h.connection.recv(1, 0x2)  # MSG_PEEK

@@ -37,9 +37,10 @@ function render(d) {
     `<tr><td>${esc(s.uri)}</td><td>${esc(s.step)}</td><td class="bad">${esc((s.reasons || []).join("; "))}</td></tr>`).join("");
   const claimed = d.capacity.claimed, returned = d.capacity.returned;
   $("capacity").innerHTML = (claimed ? `Claimed: ${esc((claimed.node_names || []).join(", "))}. ` : "Nothing claimed yet. ") +
-    (returned ? `Returned: ${esc((returned.node_names || []).join(", "))} (${esc(returned.gpus_returned)} GPUs).` : "Not returned yet.");
+    (returned ? `Returned: ${esc((returned.node_names || []).join(", "))} (${esc(returned.gpus_returned)} GPUs; ${quota(returned)}).` : "Not returned yet.");
 }
 
+const quota = (r) => r.quota_returned ? `${esc(r.quota_returned)} GPUs of quota taken back` : "no quota was granted";
 const clock = (t) => new Date(t * 1000).toISOString().slice(11, 19);
 const ago = (t) => { const s = Math.max(0, Math.round(Date.now() / 1000 - t)); return s < 120 ? `${s}s ago` : s < 7200 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`; };
 
@@ -125,7 +126,7 @@ $("return").addEventListener("click", async () => {
   const r = JSON.parse(text);
   $("error").textContent = "";
   $("returned").textContent = `You returned ${r.node_names.length ? r.node_names.join(", ") : "nothing (the run held no nodes)"}` +
-    ` (${r.gpus_returned} GPUs)` + (r.quarantined.length ? `; still quarantined: ${r.quarantined.join(", ")}` : "") +
+    ` (${r.gpus_returned} GPUs; ${quota(r)})` + (r.quarantined.length ? `; still quarantined: ${r.quarantined.join(", ")}` : "") +
     (r.workloads_restored.length ? `; inference restored: ${r.workloads_restored.join(", ")}` : "");
   await load();
 });

@@ -16,9 +16,10 @@ from tests.capacity.helpers import (
     snapshot,
     writes,
 )
-from trainops.capacity.drain import DrainStalled
+from trainops.capacity.drain import DrainStalled, drain
 from trainops.capacity.procedure import Deadlines, NodesHeld, claim, give_back
 from trainops.conventions import MODE_TAINT
+from trainops.kube.retry import Deadline
 
 RUN, OTHER = "train_llm/manual__1", "train_llm/manual__2"
 
@@ -210,3 +211,23 @@ def test_a_drain_that_cannot_finish_fails_early_naming_the_stuck_workload(devclu
     give_back(apis, RUN, cluster_queue="training")
 
     assert snapshot(devcluster) == before
+
+
+def test_a_drain_evicts_pod_after_pod_without_a_cancelled_request(make_devcluster):
+    """kube-apiserver cancels, and does not apply, a request on a connection whose previous answer
+    was released unread (the client fails it at once and closes the connection): every second
+    eviction in a row cost a drain round, and the drain under-counted its evictions."""
+    cluster = make_devcluster(nodes=3, inference=[])
+    cluster.server.cancel_window_s = 0.2  # a write waits as long as kube-apiserver's etcd would
+    core = kube_for(cluster).core
+    nodes = {"gpu-node-000", "gpu-node-001", "gpu-node-002"}
+    for node in sorted(nodes):
+        for i in range(2):
+            container = {"name": "main", "image": "busybox:1.36"}
+            pod = {"metadata": {"name": f"{node}-{i}"}, "spec": {"nodeName": node, "containers": [container]}}
+            core.create_namespaced_pod("default", pod)
+
+    evicted = drain(core, nodes, Deadline(60))
+
+    answers = [e["status"] for e in cluster.server.audit.entries() if e["path"].endswith("/eviction")]
+    assert evicted == 6 and answers == [201] * 6

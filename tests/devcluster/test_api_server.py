@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 from urllib.parse import urlsplit
 
@@ -678,3 +679,26 @@ def test_discovery_and_openapi(api):
     _, _, doc = api.raw("GET", root["paths"]["apis/batch/v1"]["serverRelativeURL"])
     assert doc["components"]["schemas"]["io.k8s.api.batch.v1.Job"]["x-kubernetes-group-version-kind"]
     assert api.raw("GET", "/version")[2]["gitVersion"].startswith("v1.")
+
+
+def test_a_request_whose_client_closed_the_connection_is_cancelled_not_applied(api, core):
+    """kube-apiserver cancels a request whose connection closes before it is served (504 ``context
+    canceled`` in its log) and applies nothing: what a client sees that sends a request on a
+    connection whose previous response it released unread, fails at once and closes it."""
+    core.create_namespaced_pod("default", pod("keep", node_name="node-0"))
+    api.server.cancel_window_s = (
+        0.5  # the devcluster's writes take microseconds, kube-apiserver's milliseconds
+    )
+    request = (
+        "DELETE /api/v1/namespaces/default/pods/keep HTTP/1.1\r\n"
+        "Host: devcluster\r\nContent-Length: 0\r\n\r\n"
+    )
+    address = urlsplit(api.url)
+    with socket.create_connection((address.hostname, address.port)) as conn:
+        conn.sendall(request.encode())
+        conn.shutdown(socket.SHUT_WR)  # sent, and gone before an answer
+        assert conn.recv(1) == b""  # no answer
+
+    wait_for(lambda: any(e["path"].endswith("/pods/keep") for e in api.server.audit.entries()), "audited")
+    assert [e["status"] for e in api.server.audit.entries() if e["path"].endswith("/pods/keep")] == [504]
+    assert api.store.find("pods", "default", "keep") is not None

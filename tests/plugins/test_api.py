@@ -161,6 +161,7 @@ def test_return_gives_the_run_nodes_back_and_records_it_on_each(ui, devcluster, 
     answer = http.post(path, headers=bearer(token("admin", "carol")), json={"confirm": RUN})
     assert answer.status_code == 200, answer.text
     assert sorted(answer.json()["node_names"]) == held and answer.json()["gpus_returned"] == 16
+    assert answer.json()["quota_returned"] == 16
     for name in held:
         state = node_state(k8s, name)
         assert CLAIMED_BY_ANNOTATION not in state.annotations

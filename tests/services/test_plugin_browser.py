@@ -207,7 +207,8 @@ def test_the_run_view_shows_the_resume_on_its_plot_and_gives_the_run_gpus_back(s
     asked = browser.click_and_answer_prompt("#return", run)
     assert asked == f"Return every GPU node and inference loan of {run}? Type {run} to confirm."
     returned = browser.wait_for("document.getElementById('returned').innerText")
-    assert returned.startswith(f"You returned {', '.join(held)} ({gpus} GPUs)"), returned
+    assert returned.startswith(f"You returned {', '.join(held)} ({gpus} GPUs; "), returned
+    assert "GPUs of quota taken back" in returned, returned
     assert f"still quarantined: {culprit}" in returned
     assert browser.eval("document.getElementById('error').innerText") == ""
     browser.eval("document.getElementById('capacity').scrollIntoView(), true")

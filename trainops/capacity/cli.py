@@ -152,11 +152,7 @@ def run_return(args: argparse.Namespace) -> int:
     except (TrainopsError, ApiException) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(
-        f"returned {len(summary.node_names)} node(s) and {summary.gpus_returned} GPUs of {args.run}; "
-        f"workloads restored: {', '.join(summary.workloads_restored) or 'none'}; "
-        f"still quarantined: {', '.join(summary.quarantined) or 'none'}"
-    )
+    print(summary.describe())
     return 0
 
 

@@ -12,7 +12,6 @@ anywhere and every pod left is held by its budget, waiting longer changes nothin
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from collections.abc import Iterable
 from trainops.errors import PermanentError
 from trainops.kube.client import api_message
 from trainops.kube.lists import PAGE, list_all
+from trainops.kube.nodes import json_of
 from trainops.kube.retry import Backoff, Deadline, DeadlineExceeded, is_transient
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ def list_pods(core_v1, deadline: Deadline, field_selector: str = "") -> list[dic
         response = core_v1.list_pod_for_all_namespaces(
             field_selector=field_selector, limit=PAGE, _continue=token, _preload_content=False
         )
-        return json.loads(response.data)
+        return json_of(response)
 
     return list_all(fetch, deadline, f"list pods {field_selector}".rstrip())
 
@@ -83,10 +83,12 @@ def _evict(core_v1, pod: dict) -> str:
         "kind": "Eviction",
         "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
     }
-    try:
-        core_v1.create_namespaced_pod_eviction(
-            meta["name"], meta["namespace"], body, _preload_content=False
-        ).release_conn()
+    try:  # read the answer whole: a connection released unread fails the next request sent on it
+        json_of(
+            core_v1.create_namespaced_pod_eviction(
+                meta["name"], meta["namespace"], body, _preload_content=False
+            )
+        )
     except Exception as error:
         status = getattr(error, "status", None)
         if status == 404:

@@ -20,7 +20,7 @@ from trainops.capacity.claims import NodeQuarantined, NodesHeld, holder_of, is_q
 from trainops.capacity.drain import drain, list_pods
 from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
 from trainops.capacity.loans import get_path
-from trainops.capacity.quota import set_grant
+from trainops.capacity.quota import grants_of, set_grant
 from trainops.capacity.ranking import least_disruptive
 from trainops.conventions import GPU_RESOURCE, MODE_TAINT
 from trainops.errors import TemporaryError
@@ -68,8 +68,26 @@ class ReturnSummary:
     node_names: list[str] = field(default_factory=list)
     quarantined: list[str] = field(default_factory=list)
     workloads_restored: list[str] = field(default_factory=list)
-    gpus_returned: int = 0
+    gpus_returned: int = 0  # allocatable GPUs of the nodes given back to inference
+    quota_returned: int = 0  # GPUs of ClusterQueue quota the run held and gave back
     cluster_queue: str = ""
+
+    def describe(self) -> str:
+        """One line for a log or a terminal: what was given back, and what was not there to give."""
+        nodes = (
+            f"{len(self.node_names)} node(s) with {self.gpus_returned} GPUs back to inference"
+            if self.node_names
+            else "no node (it held none)"
+        )
+        quota = (
+            f"{self.quota_returned} GPUs of ClusterQueue {self.cluster_queue} quota taken back"
+            if self.quota_returned
+            else f"no quota on ClusterQueue {self.cluster_queue} (none was granted)"
+        )
+        return (
+            f"returned {self.run}: {nodes}; {quota}; inference restored: "
+            f"{', '.join(self.workloads_restored) or 'none'}; still quarantined: {', '.join(self.quarantined) or 'none'}"
+        )
 
 
 def _check_node_names(names: Sequence[str]) -> list[str]:
@@ -253,8 +271,9 @@ def give_back(
             ) from error
 
     try:
-        before = set_grant(kube.custom, cluster_queue, run, 0, Deadline(deadlines.api_s))
-        if before.wrote:
+        taken = set_grant(kube.custom, cluster_queue, run, 0, Deadline(deadlines.api_s))
+        summary.quota_returned = grants_of(taken.before).get(run, {}).get("gpus", 0)
+        if taken.wrote:
             log.info("ClusterQueue %s: %s quota of this run taken back", cluster_queue, GPU_RESOURCE)
     except Exception as error:  # the nodes must still be returned
         failures.append(f"ClusterQueue {cluster_queue}: {error}")

@@ -24,10 +24,11 @@ Change = Callable[[dict], dict | None]
 
 @dataclass(frozen=True)
 class Edited:
-    """The object after the edit and whether this edit wrote it."""
+    """The object after the edit, whether this edit wrote it, and the object it was computed from."""
 
     object: dict
     wrote: bool
+    before: dict
 
 
 def edit(
@@ -45,10 +46,11 @@ def edit(
     while True:
         body = change(obj)
         if body is None:
-            return Edited(obj, wrote=False)
+            return Edited(obj, wrote=False, before=obj)
         body.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
         try:
-            return Edited(call(lambda body=body: patch(body), deadline, f"write {what}"), wrote=True)
+            written = call(lambda body=body: patch(body), deadline, f"write {what}")
+            return Edited(written, wrote=True, before=obj)
         except ApiException as error:
             if error.status != 409:
                 raise

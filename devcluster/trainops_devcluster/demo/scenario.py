@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from trainops.capacity.procedure import ReturnSummary
 from trainops.conventions import (
     CLAIMED_BY_ANNOTATION,
     HEALTH_LABEL,
@@ -188,11 +189,7 @@ class Watcher:
                 f"final checkpoint verified: {value['uri']} (step {value['step']}, {value['format']})"
             )
         elif task_id == "return_capacity":
-            self.timeline.say(
-                f"capacity returned: {len(value['node_names'])} node(s), {value['gpus_returned']} GPUs back to inference; "
-                f"inference restored: {', '.join(value['workloads_restored']) or 'none'}; "
-                f"still quarantined: {', '.join(value['quarantined']) or 'none'}"
-            )
+            self.timeline.say(ReturnSummary(**value).describe())
 
     # ---- the cluster -------------------------------------------------------------------
     def _workloads(self) -> None:
