@@ -22,6 +22,7 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 
 from trainops_devcluster.errors import BadRequest, Invalid, Unauthorized
@@ -30,6 +31,7 @@ from trainops_devcluster.store import Store
 ADMIN_TOKEN = "devcluster-admin-token"
 DEFAULT_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 NODE_NAME = "authentication.kubernetes.io/node-name"
+CREDENTIAL_ID = "authentication.kubernetes.io/credential-id"
 #: TokenRequest's bounds (kube-apiserver: at least 10 minutes; longer requests are capped, not refused)
 MIN_EXPIRATION_S, MAX_EXPIRATION_S, DEFAULT_EXPIRATION_S = 600, 2**32, 3600
 _BOUND_KINDS = {"Pod": "pods", "Node": "nodes", "Secret": "secrets"}
@@ -37,19 +39,23 @@ _BOUND_KINDS = {"Pod": "pods", "Node": "nodes", "Secret": "secrets"}
 
 @dataclass(frozen=True)
 class User:
-    """``user.Info``: name, groups and extra (values are lists, as in ``userInfo.extra``)."""
+    """``user.Info``: name, groups, extra (values are lists, as in ``userInfo.extra``) and uid (a
+    ServiceAccount's)."""
 
     name: str
     groups: tuple[str, ...]
     extra: dict[str, list[str]] = field(default_factory=dict, hash=False)
+    uid: str = ""
 
 
 ADMIN = User("devcluster-admin", ("system:masters", "system:authenticated"))
 
 
-def service_account_user(namespace: str, name: str, extra: dict[str, list[str]] | None = None) -> User:
+def service_account_user(
+    namespace: str, name: str, extra: dict[str, list[str]] | None = None, uid: str = ""
+) -> User:
     groups = ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated")
-    return User(f"system:serviceaccount:{namespace}:{name}", groups, dict(extra or {}))
+    return User(f"system:serviceaccount:{namespace}:{name}", groups, dict(extra or {}), uid)
 
 
 @dataclass(frozen=True)
@@ -121,10 +127,11 @@ class Tokens:
         bound = None
         if spec.get("boundObjectRef"):
             bound, extra = self._bind(namespace, name, spec["boundObjectRef"])
+        extra[CREDENTIAL_ID] = [f"JTI={uuid.uuid4()}"]  # every ServiceAccount token's (1.30+)
         token = secrets.token_urlsafe(32)
         expires = time.time() + seconds
         issued = _Issued(
-            service_account_user(namespace, name, extra),
+            service_account_user(namespace, name, extra, account["metadata"]["uid"]),
             (namespace, name, account["metadata"]["uid"]),
             bound,
             expires,

@@ -24,7 +24,6 @@ from urllib.parse import unquote
 
 import yaml
 
-from trainops.conventions import HEALTH_NAMESPACE
 from trainops_devcluster import authn, defaults, kinds, rbac, topology
 from trainops_devcluster.controllers import start_controllers
 from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admission
@@ -64,6 +63,7 @@ class DevCluster:
         scrape_interval_s: float = 1.0,
         prometheus_port: int = 0,
         prometheus_log: Path | None = None,
+        fresh: bool = False,
     ) -> None:
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("nodes and gpus_per_node must be at least 1")
@@ -74,6 +74,7 @@ class DevCluster:
                 f"host {host!r}: the devcluster binds loopback only (127.0.0.1, localhost or ::1)"
             )
         self.nodes = nodes
+        self.fresh = fresh
         self.system_nodes = system_nodes
         self.gpus_per_node = gpus_per_node
         self.seed = seed
@@ -122,7 +123,9 @@ class DevCluster:
         self._seed_objects()
         for name in self.telemetry:  # the probe's first round at boot, GPUs idle: the GEMM is timed then
             self.probe_daemon.probe(name)
-        self._controllers = start_controllers(self.store, self.logs, self.telemetry, self._process_env)
+        self._controllers = start_controllers(
+            self.store, self.logs, self.telemetry, self._process_env, self.server.validating
+        )
         self._kueue = KueueController(self.store, self._kueue_config)
         self._kueue.start()
 
@@ -199,13 +202,7 @@ class DevCluster:
         create = self._create
         for resource, obj in rbac.BOOTSTRAP:
             create(resource, copy.deepcopy(obj))
-        for name in (
-            "default",
-            "kube-system",
-            HEALTH_NAMESPACE,
-            topology.INFERENCE_NAMESPACE,
-            topology.TRAINING_NAMESPACE,
-        ):
+        for name in topology.namespaces(fresh=self.fresh, inference=bool(self.inference)):
             create("namespaces", topology.namespace(name))
         for index in range(self.nodes):
             create("nodes", topology.gpu_node(index, self.gpus_per_node))
@@ -214,22 +211,42 @@ class DevCluster:
         for workload in self.inference:
             create("deployments.apps", topology.inference_deployment(workload, self.gpus_per_node))
             create("poddisruptionbudgets.policy", topology.pod_disruption_budget(workload))
-        for resource, obj in topology.kueue_objects():
+        for resource, obj in () if self.fresh else topology.kueue_objects():
             create(resource, obj)
 
     def create_from_file(self, manifest: Path) -> None:
-        """Create every object of a YAML manifest that is not there yet (``deploy/rbac.yaml``), as
-        the admin's ``kubectl create -f`` would: the namespaces it names are created first."""
-        docs = [d for d in yaml.safe_load_all(Path(manifest).read_text()) if d]
-        for doc in sorted(docs, key=lambda d: d["kind"] != "Namespace"):
-            group = doc["apiVersion"].rpartition("/")[0]
-            kind = next(k for k in kinds.KINDS if (k.group, k.kind) == (group, doc["kind"]))
-            meta = doc["metadata"]
+        """Create every object of a YAML manifest (``deploy/rbac.yaml``) through the API, in the
+        file's order, as the admin's ``kubectl create -f`` would: what names no namespace goes to
+        ``default``, what is there already is left as it is, and anything the API refuses (a
+        namespace that does not exist yet, a kind it does not serve) stops it, naming the object."""
+        import requests
+
+        for doc in (d for d in yaml.safe_load_all(Path(manifest).read_text()) if d):
+            group, _, version = str(doc.get("apiVersion", "")).rpartition("/")
+            kind = next(
+                (k for k in kinds.KINDS if (k.group, k.version, k.kind) == (group, version, doc.get("kind"))),
+                None,
+            )
+            meta = doc.get("metadata") or {}
+            what = f"{manifest}: {doc.get('kind')} {meta.get('name', '')!r} ({doc.get('apiVersion')})"
+            if kind is None:
+                served = sorted({f"{k.kind} ({k.api_version})" for k in kinds.KINDS})
+                raise ValueError(
+                    f"{what}: the devcluster does not serve this kind; it serves {', '.join(served)}"
+                )
+            prefix = f"/apis/{kind.group}/{kind.version}" if kind.group else f"/api/{kind.version}"
             if kind.namespaced:  # kubectl puts an object that names no namespace in its context's
-                meta["namespace"] = meta.get("namespace") or "default"
-                self._ensure_namespace(meta["namespace"])
-            if self.store.find(kind.resource, meta.get("namespace", ""), meta["name"]) is None:
-                self._create(kind.resource, copy.deepcopy(doc))
+                prefix += f"/namespaces/{meta.get('namespace') or 'default'}"
+            answer = requests.post(
+                f"{self.url}{prefix}/{kind.plural}",
+                json=doc,
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=60,
+            )
+            if answer.status_code not in (201, 409) or (
+                answer.status_code == 409 and answer.json().get("reason") != "AlreadyExists"
+            ):
+                raise ValueError(f"{what}: {answer.json().get('message', answer.text)}")
 
     def _ensure_namespace(self, name: str) -> None:
         if self.store.find("namespaces", "", name) is None:

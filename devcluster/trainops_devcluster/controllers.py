@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from trainops_devcluster.admission import ValidatingAdmission
 from trainops_devcluster.controller import Controller
 from trainops_devcluster.daemonsets import DaemonSetController
 from trainops_devcluster.deployments import DeploymentController
@@ -56,18 +57,20 @@ def start_controllers(
     logs: PodLogs,
     telemetry: Mapping | None = None,
     process_env: Mapping[str, str] | None = None,
+    admission: ValidatingAdmission | None = None,
 ) -> Controllers:
     """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, DaemonSet, disruption, EndpointSlice,
     node lifecycle and garbage-collector controllers on ``store``; ``telemetry`` maps node names to ``NodeTelemetry``;
-    ``process_env`` is laid over this process's environment for process-runtime pods."""
+    ``process_env`` is laid over this process's environment for process-runtime pods; ``admission``: the API
+    server's validating admission, which the pods the Job, Deployment and DaemonSet controllers create meet."""
     telemetry = telemetry if telemetry is not None else {}
     runtime = PodRuntime(store, logs, telemetry, process_env)
     controllers = Controllers(
         scheduler=Scheduler(store),
         runtime=runtime,
-        jobs=JobController(store),
-        deployments=DeploymentController(store),
-        daemon_sets=DaemonSetController(store),
+        jobs=JobController(store, admission),
+        deployments=DeploymentController(store, admission),
+        daemon_sets=DaemonSetController(store, admission),
         disruption=DisruptionController(store),
         endpoint_slices=EndpointSliceController(store),
         nodes=NodeLifecycle(store),

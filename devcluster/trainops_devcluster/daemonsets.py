@@ -91,8 +91,9 @@ class DaemonSetController(PodOwnerController):
             kept += keep
         for node in sorted(wanted - {_node_of(p) for p in kept} - set(by_node)):
             created = self._create(daemon_set, node, current_hash)
-            if created is not None:
-                kept.append(created)
+            if created is None:  # refused (FailedCreate): the next sync tries again
+                break
+            kept.append(created)
         self.write_status(daemon_set, _status(daemon_set, kept, len(wanted), current_hash))
 
     def _create(self, daemon_set: dict, node: str, current_hash: str) -> dict | None:

@@ -99,10 +99,27 @@ def apply(kind: Kind, obj: dict, *, creating: bool) -> None:
             "updateStrategy", {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
         )
         _template(spec)
+    elif kind.kind == "ValidatingAdmissionPolicy":
+        spec.setdefault("failurePolicy", "Fail")
+        _match_resources(spec.get("matchConstraints"))
+    elif kind.kind == "ValidatingAdmissionPolicyBinding":
+        _match_resources(spec.get("matchResources"))
     elif kind.kind == "Workload":
         spec.setdefault("active", True)
     elif kind.kind == "ClusterQueue":
         spec.setdefault("queueingStrategy", "BestEffortFIFO")
+
+
+def _match_resources(match: dict | None) -> None:
+    """SetDefaults_MatchResources: Equivalent matching, empty selectors, rules of any scope."""
+    if not isinstance(match, dict):
+        return
+    match.setdefault("matchPolicy", "Equivalent")
+    match.setdefault("namespaceSelector", {})
+    match.setdefault("objectSelector", {})
+    for rule in (match.get("resourceRules") or []) + (match.get("excludeResourceRules") or []):
+        if isinstance(rule, dict):
+            rule.setdefault("scope", "*")
 
 
 def _secret(obj: dict) -> None:

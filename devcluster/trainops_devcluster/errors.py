@@ -50,10 +50,13 @@ class AdmissionDenied(StoreError):
 
     code, reason = 422, "Invalid"
 
-    def __init__(self, denial: str, *, resource: str, name: str) -> None:
+    def __init__(
+        self, denial: str, *, resource: str, name: str, reason: str = "Invalid", code: int = 422
+    ) -> None:
         qualified = f'{resource} "{name}"' if name else resource
         super().__init__(f"{qualified} is forbidden: {denial}", resource=resource, name=name)
         self.causes = [{"message": denial}]
+        self.reason, self.code = reason, code
 
 
 class TooManyRequests(StoreError):

@@ -7,6 +7,12 @@ before it succeeded counts as failed, unless this controller deleted it because 
 suspension), deletes the pods of a suspended Job and creates none, and keeps the status counters
 and conditions: ``Suspended``, ``FailureTarget``/``Failed`` (``BackoffLimitExceeded``,
 ``DeadlineExceeded``), ``SuccessCriteriaMet``/``Complete`` (``CompletionsReached``).
+
+A pod the API refuses (Pod Security, an admission policy, a quota) is a ``FailedCreate`` event with
+the API's message (``Error creating: pods "<pod>" is forbidden: violates PodSecurity ...``); the Job
+gets no condition for it (its status: ``startTime``, ``active: 0``), and the controller tries again
+after 1 s, 2 s, 4 s ... at most 60 s (its sync error backoff), one pod per try, as the real one's
+slow start stops at the first failure of a batch.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from trainops_devcluster.admission import ValidatingAdmission
 from trainops_devcluster.conditions import condition_true, set_condition
 from trainops_devcluster.events import WARNING
 from trainops_devcluster.informer import Key, key_of
@@ -33,6 +40,7 @@ from trainops_devcluster.store import Store, now_iso
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 SYNC_BATCH_S = 0.05  # a burst of pod changes becomes one sync per Job (real: 1 s) ...
 SYNC_SHARE = 0.1  # ... and syncs of huge Jobs are spaced to take at most this share of the time
+MAX_BACKOFF_S = 60.0  # after a refused pod the sync is retried in 1 s, doubling up to this (MaxJobApiBackOff)
 
 
 @dataclass
@@ -43,6 +51,7 @@ class Tracking:
     succeeded_indexes: set[int] = field(default_factory=set)
     failed: set[str] = field(default_factory=set)
     not_failures: set[str] = field(default_factory=set)  # pods this controller deleted on purpose
+    refused: int = 0  # pod creations the API refused in a row
 
 
 def completion_index(pod: dict) -> int | None:
@@ -70,8 +79,8 @@ class JobController(PodOwnerController):
     component = "job-controller"
     watches = ("jobs.batch", "pods")
 
-    def __init__(self, store: Store) -> None:
-        super().__init__(store)
+    def __init__(self, store: Store, admission: ValidatingAdmission | None = None) -> None:
+        super().__init__(store, admission)
         self._tracking: dict[str, Tracking] = {}
         self._flush_seconds = 0.0
 
@@ -232,8 +241,13 @@ class JobController(PodOwnerController):
         self._delete(job, surplus, tracking)
         for index in missing:
             created = self._create(job, index)
-            if created is not None:
-                active.append(created)
+            if created is None:  # refused: try again after the backoff, as the sync error requeues
+                tracking.refused += 1
+                delay = min(MAX_BACKOFF_S, 2.0 ** (tracking.refused - 1))
+                self.after(delay, lambda key=key_of(job): self.mark(key))
+                break
+            tracking.refused = 0
+            active.append(created)
         return active
 
     def _create(self, job: dict, index: int | None) -> dict | None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 KUEUE = "kueue.x-k8s.io"
 RBAC = "rbac.authorization.k8s.io"  # enforced by rbac.py
+ADMISSION = "admissionregistration.k8s.io"  # enforced by admission_policy.py
 K8S_VERSION = "1.33.0"
 
 
@@ -164,6 +165,27 @@ KINDS: tuple[Kind, ...] = (
     ),
     Kind(RBAC, "v1", "Role", "roles", True, schema="io.k8s.api.rbac.v1.Role"),
     Kind(RBAC, "v1", "RoleBinding", "rolebindings", True, schema="io.k8s.api.rbac.v1.RoleBinding"),
+    Kind(
+        ADMISSION,
+        "v1",
+        "ValidatingAdmissionPolicy",
+        "validatingadmissionpolicies",
+        False,
+        (),
+        ("api-extensions",),
+        _STATUS,
+        "io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicy",
+    ),
+    Kind(
+        ADMISSION,
+        "v1",
+        "ValidatingAdmissionPolicyBinding",
+        "validatingadmissionpolicybindings",
+        False,
+        (),
+        ("api-extensions",),
+        schema="io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicyBinding",
+    ),
     Kind(
         "policy",
         "v1",

@@ -2,15 +2,25 @@
 
 Like the real ones it indexes pods by their controller owner reference, reconciles an owner
 whenever one of its pods changes, and writes pods and status through the store, recording the
-``SuccessfulCreate``/``FailedCreate``/``SuccessfulDelete`` events ``kubectl describe`` shows.
+``SuccessfulCreate``/``FailedCreate``/``SuccessfulDelete`` events ``kubectl describe`` shows.  A pod
+it creates first meets the API server's validating admission (Pod Security, admission policies) as
+the controller's ServiceAccount, as the real controller's request would: refused, it is a
+``FailedCreate`` event with the API's message.
 """
 
 from __future__ import annotations
 
+import uuid
+
+from trainops_devcluster import kinds
+from trainops_devcluster.admission import Attributes, ValidatingAdmission
+from trainops_devcluster.authn import service_account_user
 from trainops_devcluster.events import WARNING, EventRecorder
 from trainops_devcluster.informer import InformerController, Key, key_of
 from trainops_devcluster.podutil import controller_uid, delete_pod
 from trainops_devcluster.store import NotFound, Store, StoreError
+
+_POD = kinds.by_resource("pods")
 
 
 class PodOwnerController(InformerController):
@@ -20,8 +30,10 @@ class PodOwnerController(InformerController):
     owner: str
     component: str
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, admission: ValidatingAdmission | None = None) -> None:
         super().__init__(store)
+        self.admission = admission
+        self.user = service_account_user("kube-system", self.component)
         self.events = EventRecorder(store, self.component)
         self._pods_of: dict[str, set[Key]] = {}
         self._keys: dict[str, Key] = {}
@@ -73,7 +85,14 @@ class PodOwnerController(InformerController):
 
     def create_pod(self, obj: dict, pod: dict) -> dict | None:
         """Create ``pod`` for ``obj``; ``None`` (and a ``FailedCreate`` event) if refused."""
+        meta = pod["metadata"]
+        if not meta.get("name"):  # named before admission, as the API server names it
+            meta["name"] = meta.get("generateName", "") + uuid.uuid4().hex[:5]
         try:
+            if self.admission is not None:
+                self.admission.validate(
+                    Attributes(self.user, "CREATE", _POD, "", meta["namespace"], meta["name"], pod, None)
+                )
             created = self.store.create("pods", pod)
         except StoreError as error:
             self.events.record(obj, "FailedCreate", f"Error creating: {error}", WARNING)

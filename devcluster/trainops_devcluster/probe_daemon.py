@@ -131,7 +131,11 @@ class ProbeDaemon(Controller):
         return probe.previous if probe else None
 
     def _apply(self, name: str, writes: Writes) -> None:
-        """What ``trainops.health.probe.publish`` writes through the API, into the store."""
+        """What ``trainops.health.probe.publish`` writes through the API, into the store (nothing while
+        its report's namespace does not exist: on a fresh cluster the probe's first write fails)."""
+        report_namespace = (writes.configmap or {}).get("metadata", {}).get("namespace")
+        if report_namespace and self.store.find("namespaces", "", report_namespace) is None:
+            raise NotFound(f'namespaces "{report_namespace}" not found')
         if writes.condition is not None:
 
             def write(node: dict) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import dataclasses
 import json
 import logging
 import queue
@@ -26,12 +27,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from trainops_devcluster import (
+    admission_policy,
     apply,
     authn,
     defaults,
     gc,
     kinds,
-    node_probe_policy,
     openapi,
     patch,
     pdb,
@@ -40,6 +41,7 @@ from trainops_devcluster import (
     tables,
     tls,
 )
+from trainops_devcluster.admission import Attributes, ValidatingAdmission
 from trainops_devcluster.audit import ApiFaults, AuditLog
 from trainops_devcluster.authn import User
 from trainops_devcluster.errors import (
@@ -128,6 +130,7 @@ class ApiServer:
         self.faults = ApiFaults()
         self.tokens = authn.Tokens(store)
         self.authorizer = rbac.Authorizer(store)
+        self.validating = ValidatingAdmission(store)
         self.url = self.secure_url = ""
         self.serving_cert = tls.ServingCert.self_signed()
         self._servers: list[_HttpServer] = []
@@ -457,12 +460,26 @@ class ApiServer:
             raise BadRequest("metadata: the object's metadata must be a JSON object")
         return obj
 
-    def _admit(self, call: _Call, operation: str, obj: dict, old: dict | None) -> dict:
+    def _admit(
+        self, call: _Call, operation: str, obj: dict | None, old: dict | None
+    ) -> tuple[dict | None, list[str]]:
+        """Admission, as kube-apiserver runs it right before a write is stored: the mutating webhooks
+        (Kueue's), then validating admission (Pod Security, ValidatingAdmissionPolicies); returns the
+        object to store and the warnings.  A request whose client has gone is cancelled here."""
         _cancel_if_gone(call.handler, self.cancel_window_s)
-        node_probe_policy.check(call.user, operation, call.kind.resource, call.sub, call.ns, obj, old)
-        for admit in self.admission:
-            obj = admit(call.kind.resource, operation, obj, old)
-        return obj
+        if obj is not None and call.sub != "eviction":
+            for admit in self.admission:
+                obj = admit(call.kind.resource, operation, obj, old)
+        name = call.name or ((obj or old or {}).get("metadata") or {}).get("name", "")
+        options = {"kind": f"{operation.title()}Options", "apiVersion": "meta.k8s.io/v1"}
+        if call.query.get("fieldManager"):
+            options["fieldManager"] = call.query["fieldManager"]
+        if call.dry_run:
+            options["dryRun"] = ["All"]
+        request = Attributes(
+            call.user, operation, call.kind, call.sub, call.ns, name, obj, old, call.dry_run, options
+        )
+        return obj, self.validating.validate(request)
 
     def _check_namespace(self, call: _Call, name: str) -> None:
         ns = self.store.get("namespaces", "", call.ns)
@@ -512,9 +529,12 @@ class ApiServer:
         if manager is not None:
             apply.record_update(k, None, obj, manager)
         warnings = validate(k, obj, field_validation=call.query.get("fieldValidation", ""))
-        obj = self._admit(call, "CREATE", obj, None)
+        admission_policy.prepare(k, obj)
+        if not meta.get("name") and meta.get("generateName"):  # named before admission, as BeforeCreate does
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        obj, admitted = self._admit(call, "CREATE", obj, None)
+        warnings += admitted
         if call.dry_run:
-            meta.setdefault("name", meta.get("generateName", "") + uuid.uuid4().hex[:5])
             return _send(call.handler, 201, _dumps(_out(k, obj)), headers=_warning_headers(warnings))
         created = self.store.create(k.resource, obj)
         return _send(call.handler, 201, _dumps(_out(k, created)), headers=_warning_headers(warnings))
@@ -613,13 +633,21 @@ class ApiServer:
             result.setdefault("spec", {})["replicas"] = replicas
         elif call.sub == "status":
             result = copy.deepcopy(current)
+            if k.kind == "Node":  # nodeStatusStrategy keeps only the spec: labels and annotations change too
+                system = ("uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds")
+                kept = {key: current["metadata"][key] for key in system if key in current["metadata"]}
+                result["metadata"] = {**new["metadata"], **kept, "name": call.name}
+                result["metadata"].pop("namespace", None)
             if new.get("status") is None:
                 result.pop("status", None)
             else:
                 result["status"] = new["status"]
         else:
             result = new
-            result["metadata"]["namespace"] = call.ns
+            if k.namespaced:
+                result["metadata"]["namespace"] = call.ns
+            else:
+                result["metadata"].pop("namespace", None)
             result["metadata"]["name"] = call.name
             if k.has_status:
                 if current.get("status") is None:
@@ -652,7 +680,10 @@ class ApiServer:
             apply.record_update(k, current, result, _manager(call), call.sub)
         warnings = validate(k, result, field_validation=call.query.get("fieldValidation", ""))
         validate_update(k, result, current)
-        result = self._admit(call, "UPDATE", result, current)
+        if not call.sub:
+            admission_policy.prepare(k, result)
+        result, admitted = self._admit(call, "UPDATE", result, current)
+        warnings += admitted
         if call.dry_run:
             stored = result
         else:
@@ -690,9 +721,8 @@ class ApiServer:
         return options
 
     def _delete_one(self, call: _Call, name: str, options: dict) -> dict:
-        named = {"metadata": {"name": name}}
-        node_probe_policy.check(call.user, "DELETE", call.kind.resource, "", call.ns, None, named)
-        _cancel_if_gone(call.handler, self.cancel_window_s)
+        current = self.store.get(call.kind.resource, call.ns, name)
+        self._admit(dataclasses.replace(call, name=name), "DELETE", None, current)
         if options.get("dryRun") is True:
             return self.store.get(call.kind.resource, call.ns, name)
         pre = options.get("preconditions") or {}
@@ -761,6 +791,7 @@ class ApiServer:
         if named and named != call.name:
             raise BadRequest(f"name in URL does not match name in Eviction object: {call.name} != {named}")
         options = eviction.get("deleteOptions") or {}
+        self._admit(call, "CREATE", {"apiVersion": "policy/v1", "kind": "Eviction", **eviction}, None)
         for _ in range(50):
             pod = self.store.get("pods", call.ns, call.name)
             if pdb.needs_budget(pod):
@@ -783,7 +814,6 @@ class ApiServer:
                         except Conflict:
                             continue
             pre = options.get("preconditions") or {}
-            _cancel_if_gone(call.handler, self.cancel_window_s)
             gc.delete_object(
                 self.store,
                 "pods",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from trainops.conventions import GPU_POOL_LABEL, MODE_INFERENCE, MODE_TAINT
+from trainops.conventions import GPU_POOL_LABEL, HEALTH_NAMESPACE, MODE_INFERENCE, MODE_TAINT
 
 INFERENCE_NAMESPACE = "inference"
 TRAINING_NAMESPACE = "training"
@@ -127,11 +127,36 @@ def _node(name: str, labels: dict, spec: dict, resources: dict, ip: str, *, seri
     }
 
 
+#: the Pod Security levels of ``deploy/namespaces.yaml`` (a test keeps the two the same)
+POD_SECURITY = {
+    TRAINING_NAMESPACE: {
+        "pod-security.kubernetes.io/enforce": "baseline",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+        "pod-security.kubernetes.io/warn": "baseline",
+        "pod-security.kubernetes.io/warn-version": "latest",
+    },
+    HEALTH_NAMESPACE: {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    },
+}
+
+
+def namespaces(*, fresh: bool, inference: bool) -> list[str]:
+    """The namespaces a devcluster starts with: a fresh cluster's (``default`` and ``kube-*``), the
+    inference workloads', and unless ``fresh`` those ``deploy/namespaces.yaml`` creates."""
+    names = (
+        ["default", "kube-system", "kube-public", "kube-node-lease"] if fresh else ["default", "kube-system"]
+    )
+    names += [INFERENCE_NAMESPACE] if inference or not fresh else []
+    return names + ([] if fresh else [HEALTH_NAMESPACE, TRAINING_NAMESPACE])
+
+
 def namespace(name: str) -> dict:
     return {
         "apiVersion": "v1",
         "kind": "Namespace",
-        "metadata": {"name": name},
+        "metadata": {"name": name, **({"labels": dict(POD_SECURITY[name])} if name in POD_SECURITY else {})},
         "status": {"phase": "Active"},
     }
 

@@ -1,25 +1,19 @@
 """Authentication and RBAC in the devcluster, as kube-apiserver does them: ServiceAccount tokens
 from TokenRequest (``kubectl create token``), ``kubectl auth can-i`` (SelfSubjectAccessReview)
-answering per ``deploy/rbac.yaml``, 401 and 403 Status bodies, and the node probe kept to its own
-node (``deploy/node-probe-admission.yaml``)."""
+answering per ``deploy/rbac.yaml``, 401 and 403 Status bodies.  The node probe's own account:
+``test_node_probe_policy.py``."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
-import pynvml
 import pytest
 import requests
-import yaml
-from trainops_devcluster import node_probe_policy, rbac
-from trainops_devcluster.authn import ADMIN_TOKEN, NODE_NAME, service_account_user
-from trainops_devcluster.errors import AdmissionDenied
+from trainops_devcluster import rbac
+from trainops_devcluster.authn import ADMIN_TOKEN
 
-from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.kubectl_support import kubectl
-from trainops.cli import main
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 WORKER = "system:serviceaccount:airflow:airflow-worker"
@@ -248,176 +242,3 @@ def test_self_subject_access_review_says_which_binding_allows(cluster):
         "reason": 'RBAC: allowed by RoleBinding "trainops-airflow-submit/training" of Role '
         '"trainops-airflow-submit" to ServiceAccount "airflow-worker/airflow"',
     }
-
-
-# ---- the node probe ----------------------------------------------------------------------------
-@pytest.fixture
-def probe_token(cluster):
-    """A token of the probe's ServiceAccount bound to its pod on gpu-node-000 (deploy/node-probe.yaml)."""
-    kubectl(cluster.kubeconfig, "apply", "-f", str(DEPLOY / "node-probe.yaml"))
-
-    def probe_pod():
-        pods = cluster.store.list("pods", "kube-system")[0]
-        return next((p for p in pods if p["spec"].get("nodeName") == "gpu-node-000"), None)
-
-    pod = wait_for(probe_pod, "a probe pod on gpu-node-000")
-    bound = ["--bound-object-kind", "Pod", "--bound-object-name", pod["metadata"]["name"]]
-    return create_token(cluster, "trainops-node-probe", "kube-system", *bound)
-
-
-def annotate(value: str) -> dict:
-    return {"metadata": {"annotations": {"trainops.io/health-summary": value}}}
-
-
-def test_the_probe_may_change_its_own_node_and_report_only(cluster, probe_token):
-    own = call(cluster, "PATCH", "/api/v1/nodes/gpu-node-000", probe_token, annotate("ok"))
-    assert own.status_code == 200
-    status = {"status": {"conditions": [{"type": "GPUHealthy", "status": "True"}]}}
-    assert call(cluster, "PATCH", "/api/v1/nodes/gpu-node-000/status", probe_token, status).status_code == 200
-    other = call(cluster, "PATCH", "/api/v1/nodes/gpu-node-001", probe_token, annotate("forged"))
-    denial = (
-        "ValidatingAdmissionPolicy 'trainops-node-probe-own-node' with binding 'trainops-node-probe-own-node' "
-        "denied request: the node probe on gpu-node-000 may not change node gpu-node-001"
-    )
-    assert (other.status_code, other.json()) == (
-        422,
-        {
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": f'nodes "gpu-node-001" is forbidden: {denial}',
-            "reason": "Invalid",
-            "details": {"name": "gpu-node-001", "kind": "nodes", "causes": [{"message": denial}]},
-            "code": 422,
-        },
-    )
-    annotations = cluster.store.get("nodes", "", "gpu-node-001")["metadata"]["annotations"]
-    assert annotations.get("trainops.io/health-summary") != "forged"
-    untaint = {"spec": {"taints": None}}
-    spec = call(cluster, "PATCH", "/api/v1/nodes/gpu-node-000", probe_token, untaint).json()
-    assert spec["message"].endswith("the node probe may not change a node's spec (taints, unschedulable)")
-    report = {"apiVersion": "v1", "kind": "ConfigMap", "data": {"verdict": "healthy"}}
-    path = "/api/v1/namespaces/trainops-system/configmaps"
-    # the devcluster's probe daemon (which writes the store, not the API) published one already
-    cluster.probe_daemon.stop()
-    kubectl(cluster.kubeconfig, "delete", "configmap", "node-health-gpu-node-000", "-n", "trainops-system")
-    mine = call(
-        cluster, "POST", path, probe_token, {**report, "metadata": {"name": "node-health-gpu-node-000"}}
-    )
-    assert mine.status_code == 201
-    forged = call(
-        cluster, "POST", path, probe_token, {**report, "metadata": {"name": "node-health-gpu-node-001"}}
-    )
-    assert forged.status_code == 422
-    assert forged.json()["message"].endswith(
-        "the node probe on gpu-node-000 may write only ConfigMap trainops-system/node-health-gpu-node-000"
-    )
-
-
-def test_an_unbound_probe_token_may_change_no_node(cluster, probe_token):
-    token = create_token(cluster, "trainops-node-probe", "kube-system")
-    answer = call(cluster, "PATCH", "/api/v1/nodes/gpu-node-000", token, annotate("ok"))
-    assert answer.status_code == 422
-    assert "the node probe's token is not bound to a node" in answer.json()["message"]
-    # RBAC comes first: what the probe's ClusterRole does not grant is a 403, not the policy's 422
-    assert call(cluster, "DELETE", "/api/v1/nodes/gpu-node-000", probe_token).status_code == 403
-
-
-def test_the_devcluster_denies_as_the_manifests_policy_does():
-    """node_probe_policy mirrors deploy/node-probe-admission.yaml: its names, user, resources, and for
-    a request that fails each validation in turn, that validation's message (CEL's string
-    concatenation of ``messageExpression`` reads as Python)."""
-    policy, binding = [d for d in yaml.safe_load_all((DEPLOY / "node-probe-admission.yaml").read_text()) if d]
-    assert (policy["metadata"]["name"], binding["metadata"]["name"]) == (
-        node_probe_policy.POLICY,
-        node_probe_policy.BINDING,
-    )
-    assert policy["spec"]["matchConditions"][0]["expression"] == (
-        f"request.userInfo.username == '{node_probe_policy.PROBE_USER}'"
-    )
-    rules = policy["spec"]["matchConstraints"]["resourceRules"]
-    matched = {tuple(r.partition("/")[::2]) for rule in rules for r in rule["resources"]}
-    assert matched == node_probe_policy._MATCHED
-    probe = service_account_user("kube-system", "trainops-node-probe", {NODE_NAME: ["gpu-node-000"]})
-    unbound = service_account_user("kube-system", "trainops-node-probe")
-    own, other = {"metadata": {"name": "gpu-node-000"}, "spec": {}}, {"metadata": {"name": "gpu-node-001"}}
-    tainted = {**own, "spec": {"taints": []}}
-    report = {"metadata": {"name": "node-health-gpu-node-001"}}
-    failing = [  # (user, operation, resource, namespace, object, old object), one per validation
-        (unbound, "UPDATE", "nodes", "", own, own),
-        (probe, "DELETE", "nodes", "", None, own),
-        (probe, "UPDATE", "nodes", "", other, other),
-        (probe, "UPDATE", "nodes", "", tainted, own),
-        (probe, "CREATE", "configmaps", "trainops-system", report, None),
-    ]
-    for validation, (user, operation, resource, namespace, obj, old) in zip(
-        policy["spec"]["validations"], failing, strict=True
-    ):
-        name = (obj or old)["metadata"]["name"]
-        cel = SimpleNamespace(
-            variables=SimpleNamespace(node="gpu-node-000", report="node-health-gpu-node-000"),
-            request=SimpleNamespace(name=name),
-        )
-        message = validation.get("message") or eval(validation["messageExpression"], {}, vars(cel))  # noqa: S307
-        with pytest.raises(AdmissionDenied) as denied:
-            node_probe_policy.check(user, operation, resource, "", namespace, obj, old)
-        assert denied.value.causes == [
-            {
-                "message": f"ValidatingAdmissionPolicy '{node_probe_policy.POLICY}' with binding "
-                f"'{node_probe_policy.BINDING}' denied request: {message}"
-            }
-        ]
-    # and what the probe does is admitted
-    node_probe_policy.check(probe, "UPDATE", "nodes", "status", "", own, own)
-    node_probe_policy.check(
-        probe,
-        "CREATE",
-        "configmaps",
-        "",
-        "trainops-system",
-        {"metadata": {"name": "node-health-gpu-node-000"}},
-        None,
-    )
-
-
-def test_the_production_probe_publishes_as_its_own_account(
-    cluster, probe_token, monkeypatch, tmp_path, capsys
-):
-    """``trainops probe --publish`` with the probe pod's token: every call it makes (the node's status
-    read, its condition and summary, its report ConfigMap) is allowed by deploy/node-probe.yaml's
-    ClusterRole and the own-node policy; the same probe pointed at another node changes nothing."""
-
-    def no_driver():
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
-
-    monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
-    cluster.probe_daemon.stop()  # the devcluster's own probe writes the store, not the API
-    kubectl(cluster.kubeconfig, "delete", "configmap", "node-health-gpu-node-000", "-n", "trainops-system")
-    kubeconfig = cluster.write_kubeconfig(
-        tmp_path / "probe.kubeconfig", token=probe_token, user="probe", namespace="kube-system", secure=True
-    )
-    probe = ["probe", "--publish", "--iterations", "1", "--kubeconfig", str(kubeconfig)]
-    probe += ["--ib-sysfs", str(tmp_path)]
-
-    assert main([*probe, "--node", "gpu-node-000"]) == 0
-    own = cluster.store.get("nodes", "", "gpu-node-000")
-    condition = next(c for c in own["status"]["conditions"] if c["type"] == "GPUHealthy")
-    assert (condition["status"], condition["reason"]) == ("Unknown", "SignalsUnknown")
-    assert cluster.store.find("configmaps", "trainops-system", "node-health-gpu-node-000") is not None
-    calls = [e for e in cluster.server.audit.entries() if e["user"].endswith(":trainops-node-probe")]
-    denied = [(e["verb"], e["path"], e["status"]) for e in calls if e["status"] in (401, 403, 422)]
-    assert calls and not denied, denied  # (a 404 is the first write of its ConfigMap: replace, then create)
-
-    capsys.readouterr()
-    before = cluster.store.get("nodes", "", "gpu-node-001")
-    report = cluster.store.find("configmaps", "trainops-system", "node-health-gpu-node-001")
-    assert main([*probe, "--node", "gpu-node-001"]) == 1
-    assert capsys.readouterr().err == (
-        'error: publishing to node gpu-node-001 failed: configmaps "node-health-gpu-node-001" is forbidden: '
-        "ValidatingAdmissionPolicy 'trainops-node-probe-own-node' with binding 'trainops-node-probe-own-node' "
-        "denied request: the node probe on gpu-node-000 may write only ConfigMap "
-        "trainops-system/node-health-gpu-node-000\n"
-    )
-    assert cluster.store.get("nodes", "", "gpu-node-001") == before
-    assert cluster.store.find("configmaps", "trainops-system", "node-health-gpu-node-001") == report
