@@ -243,12 +243,15 @@ class JobController(PodOwnerController):
             created = self._create(job, index)
             if created is None:  # refused: try again after the backoff, as the sync error requeues
                 tracking.refused += 1
-                delay = min(MAX_BACKOFF_S, 2.0 ** (tracking.refused - 1))
-                self.after(delay, lambda key=key_of(job): self.mark(key))
+                self._retry(job, min(MAX_BACKOFF_S, 2.0 ** (tracking.refused - 1)))
                 break
             tracking.refused = 0
             active.append(created)
         return active
+
+    def _retry(self, job: dict, delay: float) -> None:
+        key = key_of(job)
+        self.after(delay, lambda: self.mark(key))
 
     def _create(self, job: dict, index: int | None) -> dict | None:
         name, uid = job["metadata"]["name"], job["metadata"]["uid"]
