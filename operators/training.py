@@ -85,7 +85,9 @@ class GangTrainingOperator(BaseOperator):
     :param shm_size: size limit of the memory-backed ``/dev/shm`` (None: keep the 64 MiB container default).
     :param extra_resources: more devices for the trainer container, e.g. ``{"rdma/ib": "1"}`` or
         ``{"nvidia.com/hostdev": "8"}`` (requests and limits).
-    :param capabilities: Linux capabilities for the trainer container, e.g. ``["IPC_LOCK"]`` for RDMA.
+    :param capabilities: Linux capabilities for the trainer container (an ``rdma/`` device in
+        ``extra_resources`` adds ``IPC_LOCK`` itself; one outside the runtime's default set, like
+        ``IPC_LOCK``, needs the namespace's Pod Security level to be "privileged").
     :param node_selector: node labels the pods require, besides the GPU pool's.
     :param volumes: pod volumes in API form (``[{"name": "data", "persistentVolumeClaim": {...}}]``).
     :param volume_mounts: the trainer container's mounts (``[{"name": "data", "mountPath": "/data"}]``).

@@ -189,6 +189,12 @@ def test_rdma_devices_capabilities_node_labels_and_volumes():
     assert [m["mountPath"] for m in container["volumeMounts"]] == ["/dev/shm", "/data"]
 
 
+def test_a_run_adds_capabilities_only_for_rdma_so_it_meets_pod_security_baseline():
+    assert "securityContext" not in trainer(built(spec={"extra_resources": {"nvidia.com/hostdev": "8"}}))
+    rdma = trainer(built(spec={"extra_resources": {"rdma/ib": 1}}))
+    assert rdma["securityContext"] == {"capabilities": {"add": ["IPC_LOCK"]}}
+
+
 def test_pod_template_merges_under_what_trainops_owns():
     from kubernetes import client
 

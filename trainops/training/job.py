@@ -40,6 +40,9 @@ JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
 SHM_VOLUME = "dshm"
 RENDEZVOUS_PORT_NAME = "rendezvous"
+#: RDMA devices (``rdma/ib``, ``rdma/hca_shared_devices_a``...) need the memory registration RDMA
+#: does, which pins memory: IPC_LOCK, which only Pod Security "privileged" allows
+RDMA_PREFIX, RDMA_CAPABILITY = "rdma/", "IPC_LOCK"
 
 
 def condition(obj: Mapping | None, kind: str) -> Mapping | None:
@@ -224,8 +227,14 @@ def _extras(spec: TrainingSpec) -> dict:
     if spec.extra_resources:
         extra = {k: str(v) for k, v in spec.extra_resources.items()}
         container["resources"] = {"requests": extra, "limits": dict(extra)}  # devices: requests == limits
-    if spec.capabilities:
-        container["securityContext"] = {"capabilities": {"add": list(spec.capabilities)}}
+    capabilities = list(spec.capabilities)
+    if (
+        any(name.startswith(RDMA_PREFIX) for name in spec.extra_resources)
+        and RDMA_CAPABILITY not in capabilities
+    ):
+        capabilities.append(RDMA_CAPABILITY)
+    if capabilities:  # none unless asked for or RDMA: a plain run meets Pod Security "baseline"
+        container["securityContext"] = {"capabilities": {"add": capabilities}}
     if spec.volume_mounts:
         container["volumeMounts"] = [dict(m) for m in spec.volume_mounts]
     pod: dict = {"containers": [container]}

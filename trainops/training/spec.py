@@ -53,7 +53,7 @@ class TrainingSpec:
     ``nodes * procs_per_node``.  ``master_port``: rank 0's rendezvous port.
     ``shm_size``: size limit of the memory-backed ``/dev/shm`` (None: no such volume).
     ``extra_resources``: more devices for the trainer container, e.g. ``{"rdma/ib": "1"}``.
-    ``capabilities``: Linux capabilities added to it, e.g. ``["IPC_LOCK"]`` for RDMA.
+    ``capabilities``: Linux capabilities added to it (an ``rdma/`` device adds ``IPC_LOCK`` itself).
     ``node_selector``: more node labels the pods require.  ``volumes`` / ``volume_mounts``: pod
     volumes and the trainer container's mounts, in API form (camelCase keys).
     ``pod_template``: anything else a pod may have (a dict or ``V1PodTemplateSpec``), merged under
