@@ -155,7 +155,11 @@ def run_up(args: argparse.Namespace) -> int:
         ca.write_bytes(cluster.server.serving_cert.cert_pem)
         print(f"HTTPS for ServiceAccount tokens: {cluster.server.secure_url} (certificate: {ca})", flush=True)
         for manifest in args.apply:
-            cluster.create_from_file(manifest)
+            try:
+                cluster.create_from_file(manifest)
+            except (OSError, ValueError) as error:  # unreadable, not YAML, or refused by the API
+                print(f"trainops devcluster up: --apply {error}", file=sys.stderr)
+                return 1
             print(f"applied {manifest}", flush=True)
         for namespace, name, path in args.service_account:
             written = path.resolve().with_name(path.name + ".partial")  # readers see it whole or not at all

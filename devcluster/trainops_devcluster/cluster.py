@@ -221,7 +221,13 @@ class DevCluster:
         namespace that does not exist yet, a kind it does not serve) stops it, naming the object."""
         import requests
 
-        for doc in (d for d in yaml.safe_load_all(Path(manifest).read_text()) if d):
+        try:
+            docs = [d for d in yaml.safe_load_all(Path(manifest).read_text()) if d]
+        except yaml.YAMLError as error:
+            raise ValueError(f"{manifest}: not YAML: {error}") from None
+        for doc in docs:
+            if not isinstance(doc, dict):
+                raise ValueError(f"{manifest}: a document is not a Kubernetes object: {str(doc)[:100]!r}")
             group, _, version = str(doc.get("apiVersion", "")).rpartition("/")
             kind = next(
                 (k for k in kinds.KINDS if (k.group, k.version, k.kind) == (group, version, doc.get("kind"))),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 from trainops_devcluster import topology
 
@@ -112,3 +113,22 @@ def test_gpu_operator_daemonsets_run_on_every_trainops_taint_and_the_claim_leave
     assert {p["metadata"]["uid"] for p in cluster.store.list("pods", "gpu-operator")[0]} == before
     evicted = [e["path"] for e in cluster.server.audit.entries() if e["path"].endswith("/eviction")]
     assert not [path for path in evicted if "/namespaces/gpu-operator/" in path]
+
+
+def test_devcluster_up_applies_what_it_serves_and_names_what_it_cannot(make_devcluster, tmp_path):
+    cluster = make_devcluster(nodes=2)
+    cluster.create_from_file(REPO / "deploy/node-probe-admission.yaml")  # was a bare StopIteration
+    stored = cluster.store.list("validatingadmissionpolicybindings.admissionregistration.k8s.io")[0]
+    assert len(stored) == 2
+    unknown = tmp_path / "crd.yaml"
+    unknown.write_text(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: x}\n"
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"CustomResourceDefinition 'x' \(apiextensions.k8s.io/v1\): the devcluster does not serve this kind",
+    ):
+        cluster.create_from_file(unknown)
+    fresh = make_devcluster(nodes=1, inference=[], fresh=True)
+    with pytest.raises(ValueError, match='Role .* namespaces "training" not found'):
+        fresh.create_from_file(REPO / "deploy/rbac.yaml")
