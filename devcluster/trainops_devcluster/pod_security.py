@@ -194,38 +194,41 @@ def _host_path(meta: dict, spec: dict):
     return ("hostPath volumes", _named("volume", bad)) if bad else None
 
 
-def _seccomp(meta: dict, spec: dict, *, restricted: bool):
-    """Baseline: no ``Unconfined``; restricted: ``RuntimeDefault`` or ``Localhost`` on the pod or each container."""
-    setters, values, unset = [], set(), []
-    pod_profile = (spec.get("securityContext") or {}).get("seccompProfile")
-    pod_set = False
-    if pod_profile is not None:
-        if pod_profile.get("type") in ("RuntimeDefault", "Localhost"):
-            pod_set = True
-        else:
-            setters.append("pod")
-            values.add(pod_profile.get("type", ""))
-    bad = []
+def _setters(spec: dict, read: Callable[[dict], object], good: Callable[[object], bool]):
+    """For the pod-or-container settings: who sets a value that is not ``good`` (``pod``,
+    ``container(s) "a"``), those values, and the containers that set none while the pod sets no good one."""
+    pod = read(spec.get("securityContext") or {})
+    setters, values, bad, unset = [], set(), [], []
+    if pod is not None and not good(pod):
+        setters.append("pod")
+        values.add(pod)
     for c in _containers(spec):
-        profile = _context(c).get("seccompProfile")
-        if profile is not None:
-            if profile.get("type") not in ("RuntimeDefault", "Localhost"):
-                bad.append(c.get("name", ""))
-                values.add(profile.get("type", ""))
-        elif not pod_set:
+        value = read(_context(c))
+        if value is None and (pod is None or not good(pod)):
             unset.append(c.get("name", ""))
+        elif value is not None and not good(value):
+            bad.append(c.get("name", ""))
+            values.add(value)
     if bad:
         setters.append(_named("container", bad))
+    return setters, values, unset
+
+
+def _seccomp(meta: dict, spec: dict, *, restricted: bool):
+    """Baseline: no ``Unconfined``; restricted: ``RuntimeDefault`` or ``Localhost`` on the pod or each container."""
+    setters, values, unset = _setters(
+        spec,
+        lambda context: (
+            None if context.get("seccompProfile") is None else context["seccompProfile"].get("type", "")
+        ),
+        lambda kind: kind in ("RuntimeDefault", "Localhost"),
+    )
     if setters:
-        return (
-            "seccompProfile",
-            f"{' and '.join(setters)} must not set securityContext.seccompProfile.type to {_quote(sorted(values))}",
-        )
+        field = "securityContext.seccompProfile.type"
+        return "seccompProfile", f"{' and '.join(setters)} must not set {field} to {_quote(sorted(values))}"
     if restricted and unset:
-        return (
-            "seccompProfile",
-            f'pod or {_named("container", unset)} must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"',
-        )
+        must = 'must set securityContext.seccompProfile.type to "RuntimeDefault" or "Localhost"'
+        return "seccompProfile", f"pod or {_named('container', unset)} {must}"
     return None
 
 
@@ -280,30 +283,18 @@ def _volume_types(meta: dict, spec: dict):
 
 
 def _run_as_non_root(meta: dict, spec: dict):
-    setters, pod_non_root = [], False
-    pod_value = (spec.get("securityContext") or {}).get("runAsNonRoot")
-    if pod_value is False:
-        setters.append("pod")
-    elif pod_value is True:
-        pod_non_root = True
-    explicit, implicit = [], []
-    for c in _containers(spec):
-        value = _context(c).get("runAsNonRoot")
-        if value is False:
-            explicit.append(c.get("name", ""))
-        elif value is None and not pod_non_root:
-            implicit.append(c.get("name", ""))
-    if explicit:
-        setters.append(_named("container", explicit))
+    setters, _, unset = _setters(
+        spec, lambda context: context.get("runAsNonRoot"), lambda value: value is True
+    )
     if setters:
         return (
             "runAsNonRoot != true",
             f"{' and '.join(setters)} must not set securityContext.runAsNonRoot=false",
         )
-    if implicit:
+    if unset:
         return (
             "runAsNonRoot != true",
-            f"pod or {_named('container', implicit)} must set securityContext.runAsNonRoot=true",
+            f"pod or {_named('container', unset)} must set securityContext.runAsNonRoot=true",
         )
     return None
 

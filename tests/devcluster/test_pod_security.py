@@ -88,6 +88,14 @@ def test_restricted_names_every_missing_setting_in_order():
     )
 
 
+def test_restricted_names_who_set_a_forbidden_value():
+    spec = {**RESTRICTED_OK, "securityContext": {"runAsNonRoot": False, "seccompProfile": {"type": "Unconfined"}}}
+    assert violations("restricted", {}, spec) == (
+        "runAsNonRoot != true (pod must not set securityContext.runAsNonRoot=false), "
+        'seccompProfile (pod must not set securityContext.seccompProfile.type to "Unconfined")'
+    )
+
+
 def job(name: str, pod_spec: dict) -> dict:
     template = {"spec": {**pod_spec, "restartPolicy": "Never"}}
     return {
