@@ -89,7 +89,10 @@ def test_restricted_names_every_missing_setting_in_order():
 
 
 def test_restricted_names_who_set_a_forbidden_value():
-    spec = {**RESTRICTED_OK, "securityContext": {"runAsNonRoot": False, "seccompProfile": {"type": "Unconfined"}}}
+    spec = {
+        **RESTRICTED_OK,
+        "securityContext": {"runAsNonRoot": False, "seccompProfile": {"type": "Unconfined"}},
+    }
     assert violations("restricted", {}, spec) == (
         "runAsNonRoot != true (pod must not set securityContext.runAsNonRoot=false), "
         'seccompProfile (pod must not set securityContext.seccompProfile.type to "Unconfined")'
