@@ -121,7 +121,9 @@ def gang_run(step: Step, store: CheckpointStore, try_number: int = 1, first_try:
     )
 
 
-def _async_client(kubeconfig: str):
+def async_client(kubeconfig: str):
+    """``() -> async context manager`` of a kubernetes_asyncio ApiClient of ``kubeconfig`` (a trigger's client)."""
+
     @contextlib.asynccontextmanager
     async def client():
         from kubernetes_asyncio import config
@@ -164,7 +166,7 @@ def train_try(
     run.start()
     on_start()
     trigger = GangRun.from_dict(run.to_dict(), run.cluster, store)
-    client = _async_client(step.kubeconfig)
+    client = async_client(step.kubeconfig)
 
     def follow_attempt(job: str) -> Awaitable[Outcome]:
         config = FollowConfig(

@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
+from trainops_devcluster.kinds import KUEUE_VERSIONS
 from trainops_devcluster.prometheus import REAL_SCRAPE_INTERVAL_S
 
 FAULT_OPTIONS = {
@@ -65,6 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"Prometheus scrape interval in seconds (default {REAL_SCRAPE_INTERVAL_S:g})",
     )
     up.add_argument(
+        "--kueue-version",
+        choices=KUEUE_VERSIONS,
+        help="the Kueue API version served: v1beta2 (Kueue >= 0.15) or v1beta1 with Kueue 0.13's reasons "
+        "(default: $TRAINOPS_DEVCLUSTER_KUEUE_VERSION, else v1beta2)",
+    )
+    up.add_argument(
         "--apply",
         type=Path,
         action="append",
@@ -113,6 +120,7 @@ TOKEN_EXPIRATION_S = 365 * 24 * 3600  # a playground's life; a kubelet refreshes
 
 def run_up(args: argparse.Namespace) -> int:
     from trainops_devcluster.cluster import DevCluster
+    from trainops_devcluster.kueue import KueueConfig
     from trainops_devcluster.prometheus import PrometheusUnavailable
 
     log_file = (args.log_file or args.kubeconfig.resolve().with_name("devcluster.log")).resolve()
@@ -130,6 +138,7 @@ def run_up(args: argparse.Namespace) -> int:
             scrape_interval_s=args.scrape_interval,
             prometheus_port=args.prometheus_port,
             prometheus_log=log_file.with_name("prometheus.log"),
+            kueue_config=KueueConfig(version=args.kueue_version) if args.kueue_version else None,
         )
     except ValueError as error:
         print(f"trainops devcluster up: {error}", file=sys.stderr)

@@ -87,6 +87,7 @@ class DevCluster:
         }
         self._tmp = None if kubeconfig else tempfile.TemporaryDirectory(prefix="devcluster-")
         self.kubeconfig = kubeconfig or Path(self._tmp.name) / "kubeconfig"
+        self._kueue_config = kueue_config or KueueConfig()
         self.server = ApiServer(
             self.store,
             logs=self.logs,
@@ -94,9 +95,9 @@ class DevCluster:
             port=port,
             admission=[kueue_admission],
             extension=self._extension,
+            kueue_version=self._kueue_config.version,
         )
         self._process_env = dict(process_env or {})
-        self._kueue_config = kueue_config or KueueConfig()
         self._controllers = None
         self._kueue = None
         self.probe_daemon = ProbeDaemon(
@@ -211,7 +212,7 @@ class DevCluster:
         for workload in self.inference:
             create("deployments.apps", topology.inference_deployment(workload, self.gpus_per_node))
             create("poddisruptionbudgets.policy", topology.pod_disruption_budget(workload))
-        for resource, obj in () if self.fresh else topology.kueue_objects():
+        for resource, obj in () if self.fresh else topology.kueue_objects(self._kueue_config.version):
             create(resource, obj)
 
     def create_from_file(self, manifest: Path) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import functools
+from dataclasses import dataclass, field, replace
 
 KUEUE = "kueue.x-k8s.io"
+# The Kueue API version a devcluster serves: v1beta2 (Kueue >= 0.15; the default) or v1beta1 (Kueue 0.13,
+# which serves no other).  A real Kueue 0.15+ serves both through its conversion webhook; see README.
+KUEUE_VERSIONS = ("v1beta2", "v1beta1")
 RBAC = "rbac.authorization.k8s.io"  # enforced by rbac.py
 ADMISSION = "admissionregistration.k8s.io"  # enforced by admission_policy.py
 K8S_VERSION = "1.33.0"
@@ -266,25 +270,82 @@ KINDS: tuple[Kind, ...] = (
     ),
 )
 
-_BY_PATH = {(k.group, k.version, k.plural): k for k in KINDS}
 _BY_RESOURCE = {k.resource: k for k in KINDS}
 
 
-def by_path(group: str, version: str, plural: str) -> Kind | None:
-    return _BY_PATH.get((group, version, plural))
-
-
 def by_resource(resource: str) -> Kind:
-    """The kind stored under a Store resource key such as ``"jobs.batch"``."""
+    """The kind stored under a Store resource key such as ``"jobs.batch"`` (keys carry no version)."""
     return _BY_RESOURCE[resource]
 
 
-def group_versions() -> list[tuple[str, str]]:
-    """Every served (group, version), core first, in registry order."""
-    seen: dict[tuple[str, str], None] = {}
-    for k in KINDS:
-        seen[(k.group, k.version)] = None
-    return list(seen)
+class Served:
+    """The kinds one API server serves: ``KINDS`` with the Kueue kinds at ``kueue_version``, their
+    routes and discovery documents.  ``served(version)`` gives one per version."""
+
+    def __init__(self, kueue_version: str) -> None:
+        if kueue_version not in KUEUE_VERSIONS:
+            raise ValueError(
+                f"kueue_version must be one of {', '.join(KUEUE_VERSIONS)}, got {kueue_version!r}"
+            )
+        self.kueue_version = kueue_version
+        self.kinds = tuple(_at_kueue_version(k, kueue_version) for k in KINDS)
+        self._by_path = {(k.group, k.version, k.plural): k for k in self.kinds}
+
+    def by_path(self, group: str, version: str, plural: str) -> Kind | None:
+        return self._by_path.get((group, version, plural))
+
+    def of(self, resource: str) -> Kind:
+        """The served kind of a Store resource key (its ``api_version`` is the one served)."""
+        return next(k for k in self.kinds if k.resource == resource)
+
+    def group_versions(self) -> list[tuple[str, str]]:
+        """Every served (group, version), core first, in registry order."""
+        return list(dict.fromkeys((k.group, k.version) for k in self.kinds))
+
+    def api_group_list(self) -> dict:
+        groups: dict[str, list[str]] = {}
+        for group, version in self.group_versions():
+            if group:
+                groups.setdefault(group, []).append(version)
+        return {
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [self.api_group(name, versions) for name, versions in groups.items()],
+        }
+
+    def api_group(self, name: str, versions: list[str] | None = None) -> dict | None:
+        """The APIGroup document of group ``name``, or ``None`` when it is not served."""
+        versions = versions or [v for g, v in self.group_versions() if g == name]
+        if not versions:
+            return None
+        entries = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
+        return {
+            "kind": "APIGroup",
+            "apiVersion": "v1",
+            "name": name,
+            "versions": entries,
+            "preferredVersion": entries[0],
+        }
+
+    def resource_list(self, group: str, version: str) -> dict | None:
+        """The APIResourceList of one group version, or ``None`` if it is not served."""
+        return _resource_list(
+            group, version, [k for k in self.kinds if (k.group, k.version) == (group, version)]
+        )
+
+
+@functools.cache
+def served(kueue_version: str = KUEUE_VERSIONS[0]) -> Served:
+    return Served(kueue_version)
+
+
+def _at_kueue_version(kind: Kind, version: str) -> Kind:
+    """``kind`` as served with Kueue at ``version`` (v1beta1 names the cohort ``spec.cohort``)."""
+    if kind.group != KUEUE:
+        return kind
+    cohort = ".spec.cohortName" if version == "v1beta2" else ".spec.cohort"
+    columns = tuple(replace(c, path=cohort) if c.path == ".spec.cohortName" else c for c in kind.columns)
+    return replace(kind, version=version, columns=columns)
 
 
 # ---- discovery documents ---------------------------------------------------------------
@@ -323,33 +384,7 @@ def core_versions() -> dict:
     }
 
 
-def api_group_list() -> dict:
-    groups: dict[str, list[str]] = {}
-    for group, version in group_versions():
-        if group:
-            groups.setdefault(group, []).append(version)
-    return {
-        "kind": "APIGroupList",
-        "apiVersion": "v1",
-        "groups": [api_group(name, versions) for name, versions in groups.items()],
-    }
-
-
-def api_group(name: str, versions: list[str] | None = None) -> dict:
-    versions = versions or [v for g, v in group_versions() if g == name]
-    entries = [{"groupVersion": f"{name}/{v}", "version": v} for v in versions]
-    return {
-        "kind": "APIGroup",
-        "apiVersion": "v1",
-        "name": name,
-        "versions": entries,
-        "preferredVersion": entries[0],
-    }
-
-
-def resource_list(group: str, version: str) -> dict | None:
-    """The APIResourceList of one group version, or ``None`` if it is not served."""
-    kinds = [k for k in KINDS if (k.group, k.version) == (group, version)]
+def _resource_list(group: str, version: str, kinds: list[Kind]) -> dict | None:
     if not kinds:
         return None
     resources = []

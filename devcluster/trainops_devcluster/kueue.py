@@ -1,4 +1,5 @@
-"""The simulated Kueue (v1beta2, as ``reference/kueue.md`` §1 documents it).
+"""The simulated Kueue (as ``reference/kueue.md`` §1 documents it), serving ``v1beta2`` (Kueue 0.15 and
+later) or ``v1beta1`` with the 0.13 line's reasons (``KueueConfig.version``; ``kueue_api.Release``).
 
 ``kueue_admission`` is the webhook (a queue-labelled Job is suspended at creation).  ``KueueController``
 does what Kueue's Job reconciler, Workload controller and scheduler do, level-triggered over the store:
@@ -7,7 +8,8 @@ does what Kueue's Job reconciler, Workload controller and scheduler do, level-tr
   PodSet ``main``, priority from the ``kueue.x-k8s.io/priority-class`` WorkloadPriorityClass);
 - all-or-nothing quota reservation and preemption (``kueue_scheduler``), then the Job unsuspended with
   the flavor's nodeLabels and tolerations injected (restored whenever the Job is stopped);
-- PodsReady, the waitForPodsReady timeout with requeue backoff and deactivation after the limit,
+- with waitForPodsReady configured, PodsReady and its timeout with requeue backoff and deactivation
+  after the limit (``DeactivationTarget``, then ``spec.active=false``, then ``Evicted``);
   ``spec.active=false``, Finished, and the Workload removed when its Job is gone.
 """
 
@@ -15,21 +17,21 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trainops_devcluster.controller import Controller
+from trainops_devcluster.kinds import KUEUE_VERSIONS
 from trainops_devcluster.kueue_admission import kueue_admission
 from trainops_devcluster.kueue_api import (
     ADMITTED,
-    API_VERSION,
     CLUSTER_QUEUES,
     DEACTIVATED,
     DEACTIVATION_TARGET,
     EVICTED,
     FINISHED,
     FLAVORS,
-    GROUP,
     JOB_UID_LABEL,
     JOBS,
     LOCAL_QUEUES,
@@ -46,6 +48,7 @@ from trainops_devcluster.kueue_api import (
     WAIT_FOR_START,
     WORKLOAD_ANNOTATION,
     WORKLOADS,
+    Release,
     Writer,
     condition,
     has_quota,
@@ -65,21 +68,41 @@ __all__ = ["KueueConfig", "KueueController", "kueue_admission"]
 JOB_COMPONENT = "batch/job-kueue-controller"
 WORKLOAD_COMPONENT = "kueue-admission"
 READY_MESSAGE = "All pods reached readiness and the workload is running"
+VERSION_ENV = "TRAINOPS_DEVCLUSTER_KUEUE_VERSION"
 
 
 @dataclass(frozen=True)
 class KueueConfig:
     """The parts of Kueue's manager Configuration the devcluster honours; defaults are fast for tests.
 
+    ``version``: the API version served, ``v1beta2`` (Kueue 0.15 and later) or ``v1beta1`` (the 0.13
+    line, with its pending reasons); default ``$TRAINOPS_DEVCLUSTER_KUEUE_VERSION``, else ``v1beta2``.
     ``wait_for_pods_ready_timeout_s``: admitted -> PodsReady deadline (also the recovery timeout once
-    running); ``None`` disables waitForPodsReady.  Requeue backoff after a timeout is
-    ``base * 2**(n-1)`` seconds, capped at ``max``; ``backoff_limit_count`` requeues at most, then the
-    Workload is deactivated (``None``: requeue forever, Kueue's default)."""
+    running); ``None`` disables waitForPodsReady, and then, as in Kueue, no Workload has a PodsReady
+    condition.  Unset, the release's default: on in v1beta2 (Kueue 0.19+ turns it on by default;
+    10 s here, 30 min there), off in v1beta1 (0.13 needs ``enable: true``).  Requeue backoff after a
+    timeout is ``base * 2**(n-1)`` seconds, capped at ``max``; ``backoff_limit_count`` requeues at
+    most, then the Workload is deactivated (``None``: requeue forever, Kueue's default)."""
 
-    wait_for_pods_ready_timeout_s: float | None = 10.0
+    version: str = field(default_factory=lambda: os.environ.get(VERSION_ENV) or "v1beta2")
+    wait_for_pods_ready_timeout_s: float | None = -1.0  # -1: the release's default
     requeue_backoff_base_s: float = 1.0
     requeue_backoff_max_s: float = 60.0
     backoff_limit_count: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.version not in KUEUE_VERSIONS:
+            raise ValueError(
+                f"the Kueue API version must be {' or '.join(KUEUE_VERSIONS)} (KueueConfig.version, ${VERSION_ENV}), "
+                f"got {self.version!r}"
+            )
+        if self.wait_for_pods_ready_timeout_s == -1.0:
+            default = 10.0 if self.version == "v1beta2" else None
+            object.__setattr__(self, "wait_for_pods_ready_timeout_s", default)
+
+    @property
+    def release(self) -> Release:
+        return Release(self.version)
 
     def backoff_s(self, requeue_count: int) -> float:
         return min(self.requeue_backoff_base_s * 2 ** (requeue_count - 1), self.requeue_backoff_max_s)
@@ -94,8 +117,9 @@ class KueueController(Controller):
     def __init__(self, store: Store, config: KueueConfig | None = None) -> None:
         super().__init__(store)
         self.config = config or KueueConfig()
+        self.release = self.config.release
         self.writer = Writer(store)
-        self.scheduler = Scheduler(self.writer)
+        self.scheduler = Scheduler(self.writer, self.release)
         self._sync_requested = False
         self._requeue_at: dict[str, float] = {}
         self._wakeups: set[float] = set()
@@ -195,7 +219,7 @@ class KueueController(Controller):
                 self._warn_missing_class(job, class_name)
                 return None
             spec["priority"] = int(priority_class.get("value") or 0)
-            spec["priorityClassRef"] = {"group": GROUP, "kind": "WorkloadPriorityClass", "name": class_name}
+            spec.update(self.release.priority_class(class_name))
         return copy.deepcopy(spec)
 
     def _create_workload(self, job: dict) -> None:
@@ -206,7 +230,7 @@ class KueueController(Controller):
         name = workload_name("Job", "batch", meta["name"], meta["uid"])
         owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
         workload = {
-            "apiVersion": API_VERSION,
+            "apiVersion": self.release.api_version,
             "kind": "Workload",
             "metadata": {
                 "name": name,
@@ -230,7 +254,8 @@ class KueueController(Controller):
         if wanted is None:
             return None
         spec = workload["spec"]
-        keys = ["priority", "priorityClassRef"] if wanted.get("priorityClassRef") else []
+        class_keys = list(self.release.priority_class(""))
+        keys = ["priority", *class_keys] if class_keys[0] in wanted else []
         if _suspended(job) and not has_quota(workload):
             keys += ["queueName", "podSets"]
         changes = {key: wanted[key] for key in keys if spec.get(key) != wanted[key]}
@@ -306,11 +331,15 @@ class KueueController(Controller):
             self.writer.set(w, QUOTA_RESERVED, False, "Pending", message)
             w["status"].pop("admission", None)
             self.writer.set(w, ADMITTED, False, "NoReservation", "The workload has no reservation")
-            self.writer.set(w, PODS_READY, False, WAIT_FOR_START, NOT_READY_MESSAGE)
+            if self.config.wait_for_pods_ready_timeout_s is not None:
+                self.writer.set(w, PODS_READY, False, WAIT_FOR_START, NOT_READY_MESSAGE)
 
         self.writer.write(WORKLOADS, workload, change)
 
     def _sync_pods_ready(self, job: dict, workload: dict) -> None:
+        """PodsReady, written only with waitForPodsReady configured (``reconciler.go``, step 5)."""
+        if self.config.wait_for_pods_ready_timeout_s is None:
+            return
         current = condition(workload, PODS_READY)
         status = job.get("status", {})
         ready = (status.get("ready") or 0) + (status.get("succeeded") or 0) >= workload["spec"]["podSets"][0][

@@ -1,7 +1,8 @@
-"""Kueue's API vocabulary for the simulated Kueue: resource keys, labels, Workload names, conditions.
+"""Kueue's API vocabulary for the simulated Kueue: resource keys, labels, Workload names, conditions,
+and what differs between the releases it plays (``Release``).
 
-Everything here follows ``reference/kueue.md`` §1 (Kueue v1beta2) so that code written against a real
-Kueue reads the devcluster's objects unchanged.
+Everything here follows ``reference/kueue.md`` §1 so that code written against a real Kueue reads the
+devcluster's objects unchanged.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from trainops_devcluster.conditions import condition_true as is_true
@@ -20,7 +22,6 @@ from trainops_devcluster.store import NotFound, Store
 __all__ = ["condition", "is_true"]  # re-exported for the kueue modules
 
 GROUP = "kueue.x-k8s.io"
-API_VERSION = f"{GROUP}/v1beta2"
 JOBS = "jobs.batch"
 WORKLOADS = f"workloads.{GROUP}"
 CLUSTER_QUEUES = f"clusterqueues.{GROUP}"
@@ -42,6 +43,40 @@ DEACTIVATION_TARGET = "DeactivationTarget"
 # reasons used in more than one place
 DEACTIVATED, PODS_READY_TIMEOUT, WAIT_FOR_START = "Deactivated", "PodsReadyTimeout", "WaitForStart"
 NOT_READY_MESSAGE = "Not all pods are ready or succeeded"
+
+
+# QuotaReserved=False reasons of Kueue 0.13 (apis/kueue/v1beta1/workload_types.go, pkg/scheduler):
+# ``Inadmissible`` when the queues themselves are missing or stopped, ``Pending`` for everything else.
+INADMISSIBLE, PENDING = "Inadmissible", "Pending"
+
+
+@dataclass(frozen=True)
+class Release:
+    """The Kueue release the devcluster plays, by the API version it serves: ``v1beta1`` is the 0.13
+    line (serves nothing else), ``v1beta2`` is 0.15 and later as of HEAD (granular pending reasons)."""
+
+    version: str = "v1beta2"
+
+    @property
+    def api_version(self) -> str:
+        return f"{GROUP}/{self.version}"
+
+    def priority_class(self, name: str) -> dict:
+        """The Workload spec fields that name its WorkloadPriorityClass."""
+        if self.version == "v1beta1":
+            return {"priorityClassName": name, "priorityClassSource": f"{GROUP}/workloadpriorityclass"}
+        return {"priorityClassRef": {"group": GROUP, "kind": "WorkloadPriorityClass", "name": name}}
+
+    def pending_reason(self, reason: str) -> str:
+        """The QuotaReserved=False reason this release writes for a granular ``reason``."""
+        if self.version == "v1beta1":
+            return INADMISSIBLE if reason == INADMISSIBLE else PENDING
+        return reason
+
+    @property
+    def local_queue_usage(self) -> str:
+        """The LocalQueue status field of admitted usage (v1beta2 renamed ``flavorUsage``)."""
+        return "flavorUsage" if self.version == "v1beta1" else "flavorsUsage"
 
 
 def workload_name(kind: str, group: str, owner_name: str, owner_uid: str) -> str:

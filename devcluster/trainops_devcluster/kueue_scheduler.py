@@ -4,7 +4,8 @@ Each pass sorts a ClusterQueue's pending Workloads by priority, then queue time 
 PodsReady-timeout eviction), and reserves quota all-or-nothing.  ``BestEffortFIFO`` (the default)
 lets a smaller Workload past one that doesn't fit; ``StrictFIFO`` stops at it.  A Workload that would
 fit without lower-priority admitted ones preempts them when ``spec.preemption.withinClusterQueue``
-allows (``LowerPriority`` or ``LowerOrNewerEqualPriority``), and then waits for their quota.
+allows (``LowerPriority`` or ``LowerOrNewerEqualPriority``), and then waits for their quota.  The
+pending reasons are the release's (``Release.pending_reason``: 0.13 says ``Pending``/``Inadmissible``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from trainops_devcluster.kueue_api import (
     QUOTA_RESERVED,
     REQUEUED,
     WORKLOADS,
+    Release,
     Writer,
     condition,
     has_quota,
@@ -84,8 +86,8 @@ def waiting_for_quota(workload: dict) -> bool:
 
 
 class Scheduler:
-    def __init__(self, writer: Writer) -> None:
-        self.writer = writer
+    def __init__(self, writer: Writer, release: Release) -> None:
+        self.writer, self.release = writer, release
         self.store = writer.store
         self._seen: dict[str, int] = {}
         self._sequence = itertools.count()
@@ -127,18 +129,17 @@ class Scheduler:
                 self._preemption(queue, workload, holding, usage) if fit.reason == "WaitingForQuota" else None
             )
             if preemption:
-                victims, fit = preemption
+                unfit, (victims, fit) = fit, preemption
                 for victim in victims:
                     if not is_true(victim, EVICTED):
                         self._preempt(victim, workload)
                     usage.subtract(admission_usage(victim))
                     holding.remove(victim)
                 usage.update(fit.usage)  # the freed quota is this workload's first
-                self._pending(
-                    workload,
-                    "WaitingForPreemptedWorkloads",
-                    f"Pending the preemption of {len(victims)} workload(s)",
-                )
+                waiting = f"Pending the preemption of {len(victims)} workload(s)"
+                if self.release.version == "v1beta1":  # 0.13: the unfit message, then the preemption
+                    waiting = f"{unfit.message}. {waiting}"
+                self._pending(workload, "WaitingForPreemptedWorkloads", waiting)
                 continue
             self._pending(workload, fit.reason, fit.message)
             if strict:
@@ -234,6 +235,7 @@ class Scheduler:
             self.writer.event(victim, "Normal", "Preempted", message, COMPONENT)
 
     def _pending(self, workload: dict, reason: str, message: str) -> None:
+        reason = self.release.pending_reason(reason)
         current = condition(workload, QUOTA_RESERVED)
         if current and (current["status"], current["reason"], current["message"]) == (
             "False",
@@ -322,6 +324,7 @@ class Scheduler:
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             queue = queues.get(routes[key])
             status = tally[("lq", *key)].status(queue.groups if queue else [], borrowed=False)
+            status[self.release.local_queue_usage] = status.pop("flavorsUsage")
             if queue is None:
                 ok, reason, message = (
                     False,

@@ -12,7 +12,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from trainops_devcluster.kinds import K8S_VERSION, KINDS, Kind, group_versions
+from trainops_devcluster.kinds import K8S_VERSION, KUEUE_VERSIONS, Kind, Served, served
 
 _REF = "#/$defs/"
 
@@ -25,7 +25,7 @@ def definitions() -> dict[str, dict]:
 
     root = Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema"
     defs = json.loads((root / f"v{K8S_VERSION}-local" / "_definitions.json").read_text())["$defs"]
-    for kind in KINDS:
+    for kind in dict.fromkeys(k for version in KUEUE_VERSIONS for k in served(version).kinds):
         if kind.custom:
             defs[custom_schema_name(kind)] = {
                 "type": "object",
@@ -82,9 +82,9 @@ def _gv_path(group: str, version: str) -> str:
 
 
 @functools.cache
-def v3_document(path: str) -> bytes | None:
+def v3_document(path: str, kinds_served: Served) -> bytes | None:
     """The OpenAPI v3 document of one group version (``api/v1``, ``apis/batch/v1``), or ``None``."""
-    kinds = [k for k in KINDS if _gv_path(k.group, k.version) == path]
+    kinds = [k for k in kinds_served.kinds if _gv_path(k.group, k.version) == path]
     if not kinds:
         return None
     defs = definitions()
@@ -122,9 +122,9 @@ def v3_document(path: str) -> bytes | None:
 
 
 @functools.cache
-def v3_root() -> bytes:
+def v3_root(kinds_served: Served) -> bytes:
     entries = {}
-    for group, version in group_versions():
+    for group, version in kinds_served.group_versions():
         path = _gv_path(group, version)
         digest = hashlib.sha512(path.encode() + K8S_VERSION.encode()).hexdigest()[:32].upper()
         entries[path] = {"serverRelativeURL": f"/openapi/v3/{path}?hash={digest}"}

@@ -121,8 +121,10 @@ class ApiServer:
         port: int = 0,
         admission: Iterable[Admission] = (),
         extension: Extension | None = None,
+        kueue_version: str = kinds.KUEUE_VERSIONS[0],
     ) -> None:
         self.store, self.logs = store, logs
+        self.served = kinds.served(kueue_version)
         self.host, self.port = host, port
         self.admission = list(admission)
         self.extension = extension
@@ -245,7 +247,7 @@ class ApiServer:
         if h.command == "POST" and path == rbac.REVIEW_PATH:
             review = rbac.self_subject_access_review(self.authorizer, user, _json_body(body))
             return _send(h, 201, _dumps(review))
-        call = _resource_call(h, path, query, body, user)
+        call = _resource_call(self.served, h, path, query, body, user)
         if call is None:
             raise NotFound(_NOT_FOUND)
         return self._resource(call)
@@ -258,20 +260,21 @@ class ApiServer:
         if path == "/api":
             return _dumps(kinds.core_versions())
         if path == "/apis":
-            return _dumps(kinds.api_group_list())
+            return _dumps(self.served.api_group_list())
         if path == "/openapi/v3":
-            return openapi.v3_root()
+            return openapi.v3_root(self.served)
         if path.startswith("/openapi/v3/"):
-            return openapi.v3_document(path[len("/openapi/v3/") :])
+            return openapi.v3_document(path[len("/openapi/v3/") :], self.served)
         parts = path.strip("/").split("/")
         if parts[0] == "api" and len(parts) == 2:
-            found = kinds.resource_list("", parts[1])
-            return _dumps(found) if found else None
-        if parts[0] == "apis" and len(parts) == 2 and any(g == parts[1] for g, _ in kinds.group_versions()):
-            return _dumps(kinds.api_group(parts[1]))
-        if parts[0] == "apis" and len(parts) == 3:
-            found = kinds.resource_list(parts[1], parts[2])
-            return _dumps(found) if found else None
+            found = self.served.resource_list("", parts[1])
+        elif parts[0] == "apis" and len(parts) == 2:
+            found = self.served.api_group(parts[1])
+        elif parts[0] == "apis" and len(parts) == 3:
+            found = self.served.resource_list(parts[1], parts[2])
+        else:
+            found = None
+        return _dumps(found) if found else None
         return None
 
     def _resource(self, call: _Call) -> int:
@@ -1199,7 +1202,7 @@ def _json_body(body: bytes) -> dict:
 
 
 def _resource_call(
-    h: BaseHTTPRequestHandler, path: str, query: dict, body: bytes, user: User
+    served: kinds.Served, h: BaseHTTPRequestHandler, path: str, query: dict, body: bytes, user: User
 ) -> _Call | None:
     parts = path.strip("/").split("/")
     if parts[0] == "api" and len(parts) >= 3:
@@ -1210,10 +1213,10 @@ def _resource_call(
         return None
     namespace: str | None = None
     if rest[0] == "namespaces" and len(rest) >= 3:
-        candidate = kinds.by_path(group, version, rest[2])
+        candidate = served.by_path(group, version, rest[2])
         if candidate is not None and candidate.namespaced:
             namespace, rest = rest[1], rest[2:]
-    kind = kinds.by_path(group, version, rest[0])
+    kind = served.by_path(group, version, rest[0])
     if kind is None or len(rest) > 3:
         return None
     if kind.namespaced and namespace is None and len(rest) > 1:

@@ -207,8 +207,12 @@ def pod_disruption_budget(workload: InferenceWorkload) -> dict:
     }
 
 
-def kueue_objects() -> list[tuple[str, dict]]:
+def kueue_objects(version: str = "v1beta2") -> list[tuple[str, dict]]:
     """The training queues of ``kueue-queues.yaml`` (also shipped as ``deploy/kueue-queues.yaml``):
-    a GPU flavor, a ClusterQueue with zero GPU quota, a LocalQueue and two priority classes."""
+    a GPU flavor, a ClusterQueue with zero GPU quota, a LocalQueue and two priority classes, at Kueue
+    API ``version`` (their fields are the same in v1beta1 and v1beta2)."""
     manifests = yaml.safe_load_all((Path(__file__).parent / "kueue-queues.yaml").read_text())
-    return [(f"{_PLURALS[obj['kind']]}.kueue.x-k8s.io", obj) for obj in manifests]
+    return [
+        (f"{_PLURALS[obj['kind']]}.kueue.x-k8s.io", {**obj, "apiVersion": f"kueue.x-k8s.io/{version}"})
+        for obj in manifests
+    ]

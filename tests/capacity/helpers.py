@@ -8,6 +8,7 @@ import threading
 
 from trainops.conventions import GPU_POOL_LABEL, HEALTH_SUMMARY_ANNOTATION
 from trainops.kube.client import Kube
+from trainops.kube.kueue import resource
 
 MANAGED = ("resourceVersion", "generation", "managedFields")
 DEPLOYMENTS = ["inference/llm-chat", "inference/embeddings"]
@@ -38,9 +39,7 @@ def default_seeded_objects(cluster) -> None:
     compared without their pod template for the same reason: defaulting it would roll them out.)"""
     custom = kube_for(cluster).custom
     custom.patch_cluster_custom_object(
-        "kueue.x-k8s.io",
-        "v1beta2",
-        "clusterqueues",
+        *resource(custom, "clusterqueues"),
         "training",
         {},
         _content_type="application/merge-patch+json",
@@ -54,7 +53,7 @@ def snapshot(cluster) -> dict:
         "nodes": ("", "v1", "nodes"),
         "deployments": ("apps", "v1", "deployments"),
         "poddisruptionbudgets": ("policy", "v1", "poddisruptionbudgets"),
-        "clusterqueues": ("kueue.x-k8s.io", "v1beta2", "clusterqueues"),
+        "clusterqueues": resource(custom, "clusterqueues"),
     }
     found = {"nodes": kube_for(cluster).core.list_node(_preload_content=False)}
     out = {"nodes": {o["metadata"]["name"]: _object(o) for o in json.loads(found["nodes"].data)["items"]}}

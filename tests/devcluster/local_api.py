@@ -18,7 +18,7 @@ from trainops_devcluster.store import Store
 
 
 class LocalApi:
-    def __init__(self, tmp_path, history: int = 200) -> None:
+    def __init__(self, tmp_path, history: int = 200, kueue_version: str = "v1beta2") -> None:
         self.store = Store(history=history)
         for ns in ("default", "team"):
             self.store.create("namespaces", {"metadata": {"name": ns}, "status": {"phase": "Active"}})
@@ -28,7 +28,7 @@ class LocalApi:
         self.controllers = [GarbageCollector(self.store), DisruptionController(self.store)]
         for controller in self.controllers:
             controller.start()
-        self.server = ApiServer(self.store, logs=self.logs)
+        self.server = ApiServer(self.store, logs=self.logs, kueue_version=kueue_version)
         self.url = self.server.start()
         self.kubeconfig = tmp_path / "kubeconfig"
         self.kubeconfig.write_text(yaml.safe_dump(kubeconfig(self.url)))

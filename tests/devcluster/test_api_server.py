@@ -702,3 +702,30 @@ def test_a_request_whose_client_closed_the_connection_is_cancelled_not_applied(a
     wait_for(lambda: any(e["path"].endswith("/pods/keep") for e in api.server.audit.entries()), "audited")
     assert [e["status"] for e in api.server.audit.entries() if e["path"].endswith("/pods/keep")] == [504]
     assert api.store.find("pods", "default", "keep") is not None
+
+
+@pytest.mark.parametrize(("served", "other"), [("v1beta1", "v1beta2"), ("v1beta2", "v1beta1")])
+def test_kueue_is_served_at_one_version_which_trainops_discovers_once_per_client(tmp_path, served, other):
+    from trainops.kube import kueue
+
+    api = LocalApi(tmp_path, kueue_version=served)
+    try:
+        _, _, group = api.raw("GET", "/apis/kueue.x-k8s.io")
+        assert [v["version"] for v in group["versions"]] == [served]
+        assert api.raw("GET", f"/apis/kueue.x-k8s.io/{other}")[0] == 404
+        assert api.raw("GET", f"/apis/kueue.x-k8s.io/{other}/clusterqueues")[0] == 404
+        assert f"apis/kueue.x-k8s.io/{served}" in api.raw("GET", "/openapi/v3")[2]["paths"]
+
+        custom = client.CustomObjectsApi(api.client)
+        flavor = {
+            "apiVersion": f"kueue.x-k8s.io/{served}",
+            "kind": "ResourceFlavor",
+            "metadata": {"name": "gpu"},
+        }
+        custom.create_cluster_custom_object(*kueue.resource(custom, "resourceflavors"), flavor)
+        listed = custom.list_cluster_custom_object(*kueue.resource(custom, "resourceflavors"))
+        assert [f["apiVersion"] for f in listed["items"]] == [f"kueue.x-k8s.io/{served}"]
+        asked = [e for e in api.server.audit.entries() if e["path"] == "/apis/kueue.x-k8s.io"]
+        assert len(asked) == 2  # the raw GET above, then trainops once for this client
+    finally:
+        api.close()

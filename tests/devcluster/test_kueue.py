@@ -574,3 +574,62 @@ def test_deleting_the_job_removes_its_workload(make_cluster):
     name = wait_for(lambda: cluster.workload("run"), "Workload")["metadata"]["name"]
     cluster.store.delete(JOBS, NS, "run")
     wait_for(lambda: cluster.store.find(WORKLOADS, NS, name) is None, "Workload removed")
+
+
+# ---- the release played: v1beta1 is Kueue 0.13, v1beta2 is 0.15 and later ----------------------------
+def test_kueue_0_13_names_the_priority_class_its_way_and_says_only_pending_or_inadmissible(make_cluster):
+    cluster = make_cluster(gpus=8, version="v1beta1")
+    cluster.submit("big", gpus=16, priority="low")  # never fits: 0.15+ says ExceedsMaxQuota
+    cluster.submit("lost", queue="no-such-queue")
+    big = wait_for(
+        lambda: has(cluster.workload("big"), "QuotaReserved", "False") and cluster.workload("big"), "big"
+    )
+    assert big["apiVersion"] == "kueue.x-k8s.io/v1beta1"
+    assert (big["spec"]["priorityClassName"], big["spec"]["priorityClassSource"]) == (
+        "low",
+        "kueue.x-k8s.io/workloadpriorityclass",
+    )
+    assert "priorityClassRef" not in big["spec"]
+    assert (cond(big, "QuotaReserved")["reason"], cond(big, "QuotaReserved")["message"]) == (
+        "Pending",
+        "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu in flavor gpu-shared, "
+        "request > maximum capacity (16 > 8)",
+    )
+    wait_for(lambda: has(cluster.workload("lost"), "QuotaReserved", "False", "Inadmissible"), "Inadmissible")
+
+    cluster.submit("low", gpus=8, priority="low")
+    cluster.running("low")
+    lq = wait_for(
+        lambda: (
+            cluster.store.get(LQS, NS, LQ)["status"].get("admittedWorkloads") == 1
+            and cluster.store.get(LQS, NS, LQ)["status"]
+        ),
+        "LQ status",
+    )
+    assert "flavorUsage" in lq and "flavorsUsage" not in lq  # v1beta2 renamed it
+    cluster.submit("high", gpus=8, priority="high")
+    waiting = wait_for(
+        lambda: has(cluster.workload("high"), "QuotaReserved", "False") and cluster.workload("high"),
+        "preemptor",
+    )
+    assert (cond(waiting, "QuotaReserved")["reason"], cond(waiting, "QuotaReserved")["message"]) == (
+        "Pending",
+        "couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu in flavor "
+        "gpu-shared, 8 more needed. Pending the preemption of 1 workload(s)",
+    )
+    assert has(cluster.workload("low"), "Evicted", "True", "Preempted")
+
+
+@pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
+def test_without_wait_for_pods_ready_no_workload_has_a_pods_ready_condition(make_cluster, version):
+    cluster = make_cluster(version=version)  # make_cluster's default: waitForPodsReady off
+    cluster.submit("run", pods=2)
+    cluster.running("run")
+    cluster.job_status("run", active=2, ready=2)
+    time.sleep(0.2)
+    cluster.store.mutate(
+        WORKLOADS, NS, cluster.workload("run")["metadata"]["name"], lambda w: w["spec"].update(active=False)
+    )
+    cluster.stopped("run")
+    wait_for(lambda: has(cluster.workload("run"), "Requeued", "False", "Deactivated"), "released")
+    assert cond(cluster.workload("run"), "PodsReady") is None

@@ -24,6 +24,7 @@ from tests.e2e.conftest import (
 from tests.training.conftest import heartbeat_step, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
 from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
+from trainops.kube.kueue import resource
 
 
 def final_checkpoint_events(dag_id: str = DAG_ID) -> list[dict]:
@@ -180,8 +181,9 @@ def test_user_marking_the_training_failed_stops_the_job_and_gives_everything_bac
     assert tis["return_capacity"].state == "success"
     from kubernetes import client
 
-    workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta2", "training", "workloads"
+    custom = client.CustomObjectsApi(api)
+    workloads = custom.list_namespaced_custom_object(
+        *resource(custom, "workloads")[:2], "training", "workloads"
     )
     assert [w["spec"]["active"] for w in workloads["items"]] == [False]
     assert [p["metadata"]["name"] for p in pods(api) if p["status"].get("phase") == "Running"] == []

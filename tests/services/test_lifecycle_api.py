@@ -16,12 +16,12 @@ from trainops_devcluster import stack, stack_spec
 from tests.e2e.conftest import Capacity, assert_capacity_back
 from tests.services.conftest import TERMINAL, trainer, wait_for
 from tests.training.conftest import heartbeat_step
+from trainops.kube.kueue import resource
 from trainops.training.cluster import JOB_UID_LABEL
 from trainops.training.job import RUN_LABEL
 from trainops.training.naming import run_key
 
 DAG_ID = "training_lifecycle"
-KUEUE = ("kueue.x-k8s.io", "v1beta2", "training", "workloads")
 
 
 def run_workloads(api, run_id: str) -> list[dict]:
@@ -32,9 +32,12 @@ def run_workloads(api, run_id: str) -> list[dict]:
         "training", label_selector=f"{RUN_LABEL}={run_key(DAG_ID, run_id)}"
     )
     uids = {job.metadata.uid for job in jobs.items}
+    custom = client.CustomObjectsApi(api)
     return [
         w
-        for w in client.CustomObjectsApi(api).list_namespaced_custom_object(*KUEUE)["items"]
+        for w in custom.list_namespaced_custom_object(
+            *resource(custom, "workloads")[:2], "training", "workloads"
+        )["items"]
         if w["metadata"].get("labels", {}).get(JOB_UID_LABEL) in uids
     ]
 

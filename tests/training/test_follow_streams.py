@@ -47,6 +47,9 @@ class Cluster:
     def job_pods(self, namespace: str, name: str) -> list[dict]:
         return self.pods
 
+    def kueue_version(self) -> str:
+        return "v1beta2"
+
 
 class NoHeartbeat:
     def read(self, bucket: str, key: str, *, limit: int) -> None:

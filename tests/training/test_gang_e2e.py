@@ -19,6 +19,7 @@ from trainops.conventions import (
     QUARANTINE_EVIDENCE_ANNOTATION,
     QUARANTINE_TAINT,
 )
+from trainops.kube.kueue import resource
 
 TRAIN = ["--steps", "300", "--checkpoint-every", "20", "--step-seconds", "0.02", "--heartbeat-every", "5"]
 
@@ -187,8 +188,9 @@ def test_hang_is_detected_the_job_stopped_and_the_run_resumed(cluster, api, s3, 
     assert "no progress for" in history[0]["ended"]
     from kubernetes import client
 
-    workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta2", "training", "workloads"
+    custom = client.CustomObjectsApi(api)
+    workloads = custom.list_namespaced_custom_object(
+        *resource(custom, "workloads")[:2], "training", "workloads"
     )
     first = next(
         w for w in workloads["items"] if w["metadata"]["ownerReferences"][0]["name"] == history[0]["job"]
@@ -300,8 +302,9 @@ def assert_training_stopped(api, s3, run_uri: str) -> None:
     """The Workload is deactivated, no pod of the run is running and its heartbeat no longer moves."""
     from kubernetes import client
 
-    workloads = client.CustomObjectsApi(api).list_namespaced_custom_object(
-        "kueue.x-k8s.io", "v1beta2", "training", "workloads"
+    custom = client.CustomObjectsApi(api)
+    workloads = custom.list_namespaced_custom_object(
+        *resource(custom, "workloads")[:2], "training", "workloads"
     )
     assert [w["spec"]["active"] for w in workloads["items"]] == [False]
     for _ in range(600):  # the pods get SIGTERM and go

@@ -87,23 +87,15 @@ def claimed_nodes(nodes: list[dict], now: datetime) -> list[dict]:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from kubernetes.client.exceptions import ApiException
-
-    from trainops.capacity.quota import grants_of
-    from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION
+    from trainops.capacity.procedure import Deadlines
+    from trainops.capacity.quota import grants_of, read_cluster_queue
     from trainops.kube.nodes import list_nodes
+    from trainops.kube.retry import Deadline
 
     kube = _kube(args)
     rows = claimed_nodes(list_nodes(kube.core), datetime.now(UTC))
-    try:
-        queue = kube.custom.get_cluster_custom_object(
-            KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", args.cluster_queue
-        )
-        grants = grants_of(queue)
-    except ApiException as error:
-        if error.status != 404:
-            raise
-        grants = {}
+    queue = read_cluster_queue(kube.custom, args.cluster_queue, Deadline(Deadlines.api_s))
+    grants = grants_of(queue) if queue else {}
     if args.json:
         print(json.dumps({"nodes": rows, "quota_grants": grants}, indent=2))
         return 0

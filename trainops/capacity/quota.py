@@ -15,9 +15,10 @@ import json
 
 from trainops.conventions import GPU_RESOURCE
 from trainops.errors import PermanentError
-from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH
+from trainops.kube.client import MERGE_PATCH
 from trainops.kube.guarded import Edited, edit
-from trainops.kube.retry import Deadline
+from trainops.kube.kueue import resource
+from trainops.kube.retry import Deadline, call
 
 GRANTS_ANNOTATION = "trainops.io/quota-grants"
 
@@ -97,7 +98,7 @@ def set_grant(
     ``custom``: a ``kubernetes.client.CustomObjectsApi``.  Idempotent; writes nothing when the
     record already matches.
     """
-    args = (KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", cluster_queue)
+    args = (*resource(custom, "clusterqueues"), cluster_queue)
     return edit(
         lambda: custom.get_cluster_custom_object(*args),
         lambda body: custom.patch_cluster_custom_object(*args, body, _content_type=MERGE_PATCH),
@@ -105,3 +106,19 @@ def set_grant(
         deadline,
         f"ClusterQueue {cluster_queue}",
     )
+
+
+def read_cluster_queue(custom, name: str, deadline: Deadline) -> dict | None:
+    """ClusterQueue ``name`` (None when it does not exist), at the Kueue version the cluster serves."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        return call(
+            lambda: custom.get_cluster_custom_object(*resource(custom, "clusterqueues"), name),
+            deadline,
+            f"read ClusterQueue {name}",
+        )
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        return None

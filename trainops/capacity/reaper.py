@@ -20,10 +20,11 @@ from urllib.parse import quote
 
 from trainops.capacity.claims import claim_age_s, holder_of, parse_run
 from trainops.capacity.procedure import Deadlines, give_back
-from trainops.capacity.quota import grants_of
+from trainops.capacity.quota import grants_of, read_cluster_queue
 from trainops.errors import PermanentError
-from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, Kube
+from trainops.kube.client import Kube
 from trainops.kube.nodes import list_nodes
+from trainops.kube.retry import Deadline
 
 module_log = logging.getLogger(__name__)
 ALIVE_STATES = ("queued", "running")
@@ -48,8 +49,6 @@ class ReapSummary:
 
 def holdings(kube: Kube, cluster_queue: str, now: datetime) -> dict[str, Holding]:
     """Every run holding nodes or a grant on ``cluster_queue`` (a queue that does not exist holds none)."""
-    from kubernetes.client.exceptions import ApiException
-
     held: dict[str, Holding] = {}
     for node in list_nodes(kube.core):
         annotations = node["metadata"].get("annotations") or {}
@@ -61,14 +60,7 @@ def holdings(kube: Kube, cluster_queue: str, now: datetime) -> dict[str, Holding
         age = claim_age_s(annotations, now)
         if age is not None:
             holding.age_s = max(age, holding.age_s or 0.0)
-    try:
-        queue = kube.custom.get_cluster_custom_object(
-            KUEUE_GROUP, KUEUE_VERSION, "clusterqueues", cluster_queue
-        )
-    except ApiException as error:
-        if error.status != 404:
-            raise
-        queue = None
+    queue = read_cluster_queue(kube.custom, cluster_queue, Deadline(Deadlines.api_s))
     for run, grant in (grants_of(queue) if queue else {}).items():
         held.setdefault(run, Holding(run)).gpus_granted = int(grant.get("gpus", 0))
     return held

@@ -14,7 +14,6 @@ import os
 
 from trainops.errors import PermanentError
 
-KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
 MERGE_PATCH = "application/merge-patch+json"
 
 

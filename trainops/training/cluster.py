@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from trainops.errors import TemporaryError
-from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION, MERGE_PATCH, Kube
+from trainops.kube.client import MERGE_PATCH, Kube
+from trainops.kube.kueue import BY_USER, resource, served_version, workload_facts
 from trainops.kube.nodes import json_of, read_node
 from trainops.kube.retry import Backoff, Deadline, call, is_transient, wait_before_retry
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL, finished
@@ -80,13 +81,16 @@ class GangCluster:
         )
         return created is not None
 
+    def kueue_version(self) -> str:
+        """The Kueue API version the cluster serves (discovered once per client)."""
+        return served_version(self.kube.api_client)
+
     def deactivate_workload(self, namespace: str, name: str) -> bool:
         """Stop a run through its Kueue Workload (``spec.active=false``: Kueue evicts it and does not
         requeue it); False when that Workload no longer exists."""
         patched = self._call(
             lambda: self.custom.patch_namespaced_custom_object(
-                KUEUE_GROUP,
-                KUEUE_VERSION,
+                *resource(self.custom, WORKLOADS)[:2],
                 namespace,
                 WORKLOADS,
                 name,
@@ -103,8 +107,7 @@ class GangCluster:
         """The Kueue Workloads of ``job`` (by its uid)."""
         listed = self._call(
             lambda: self.custom.list_namespaced_custom_object(
-                KUEUE_GROUP,
-                KUEUE_VERSION,
+                *resource(self.custom, WORKLOADS)[:2],
                 namespace,
                 WORKLOADS,
                 label_selector=f"{JOB_UID_LABEL}={job['metadata']['uid']}",
@@ -115,12 +118,13 @@ class GangCluster:
         return json_of(listed).get("items") or []
 
     def stopped(self, namespace: str, job: dict) -> str | None:
-        """The name of ``job``'s deactivated Workload when the run was stopped (``stop``), else None."""
+        """The name of ``job``'s Workload when someone stopped the run (``stop``), else None; one Kueue
+        deactivated itself is not a stop (the follow reports it with Kueue's reason)."""
         return next(
             (
                 w["metadata"]["name"]
                 for w in self.workloads(namespace, job)
-                if (w.get("spec") or {}).get("active") is False
+                if workload_facts(w).deactivated_by == BY_USER
             ),
             None,
         )

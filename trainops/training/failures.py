@@ -35,6 +35,7 @@ class FailureKind(StrEnum):
     START_TIMEOUT = "start_timeout"
     ADMISSION_TIMEOUT = "admission_timeout"
     STOPPED = "stopped"
+    KUEUE_DEACTIVATED = "kueue_deactivated"  # Kueue gave up on it (requeuing limit, maximum execution time)
 
 
 RETRYABLE = frozenset(

@@ -13,16 +13,18 @@ checkpoints, see ``progress``). It returns an ``Outcome`` as soon as one of thes
   learned bound (see ``progress``);
 - ``start_timeout``: admitted, but the gang's pods are not all running within ``start_timeout``;
 - ``admission_timeout``: not admitted by Kueue within ``admission_timeout``;
-- ``deactivated``: the Workload was deactivated (``spec.active=false``) by someone else or by
-  Kueue (requeuing limit);
+- ``deactivated``: the Workload was deactivated (``spec.active=false``) by someone else;
+- ``kueue_deactivated``: Kueue deactivated it (its requeuing limit, a maximum execution time, a
+  rejected admission check), reported with Kueue's reason;
 - ``job_missing``: the Job is gone;
 - ``heartbeat_unreadable``: the heartbeat could not be read (from the store of the Airflow AWS
   connection) for longer than the hang bound; every failed read is logged and counted, and no
   run is called hung while its heartbeat cannot be read.
 
-Preemption (Workload ``Evicted`` with reason ``Preempted``) and PodsReady timeouts are not
-outcomes: Kueue requeues the Workload, so the follower counts them, restarts the admission
-clock and keeps following the same attempt.  For ``hang``, ``heartbeat_unreadable`` and the
+Preemption (Workload ``Evicted`` with reason ``Preempted``), PodsReady timeouts and every other
+eviction but a deactivation are not outcomes: Kueue requeues the Workload, so the follower counts
+preemptions, restarts the admission clock and keeps following the same attempt.  The Workload is
+read by meaning, in either Kueue API version (``trainops.kube.kueue.workload_facts``).  For ``hang``, ``heartbeat_unreadable`` and the
 timeouts the follower stops the run before returning.  The watches are async
 (``trainops.kube.aio``); the other cluster calls are ``GangCluster``'s, run in a thread.
 """
@@ -39,7 +41,7 @@ from enum import StrEnum
 
 from trainops.checkpoints.store import CheckpointStore
 from trainops.kube.aio import Resource, namespaced, watch
-from trainops.kube.client import KUEUE_GROUP, KUEUE_VERSION
+from trainops.kube.kueue import BY_KUEUE, BY_USER, GROUP, deactivation_message, workload_facts
 from trainops.training.cluster import JOB_UID_LABEL, WORKLOADS, GangCluster
 from trainops.training.job import JOB_NAME_LABEL, condition
 from trainops.training.progress import HangPolicy, ProgressTracker
@@ -60,6 +62,7 @@ class Status(StrEnum):
     START_TIMEOUT = "start_timeout"
     ADMISSION_TIMEOUT = "admission_timeout"
     DEACTIVATED = "deactivated"
+    KUEUE_DEACTIVATED = "kueue_deactivated"
     JOB_MISSING = "job_missing"
 
 
@@ -176,15 +179,15 @@ class RunState:
 
     def _workload(self, workload: dict, now: float) -> None:
         self.workload = workload
-        evicted = condition(workload, "Evicted")
-        marker = evicted and f"{evicted.get('reason')}@{evicted.get('lastTransitionTime')}"
+        facts = workload_facts(workload)
+        evicted = facts.evicted
+        marker = evicted and f"{evicted.reason}@{evicted.since}"
         if evicted and marker != self._eviction_seen:
             self._eviction_seen = marker
-            reason = evicted.get("reason") or ""
-            if reason in ("Preempted", "PodsReadyTimeout", "NodeFailures"):
-                if reason == "Preempted":
-                    self.preemptions.append(evicted.get("message") or "preempted")
-                log.info("Workload evicted (%s): %s; Kueue requeues it", reason, evicted.get("message"))
+            if facts.requeued:
+                if evicted.reason == "Preempted":
+                    self.preemptions.append(evicted.message or "preempted")
+                log.info("Workload evicted (%s); Kueue requeues it", evicted)
                 self.queued_since, self.admitted_since = now, None
                 self.tracker = self.tracker.requeued()
 
@@ -197,12 +200,9 @@ class RunState:
             self.tracker.running(now)
 
     def is_admitted(self) -> bool:
-        admitted, evicted = condition(self.workload, "Admitted"), condition(self.workload, "Evicted")
-        if admitted:
-            return not evicted or evicted.get("lastTransitionTime", "") < admitted.get(
-                "lastTransitionTime", ""
-            )
-        return self.workload is None and not (self.job.get("spec") or {}).get("suspend", False)
+        if self.workload is not None:
+            return workload_facts(self.workload).admitted
+        return not (self.job.get("spec") or {}).get("suspend", False)
 
     def heartbeat(self, beat: dict | None, now: float) -> None:
         """A heartbeat read succeeded (``beat`` None: there is none yet)."""
@@ -242,20 +242,13 @@ class RunState:
             return Status.FAILED, f"pod(s) {', '.join(bad)} of Job {name} failed"
         if self.job_gone:
             return Status.JOB_MISSING, f"Job {name} was deleted while the run was being followed"
-        finished = condition(self.workload, "Finished")
-        evicted = condition(self.workload, "Evicted")
-        if (
-            evicted
-            and (evicted.get("reason") or "").startswith("Deactivated")
-            or (self.workload and (self.workload.get("spec") or {}).get("active") is False)
-        ):
-            why = evicted.get("reason") if evicted else "spec.active=false"
-            return Status.DEACTIVATED, f"Workload {self.workload['metadata']['name']} was deactivated ({why})"
-        if finished and not failed:
-            return (
-                Status.FAILED,
-                f"Workload finished ({finished.get('reason')}: {finished.get('message', '')})",
-            )
+        facts = workload_facts(self.workload) if self.workload is not None else None
+        if facts and facts.deactivated_by == BY_KUEUE:
+            return Status.KUEUE_DEACTIVATED, deactivation_message(facts)
+        if facts and facts.deactivated_by == BY_USER:
+            return Status.DEACTIVATED, deactivation_message(facts)
+        if facts and facts.finished:
+            return Status.FAILED, f"Workload finished ({facts.finished})"
         if self.queued_since is not None and self.config.admission_timeout is not None:
             if now >= self.queued_since + self.config.admission_timeout:
                 return Status.ADMISSION_TIMEOUT, (
@@ -300,11 +293,9 @@ class RunState:
         return min(candidates)
 
     def _pending_reason(self) -> str:
-        for kind in ("QuotaReserved", "Admitted"):
-            for item in ((self.workload or {}).get("status") or {}).get("conditions") or []:
-                if item.get("type") == kind and item.get("status") == "False":
-                    return f"{item.get('reason')}: {item.get('message', '')}"
-        return "no Workload yet" if self.workload is None else "pending"
+        if self.workload is None:
+            return "no Workload yet"
+        return str(workload_facts(self.workload).pending or "pending")
 
 
 def read_heartbeat(store: CheckpointStore, run_uri: str) -> dict | None:
@@ -326,14 +317,14 @@ def newest_checkpoint_step(store: CheckpointStore, run_uri: str) -> int | None:
     return max((step for name in names if (step := step_from_name(name)) is not None), default=None)
 
 
-def watched(api, namespace: str, job_name: str, job_uid: str) -> list[Resource]:
-    """The Job, its pods and its Kueue Workload, as watchable collections (``api``: a
-    ``kubernetes_asyncio`` ApiClient)."""
+def watched(api, namespace: str, job_name: str, job_uid: str, kueue_version: str) -> list[Resource]:
+    """The Job, its pods and its Kueue Workload (at ``kueue_version``), as watchable collections
+    (``api``: a ``kubernetes_asyncio`` ApiClient)."""
     from kubernetes_asyncio import client
 
     batch, core, custom = client.BatchV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api)
     workloads = namespaced(
-        custom.list_namespaced_custom_object, namespace, KUEUE_GROUP, KUEUE_VERSION, after=(WORKLOADS,)
+        custom.list_namespaced_custom_object, namespace, GROUP, kueue_version, after=(WORKLOADS,)
     )
     return [
         Resource(
@@ -382,6 +373,7 @@ class RunFollower:
         except Exception as error:  # counted below; without a baseline every heartbeat counts as new
             baseline, unread = None, error
         checkpoint = await self._checkpoint_step()
+        version = await asyncio.to_thread(self.cluster.kueue_version)
         state = RunState(config, job, baseline, self.clock(), checkpoint)
         if unread is not None:
             state.heartbeat_failed(unread, self.clock())
@@ -389,7 +381,9 @@ class RunFollower:
             queue: asyncio.Queue = asyncio.Queue()
             tasks = [
                 asyncio.create_task(self._pump(resource, queue))
-                for resource in watched(api, config.namespace, config.job_name, job["metadata"]["uid"])
+                for resource in watched(
+                    api, config.namespace, config.job_name, job["metadata"]["uid"], version
+                )
             ]
             tasks.append(asyncio.create_task(self._beats(queue, state)))
             try:

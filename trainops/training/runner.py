@@ -92,6 +92,7 @@ _STATUS_KIND = {  # how the follower ended an attempt -> the failure it is judge
     Status.START_TIMEOUT: FailureKind.START_TIMEOUT,
     Status.ADMISSION_TIMEOUT: FailureKind.ADMISSION_TIMEOUT,
     Status.DEACTIVATED: FailureKind.STOPPED,
+    Status.KUEUE_DEACTIVATED: FailureKind.KUEUE_DEACTIVATED,
     Status.JOB_MISSING: FailureKind.INFRASTRUCTURE,
 }
 
