@@ -231,13 +231,17 @@ class DevCluster:
                 raise ValueError(f"{manifest}: a document is not a Kubernetes object: {str(doc)[:100]!r}")
             group, _, version = str(doc.get("apiVersion", "")).rpartition("/")
             kind = next(
-                (k for k in kinds.KINDS if (k.group, k.version, k.kind) == (group, version, doc.get("kind"))),
+                (
+                    k
+                    for k in self.server.served.kinds
+                    if (k.group, k.version, k.kind) == (group, version, doc.get("kind"))
+                ),
                 None,
             )
             meta = doc.get("metadata") or {}
             what = f"{manifest}: {doc.get('kind')} {meta.get('name', '')!r} ({doc.get('apiVersion')})"
             if kind is None:
-                served = sorted({f"{k.kind} ({k.api_version})" for k in kinds.KINDS})
+                served = sorted({f"{k.kind} ({k.api_version})" for k in self.server.served.kinds})
                 raise ValueError(
                     f"{what}: the devcluster does not serve this kind; it serves {', '.join(served)}"
                 )
