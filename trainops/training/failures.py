@@ -34,6 +34,9 @@ class FailureKind(StrEnum):
     HEARTBEAT_UNREADABLE = "heartbeat_unreadable"
     START_TIMEOUT = "start_timeout"
     ADMISSION_TIMEOUT = "admission_timeout"
+    PODS_REFUSED = (
+        "pods_refused"  # the API refuses its pods: no resume helps until the spec or policy changes
+    )
     STOPPED = "stopped"
     KUEUE_DEACTIVATED = "kueue_deactivated"  # Kueue gave up on it (requeuing limit, maximum execution time)
 

@@ -13,6 +13,8 @@ checkpoints, see ``progress``). It returns an ``Outcome`` as soon as one of thes
   learned bound (see ``progress``);
 - ``start_timeout``: admitted, but the gang's pods are not all running within ``start_timeout``;
 - ``admission_timeout``: not admitted by Kueue within ``admission_timeout``;
+- ``pods_refused``: the API refuses the Job's pods (Pod Security, a quota, an admission policy
+  or webhook): the Job controller's ``FailedCreate`` event, whose message is the API's;
 - ``deactivated``: the Workload was deactivated (``spec.active=false``) by someone else;
 - ``kueue_deactivated``: Kueue deactivated it (its requeuing limit, a maximum execution time, a
   rejected admission check), reported with Kueue's reason;
@@ -61,14 +63,31 @@ class Status(StrEnum):
     HEARTBEAT_UNREADABLE = "heartbeat_unreadable"
     START_TIMEOUT = "start_timeout"
     ADMISSION_TIMEOUT = "admission_timeout"
+    PODS_REFUSED = "pods_refused"
     DEACTIVATED = "deactivated"
     KUEUE_DEACTIVATED = "kueue_deactivated"
     JOB_MISSING = "job_missing"
 
 
 STOPPED_BY_FOLLOWER = frozenset(
-    {Status.HANG, Status.HEARTBEAT_UNREADABLE, Status.START_TIMEOUT, Status.ADMISSION_TIMEOUT}
+    {
+        Status.HANG,
+        Status.HEARTBEAT_UNREADABLE,
+        Status.START_TIMEOUT,
+        Status.ADMISSION_TIMEOUT,
+        Status.PODS_REFUSED,
+    }
 )
+# a FailedCreate whose message is the API refusing the pod, not a transient failure to reach it
+_REFUSED = (" is forbidden: ", " is invalid: ", " denied the request")
+
+
+def refusal(event: dict) -> str | None:
+    """The API's refusal of a pod, from the Job controller's ``FailedCreate`` event (None otherwise)."""
+    message = event.get("message") or ""
+    if event.get("reason") != "FailedCreate" or not any(mark in message for mark in _REFUSED):
+        return None
+    return message.removeprefix("Error creating: ")[:2000]
 
 
 @dataclass(frozen=True)
@@ -152,6 +171,7 @@ class RunState:
         self._eviction_seen: str | None = None
         self.first_failure_at: float | None = None
         self.unreadable_since: float | None = None
+        self.refused: str | None = None
         self.failed_reads = 0
         self.last_read_error = ""
 
@@ -175,6 +195,8 @@ class RunState:
                 self.first_failure_at = now
         elif kind == "workload" and event != "DELETED":
             self._workload(obj, now)
+        elif kind == "event" and event != "DELETED":
+            self.refused = refusal(obj) or self.refused
         self._clocks(now)
 
     def _workload(self, workload: dict, now: float) -> None:
@@ -242,6 +264,11 @@ class RunState:
             return Status.FAILED, f"pod(s) {', '.join(bad)} of Job {name} failed"
         if self.job_gone:
             return Status.JOB_MISSING, f"Job {name} was deleted while the run was being followed"
+        if self.refused:
+            return Status.PODS_REFUSED, (
+                f"the API refuses the pods of Job {name}: {self.refused}; change what the run asks for, or "
+                "the namespace's Pod Security level, quota or admission policy"
+            )
         facts = workload_facts(self.workload) if self.workload is not None else None
         if facts and facts.deactivated_by == BY_KUEUE:
             return Status.KUEUE_DEACTIVATED, deactivation_message(facts)
@@ -318,7 +345,7 @@ def newest_checkpoint_step(store: CheckpointStore, run_uri: str) -> int | None:
 
 
 def watched(api, namespace: str, job_name: str, job_uid: str, kueue_version: str) -> list[Resource]:
-    """The Job, its pods and its Kueue Workload (at ``kueue_version``), as watchable collections
+    """The Job, its pods, its Kueue Workload (at ``kueue_version``) and its FailedCreate events, as watchable collections
     (``api``: a ``kubernetes_asyncio`` ApiClient)."""
     from kubernetes_asyncio import client
 
@@ -338,6 +365,11 @@ def watched(api, namespace: str, job_name: str, job_uid: str, kueue_version: str
             {"label_selector": f"{JOB_NAME_LABEL}={job_name}"},
         ),
         Resource("workload", workloads, {"label_selector": f"{JOB_UID_LABEL}={job_uid}"}),
+        Resource(
+            "event",
+            namespaced(core.list_namespaced_event, namespace),
+            {"field_selector": f"involvedObject.uid={job_uid},reason=FailedCreate"},
+        ),
     ]
 
 

@@ -91,6 +91,7 @@ _STATUS_KIND = {  # how the follower ended an attempt -> the failure it is judge
     Status.HEARTBEAT_UNREADABLE: FailureKind.HEARTBEAT_UNREADABLE,
     Status.START_TIMEOUT: FailureKind.START_TIMEOUT,
     Status.ADMISSION_TIMEOUT: FailureKind.ADMISSION_TIMEOUT,
+    Status.PODS_REFUSED: FailureKind.PODS_REFUSED,
     Status.DEACTIVATED: FailureKind.STOPPED,
     Status.KUEUE_DEACTIVATED: FailureKind.KUEUE_DEACTIVATED,
     Status.JOB_MISSING: FailureKind.INFRASTRUCTURE,
