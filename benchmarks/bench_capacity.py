@@ -14,8 +14,7 @@ from trainops_devcluster.cluster import DevCluster
 from trainops_devcluster.topology import InferenceWorkload
 
 from trainops.capacity.procedure import claim, give_back
-from trainops.kube.client import Kube
-from trainops.kube.nodes import json_of
+from trainops.kube.client import Kube, json_of
 
 NODES = 512
 WRITES_TARGET = 3.0

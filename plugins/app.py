@@ -183,12 +183,13 @@ def attempt_jobs(dag_id: str, run_id: str) -> list[dict]:
     Unavailable with the cluster's answer when it cannot be read."""
     from trainops.plugins.progress import Unavailable
 
+    from trainops.kube.retry import Deadline
     from trainops.training.cluster import GangCluster
 
     namespace = setting("training_namespace", "training")
     try:
         with cluster_answers():
-            return GangCluster(kube()).run_jobs(namespace, f"{dag_id}/{run_id}", JOBS_DEADLINE_S)
+            return GangCluster(kube()).run_jobs(namespace, f"{dag_id}/{run_id}", Deadline(JOBS_DEADLINE_S))
     except HTTPException as error:
         raise Unavailable(f"{error.detail} (the attempts' times come from their Jobs)") from None
 

@@ -22,9 +22,9 @@ from trainops.conventions import (
 )
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.published import read_summary
-from trainops.kube.client import Kube
+from trainops.kube.client import Kube, json_of
 from trainops.kube.lists import PAGE, list_all
-from trainops.kube.nodes import NodeState, allocatable_gpus, json_of
+from trainops.kube.nodes import NodeState, allocatable_gpus
 from trainops.kube.retry import Deadline
 
 LIST_DEADLINE_S = 60.0

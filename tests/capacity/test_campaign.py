@@ -11,6 +11,7 @@ from benchmarks.campaign.lifecycle import set_quarantine
 from benchmarks.campaign.steps import GANG, Step, claim_step, gang_run, give_back_step
 from tests.capacity.helpers import snapshot
 from trainops.checkpoints.helper import commit
+from trainops.kube.client import JOBS
 from trainops.training.job import build_job
 
 
@@ -75,7 +76,7 @@ def test_the_checker_reports_a_second_job_for_one_attempt_and_a_resume_from_a_to
     assert any("2 Jobs for attempt 1" in v for v in found), found
     assert any(f"resumed from {torn}, which does not verify" in v for v in found), found
     for name in ("job-a", "job-b"):
-        run.cluster.batch.delete_namespaced_job(name, "training", propagation_policy="Background")
+        run.cluster.kube.delete(JOBS, name, "training")
 
 
 def test_the_checker_reports_a_pod_on_a_quarantined_node_and_one_on_a_node_its_run_does_not_hold(fleet):

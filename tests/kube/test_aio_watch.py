@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import config
 
-from trainops.kube.aio import Resource, watch
+from trainops.kube.aio import collection, watch
+from trainops.kube.client import NODES
 
 LIST = r"^/api/v1/nodes(\?(?!.*watch=)|$)"  # the list, not the watch
 
@@ -20,7 +21,7 @@ def test_a_list_answered_429_or_503_is_retried_not_a_crash(devcluster):
     async def first_event():
         api = await config.new_client_from_config(config_file=str(devcluster.kubeconfig))
         async with api:
-            nodes = Resource("node", client.CoreV1Api(api).list_node, {})
+            nodes = collection(api, "node", NODES)
             async for event, obj in watch(nodes):
                 return event, obj["metadata"]["name"]
 

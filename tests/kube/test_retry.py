@@ -46,7 +46,7 @@ def test_transient_answers_are_retried_waiting_what_the_server_asks(waits):
 def test_without_retry_after_the_waits_are_jittered_and_capped(waits):
     fn = answers(*[502] * 12)
     assert call(fn, Deadline(600), "list nodes") == "done"
-    assert all(0 <= w <= retry.MAX_WAIT_S for w in waits) and len(waits) == 12
+    assert all(0 <= w <= retry.DEFAULTS.backoff_cap_s for w in waits) and len(waits) == 12
 
 
 @pytest.mark.parametrize("status", [400, 403, 404, 409, 422, 500])

@@ -9,6 +9,7 @@ import asyncio
 
 from kubernetes_asyncio.client import ApiClient
 
+from trainops.kube.client import Kind
 from trainops.training import follow
 from trainops.training.failures import FailureKind, classify
 from trainops.training.follow import FollowConfig, RunFollower, Status
@@ -47,8 +48,8 @@ class Cluster:
     def job_pods(self, namespace: str, name: str) -> list[dict]:
         return self.pods
 
-    def kueue_version(self) -> str:
-        return "v1beta2"
+    def workload_kind(self) -> Kind:
+        return Kind("kueue.x-k8s.io", "v1beta2", "workloads")
 
 
 class NoHeartbeat:

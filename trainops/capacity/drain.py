@@ -103,7 +103,7 @@ def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -
     """Evict every pod that must move off ``nodes`` and wait until they are gone; returns how many
     evictions were accepted.  Raises ``DeadlineExceeded`` naming the pods still there, or
     ``DrainStalled`` once it has been stuck (see the module docstring) for ``stall_s``."""
-    backoff = Backoff(base=0.05, cap=1.0)
+    backoff = Backoff()
     evicted: set[tuple[str, str]] = set()
     stalled_since: float | None = None
     while True:

@@ -46,8 +46,9 @@ from trainops.health.prometheus import (
 from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
 from trainops.health.report import HealthReport, Signal, merge_reports
 from trainops.health.stragglers import UNKNOWN_SPEED, USABLE, Selection, choose_nodes, node_speed
+from trainops.kube.client import json_of
 from trainops.kube.lists import list_all
-from trainops.kube.nodes import NodeState, allocatable_gpus, json_of
+from trainops.kube.nodes import NodeState, allocatable_gpus
 from trainops.kube.retry import Deadline, call
 
 DEFAULT_SELECTOR = f"{GPU_POOL_LABEL}=true"

@@ -1,27 +1,37 @@
 """The async side of the Kubernetes access layer: resumable watches.
 
-Deferred tasks follow their objects with ``watch``, never by polling, on a ``kubernetes_asyncio``
-ApiClient (Airflow: ``KubernetesClusterHook(conn_id).async_client()``).  A watch is resumed from the last
-resourceVersion it saw when the server closes it or the connection drops; a 410 Gone re-lists;
-transient answers (``trainops.kube.retry.is_transient``) wait as the retry policy says and retry,
-forever (the caller owns the deadlines).
+Deferred tasks follow their objects with ``watch(collection(api, ...))``, never by polling, on a
+``kubernetes_asyncio`` ApiClient (Airflow: ``KubernetesClusterHook(conn_id).async_client()``).  A watch
+is resumed from the last resourceVersion it saw when the server closes it (``watch_timeout_s``) or the
+connection drops; a 410 Gone re-lists; transient answers (``trainops.kube.retry.is_transient``) wait as
+the retry policy says and retry, forever (the caller owns the deadlines).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-from trainops.kube.retry import Backoff, is_transient, wait_before_retry
+from trainops.kube.client import Kind
+from trainops.kube.retry import DEFAULTS, Backoff, is_transient
+from trainops.kube.settings import KubeSettings
 
 log = logging.getLogger(__name__)
 
-WATCH_SECONDS = 60
-
 Lister = Callable[..., Awaitable]
+# the typed kubernetes_asyncio list methods of the built-in kinds trainops watches (custom resources
+# go through CustomObjectsApi)
+_TYPED = {
+    ("", "nodes"): ("CoreV1Api", "list_node"),
+    ("", "pods"): ("CoreV1Api", "list_namespaced_pod"),
+    ("", "events"): ("CoreV1Api", "list_namespaced_event"),
+    ("", "configmaps"): ("CoreV1Api", "list_namespaced_config_map"),
+    ("batch", "jobs"): ("BatchV1Api", "list_namespaced_job"),
+}
 
 
 @dataclass(frozen=True)
@@ -32,6 +42,29 @@ class Resource:
     kind: str
     list_fn: Lister
     selector: dict
+
+
+def collection(
+    api, tag: str, kind: Kind, namespace: str | None = None, *, labels: str = "", fields: str = ""
+) -> Resource:
+    """``kind``'s objects (in ``namespace``) matching the selectors, on the ``kubernetes_asyncio``
+    ApiClient ``api``, as a ``Resource`` whose events are tagged ``tag``."""
+    from kubernetes_asyncio import client
+
+    selector = {k: v for k, v in (("label_selector", labels), ("field_selector", fields)) if v}
+    typed = _TYPED.get((kind.group, kind.plural))
+    if typed is not None:
+        api_class, method = typed
+        fn = getattr(getattr(client, api_class)(api), method)
+        return Resource(tag, namespaced(fn, namespace) if kind.namespaced else fn, selector)
+    custom = client.CustomObjectsApi(api)
+    if kind.namespaced:
+        fn = namespaced(
+            custom.list_namespaced_custom_object, namespace, kind.group, kind.version, after=(kind.plural,)
+        )
+    else:
+        fn = functools.partial(custom.list_cluster_custom_object, kind.group, kind.version, kind.plural)
+    return Resource(tag, fn, selector)
 
 
 def namespaced(fn, namespace: str, *before, after=()) -> Lister:
@@ -64,13 +97,13 @@ async def _list(resource: Resource) -> tuple[list[dict], str]:
     return body.get("items") or [], body["metadata"]["resourceVersion"]
 
 
-async def watch(resource: Resource) -> AsyncIterator[tuple[str, dict]]:
+async def watch(resource: Resource, settings: KubeSettings = DEFAULTS) -> AsyncIterator[tuple[str, dict]]:
     """``(event type, object)`` forever: a re-list (as ADDED/MODIFIED, and DELETED for objects gone
     since the last list), then watch events from the list's resourceVersion, resumed on drops."""
     from kubernetes_asyncio import watch as k8s_watch
 
     known: dict[str, dict] = {}
-    backoff = Backoff(cap=5.0)
+    backoff = Backoff(settings)
     version: str | None = None
     while True:
         try:
@@ -88,7 +121,8 @@ async def watch(resource: Resource) -> AsyncIterator[tuple[str, dict]]:
                     resource.list_fn,
                     **resource.selector,
                     resource_version=version,
-                    timeout_seconds=WATCH_SECONDS,
+                    timeout_seconds=settings.watch_timeout_s,
+                    _request_timeout=settings.watch_timeout_s + settings.watch_read_slack_s,
                     allow_watch_bookmarks=True,
                 ):
                     backoff.reset()
@@ -113,4 +147,4 @@ async def watch(resource: Resource) -> AsyncIterator[tuple[str, dict]]:
             log.warning(
                 "%s watch: %s, retrying", resource.kind, getattr(error, "status", type(error).__name__)
             )
-            await asyncio.sleep(wait_before_retry(error, backoff))
+            await asyncio.sleep(backoff.wait_after(error))

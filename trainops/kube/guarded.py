@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainops.kube.retry import Backoff, Deadline, DeadlineExceeded, call
+from trainops.kube.retry import DEFAULTS, Backoff, Deadline, DeadlineExceeded, call
+from trainops.kube.settings import KubeSettings
 
 Read = Callable[[], dict]
 Patch = Callable[[dict], dict]
@@ -32,24 +33,31 @@ class Edited:
 
 
 def edit(
-    read: Read, patch: Patch, change: Change, deadline: Deadline, what: str, current: dict | None = None
+    read: Read,
+    patch: Patch,
+    change: Change,
+    deadline: Deadline,
+    what: str,
+    current: dict | None = None,
+    settings: KubeSettings = DEFAULTS,
 ) -> Edited:
     """Apply ``change`` to the object until it sticks; ``current``: an already-read copy (saves one GET).
 
     ``read()`` returns the object, ``patch(body)`` sends a merge patch and returns the result.
-    Transient API errors are retried until ``deadline``; 409 Conflict re-reads and retries.
+    Transient API errors are retried until ``deadline``; 409 Conflict re-reads and retries, after the
+    same backoff (``settings``).
     """
     from kubernetes.client.exceptions import ApiException
 
-    backoff = Backoff(base=0.01, cap=1.0)
-    obj = current if current is not None else call(read, deadline, f"read {what}")
+    backoff = Backoff(settings)
+    obj = current if current is not None else call(read, deadline, f"read {what}", settings=settings)
     while True:
         body = change(obj)
         if body is None:
             return Edited(obj, wrote=False, before=obj)
         body.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
         try:
-            written = call(lambda body=body: patch(body), deadline, f"write {what}")
+            written = call(lambda body=body: patch(body), deadline, f"write {what}", settings=settings)
             return Edited(written, wrote=True, before=obj)
         except ApiException as error:
             if error.status != 409:
@@ -59,7 +67,7 @@ def edit(
                     f"write {what}: conflicting writers for {deadline.seconds:g}s"
                 ) from error
             deadline.sleep(backoff.next(), f"write {what}")
-            obj = call(read, deadline, f"read {what}")
+            obj = call(read, deadline, f"read {what}", settings=settings)
 
 
 def merge_patch_of(before: dict, after: dict) -> dict:

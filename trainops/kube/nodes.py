@@ -18,13 +18,13 @@ off until the deadline.  When nothing changes, nothing is written.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from trainops.conventions import GPU_RESOURCE
-from trainops.kube.client import MERGE_PATCH
-from trainops.kube.guarded import Edited, edit, merge_patch_of
+from trainops.kube.client import NODES, Kube, json_of
+from trainops.kube.guarded import Edited, merge_patch_of
 from trainops.kube.retry import Deadline
 
 
@@ -83,15 +83,9 @@ def node_patch(before: NodeState, after: NodeState) -> dict | None:
     return patch or None
 
 
-def json_of(response) -> dict:
-    """The JSON body of a raw (``_preload_content=False``) client response (reading it all returns
-    the connection to the pool)."""
-    return json.loads(response.data)
-
-
-def read_node(core_v1, name: str) -> dict:
-    """The node as a plain dict (as the API serves it)."""
-    return json_of(core_v1.read_node(name, _preload_content=False))
+def read_node(kube: Any, name: str) -> dict:
+    """The node as a plain dict (as the API serves it); ``kube``: a ``Kube`` or a typed client."""
+    return json_of(Kube.of(kube).core.read_node(name, _preload_content=False))
 
 
 def allocatable_gpus(node: dict) -> int:
@@ -99,26 +93,24 @@ def allocatable_gpus(node: dict) -> int:
     return int((node.get("status") or {}).get("allocatable", {}).get(GPU_RESOURCE, 0))
 
 
-def list_nodes(core_v1, label_selector: str = "") -> list[dict]:
-    return json_of(core_v1.list_node(label_selector=label_selector, _preload_content=False))["items"]
+def list_nodes(kube: Any, label_selector: str = "") -> list[dict]:
+    """Every node matching ``label_selector`` (paged); ``kube``: a ``Kube`` or a typed client."""
+    return Kube.of(kube).list(NODES, labels=label_selector)
 
 
 def edit_node(
-    core_v1, name: str, change: NodeChange, deadline: Deadline, *, current: dict | None = None
+    kube: Any, name: str, change: NodeChange, deadline: Deadline | None = None, *, current: dict | None = None
 ) -> Edited:
     """Apply ``change`` to node ``name`` safely (see the module docstring).
 
-    ``core_v1``: a ``kubernetes.client.CoreV1Api``.  ``current``: the node as just read (for
-    example from a list), to save the first GET.  Exceptions raised by ``change`` propagate (that
-    is how a change refuses, e.g. a node claimed by someone else).  Returns the node as a dict
+    ``kube``: a ``Kube`` (or a typed client on the same connection).  ``current``: the node as just
+    read (for example from a list), to save the first GET.  Exceptions raised by ``change`` propagate
+    (that is how a change refuses, e.g. a node claimed by someone else).  Returns the node as a dict
     and whether it was written.
     """
-
-    def patch(body: dict) -> dict:
-        return json_of(core_v1.patch_node(name, body, _content_type=MERGE_PATCH, _preload_content=False))
 
     def node_change(node: dict) -> dict | None:
         before = NodeState.of(node)
         return node_patch(before, change(before))
 
-    return edit(lambda: read_node(core_v1, name), patch, node_change, deadline, f"node {name}", current)
+    return Kube.of(kube).edit(NODES, name, node_change, current=current, deadline=deadline)

@@ -3,8 +3,8 @@
 ``call(fn, deadline, what)`` (sync) and ``await acall(fn, deadline, what)`` (async) run ``fn`` and
 retry it while it fails transiently, until ``deadline``; any other error is raised at once, and
 ``DeadlineExceeded`` (naming ``what`` and the last answer) once the deadline is gone.  Between
-tries they wait what the server asked for (``Retry-After``), else a full-jitter exponential
-backoff (``Backoff``), never more than ``MAX_WAIT_S``.
+tries they wait what the server asked for (``Retry-After``, at most ``retry_after_cap_s``), else a
+full-jitter exponential backoff (``Backoff``); the numbers are ``KubeSettings``'.
 
 Transient by default (``is_transient``): an API answer of 429, 502, 503 or 504 and a dropped or
 timed-out connection, from either Kubernetes client.  409 Conflict is not: the guarded edits
@@ -21,11 +21,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from trainops.errors import TemporaryError, TrainopsError
+from trainops.kube.settings import KubeSettings
 
 T = TypeVar("T")
 
 TRANSIENT = frozenset({0, 429, 502, 503, 504})  # 0: the client's code for a dropped connection
-MAX_WAIT_S = 5.0
+DEFAULTS = KubeSettings()
 
 
 class DeadlineExceeded(TemporaryError, TimeoutError):
@@ -63,10 +64,12 @@ class Deadline:
 
 
 class Backoff:
-    """Exponential backoff with full jitter: a wait drawn from [0, ``base`` * 2^attempt], at most ``cap``."""
+    """Exponential backoff with full jitter: a wait drawn from [0, ``base`` * 2^attempt], at most ``cap``;
+    a server's ``Retry-After`` is honoured up to ``retry_after_cap`` (``wait_after``)."""
 
-    def __init__(self, base: float = 0.05, cap: float = 2.0) -> None:
-        self.base, self.cap, self.attempt = base, cap, 0
+    def __init__(self, settings: KubeSettings = DEFAULTS) -> None:
+        self.base, self.cap, self.attempt = settings.backoff_base_s, settings.backoff_cap_s, 0
+        self.retry_after_cap = settings.retry_after_cap_s
 
     def next(self) -> float:
         ceiling = min(self.cap, self.base * 2**self.attempt)
@@ -75,6 +78,11 @@ class Backoff:
 
     def reset(self) -> None:
         self.attempt = 0
+
+    def wait_after(self, error: BaseException) -> float:
+        """How long to wait after ``error``: its ``Retry-After`` (capped), else the next backoff."""
+        asked = retry_after(error)
+        return min(asked, self.retry_after_cap) if asked is not None else self.next()
 
 
 def retry_after(error: BaseException) -> float | None:
@@ -116,11 +124,6 @@ def is_transient(error: BaseException) -> bool:
     return isinstance(error, _connection_errors())
 
 
-def wait_before_retry(error: BaseException, backoff: Backoff) -> float:
-    """How long to wait after ``error``: its ``Retry-After``, else the next backoff (at most ``MAX_WAIT_S``)."""
-    return min(retry_after(error) or backoff.next(), MAX_WAIT_S)
-
-
 def _wait_or_raise(
     error: Exception,
     transient: Callable[[BaseException], bool],
@@ -135,7 +138,7 @@ def _wait_or_raise(
     if deadline.expired:
         answer = getattr(error, "status", None) or repr(error)
         raise DeadlineExceeded(f"{what}: kept failing with {answer} for {deadline.seconds:g}s") from error
-    return wait_before_retry(error, backoff)
+    return backoff.wait_after(error)
 
 
 def call(
@@ -144,9 +147,10 @@ def call(
     what: str,
     *,
     transient: Callable[[BaseException], bool] = is_transient,
+    settings: KubeSettings = DEFAULTS,
 ) -> T:
     """``fn()``, retried while it fails ``transient``-ly until ``deadline``; ``what`` names it in errors."""
-    backoff = Backoff()
+    backoff = Backoff(settings)
     while True:
         try:
             return fn()
@@ -160,9 +164,10 @@ async def acall(
     what: str,
     *,
     transient: Callable[[BaseException], bool] = is_transient,
+    settings: KubeSettings = DEFAULTS,
 ) -> T:
     """``await fn()`` with the same policy as ``call``."""
-    backoff = Backoff()
+    backoff = Backoff(settings)
     while True:
         try:
             return await fn()

@@ -42,9 +42,10 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
 from trainops.checkpoints.store import CheckpointStore
-from trainops.kube.aio import Resource, namespaced, watch
-from trainops.kube.kueue import BY_KUEUE, BY_USER, GROUP, deactivation_message, workload_facts
-from trainops.training.cluster import JOB_UID_LABEL, WORKLOADS, GangCluster
+from trainops.kube.aio import Resource, collection, watch
+from trainops.kube.client import EVENTS, JOBS, PODS, Kind
+from trainops.kube.kueue import BY_KUEUE, BY_USER, deactivation_message, workload_facts
+from trainops.training.cluster import JOB_UID_LABEL, GangCluster
 from trainops.training.job import JOB_NAME_LABEL, condition
 from trainops.training.progress import HangPolicy, ProgressTracker
 
@@ -344,31 +345,15 @@ def newest_checkpoint_step(store: CheckpointStore, run_uri: str) -> int | None:
     return max((step for name in names if (step := step_from_name(name)) is not None), default=None)
 
 
-def watched(api, namespace: str, job_name: str, job_uid: str, kueue_version: str) -> list[Resource]:
-    """The Job, its pods, its Kueue Workload (at ``kueue_version``) and its FailedCreate events, as watchable collections
-    (``api``: a ``kubernetes_asyncio`` ApiClient)."""
-    from kubernetes_asyncio import client
-
-    batch, core, custom = client.BatchV1Api(api), client.CoreV1Api(api), client.CustomObjectsApi(api)
-    workloads = namespaced(
-        custom.list_namespaced_custom_object, namespace, GROUP, kueue_version, after=(WORKLOADS,)
-    )
+def watched(api, namespace: str, job_name: str, job_uid: str, workloads: Kind) -> list[Resource]:
+    """The Job, its pods, its Kueue Workload (``workloads``: the kind at the served version) and its
+    FailedCreate events, as watchable collections (``api``: a ``kubernetes_asyncio`` ApiClient)."""
     return [
-        Resource(
-            "job",
-            namespaced(batch.list_namespaced_job, namespace),
-            {"field_selector": f"metadata.name={job_name}"},
-        ),
-        Resource(
-            "pod",
-            namespaced(core.list_namespaced_pod, namespace),
-            {"label_selector": f"{JOB_NAME_LABEL}={job_name}"},
-        ),
-        Resource("workload", workloads, {"label_selector": f"{JOB_UID_LABEL}={job_uid}"}),
-        Resource(
-            "event",
-            namespaced(core.list_namespaced_event, namespace),
-            {"field_selector": f"involvedObject.uid={job_uid},reason=FailedCreate"},
+        collection(api, "job", JOBS, namespace, fields=f"metadata.name={job_name}"),
+        collection(api, "pod", PODS, namespace, labels=f"{JOB_NAME_LABEL}={job_name}"),
+        collection(api, "workload", workloads, namespace, labels=f"{JOB_UID_LABEL}={job_uid}"),
+        collection(
+            api, "event", EVENTS, namespace, fields=f"involvedObject.uid={job_uid},reason=FailedCreate"
         ),
     ]
 
@@ -405,7 +390,7 @@ class RunFollower:
         except Exception as error:  # counted below; without a baseline every heartbeat counts as new
             baseline, unread = None, error
         checkpoint = await self._checkpoint_step()
-        version = await asyncio.to_thread(self.cluster.kueue_version)
+        workloads = await asyncio.to_thread(self.cluster.workload_kind)
         state = RunState(config, job, baseline, self.clock(), checkpoint)
         if unread is not None:
             state.heartbeat_failed(unread, self.clock())
@@ -414,7 +399,7 @@ class RunFollower:
             tasks = [
                 asyncio.create_task(self._pump(resource, queue))
                 for resource in watched(
-                    api, config.namespace, config.job_name, job["metadata"]["uid"], version
+                    api, config.namespace, config.job_name, job["metadata"]["uid"], workloads
                 )
             ]
             tasks.append(asyncio.create_task(self._beats(queue, state)))
