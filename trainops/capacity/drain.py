@@ -17,9 +17,8 @@ import time
 from collections.abc import Iterable
 
 from trainops.errors import PermanentError
-from trainops.kube.client import api_message
+from trainops.kube.client import api_message, json_of
 from trainops.kube.lists import PAGE, list_all
-from trainops.kube.nodes import json_of
 from trainops.kube.retry import Backoff, Deadline, DeadlineExceeded, is_transient
 
 log = logging.getLogger(__name__)
