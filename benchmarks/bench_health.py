@@ -31,6 +31,7 @@ import time
 from kubernetes import client, config
 from trainops_devcluster import topology
 from trainops_devcluster.cluster import DevCluster
+from trainops_devcluster.hardware import NodeProfile
 from trainops_devcluster.probe_daemon import ProbeDaemon
 from trainops_devcluster.prometheus import REAL_SCRAPE_INTERVAL_S
 from trainops_devcluster.store import Store
@@ -150,7 +151,7 @@ def bench_publish(sample: int = PUBLISH_SAMPLE, minutes: int = PUBLISH_MINUTES) 
     clock = SimulatedClock(time.time())
     telemetry = {}
     for index in range(sample):
-        store.create("nodes", topology.gpu_node(index, GPUS))
+        store.create("nodes", topology.gpu_node(index, NodeProfile(gpus=GPUS)))
         name = topology.node_name(index)
         telemetry[name] = NodeTelemetry.healthy(name, GPUS, seed=index, clock=clock)
     daemon = ProbeDaemon(store, telemetry)

@@ -22,6 +22,8 @@ GPU_POOL_LABEL = "trainops.io/gpu-pool"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"  # set by NVIDIA GPU Feature Discovery
 IB_PORT_COUNT_LABEL = "trainops.io/ib-port-count"  # InfiniBand ports the node has (set by the admin or NFD)
+# The fabric a node's pool trains over (a name in the gate's fabrics; "none": the pool needs no RDMA).
+FABRIC_LABEL = "trainops.io/fabric"
 
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"

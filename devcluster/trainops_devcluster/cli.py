@@ -26,6 +26,13 @@ FAULT_OPTIONS = {
     "--status": int,
     "--count": int,
     "--fraction": float,
+    "--link": int,
+    "--width": int,
+    "--degrees": float,
+    "--device": str,
+    "--rate": str,
+    "--counter": str,
+    "--error": str,
 }
 
 
@@ -38,6 +45,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     up.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one (default)")
     up.add_argument("--nodes", type=int, default=16, help="GPU nodes (default 16)")
     up.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8)")
+    up.add_argument(
+        "--fleet",
+        metavar="SPEC",
+        help="the GPU nodes' hardware instead of --nodes HGX H100 nodes, e.g. "
+        "'4*h100-sxm/ib-ndr, 2*l40s/roce-200, t4:pool=none/none' or 'demo' (a mixed fleet); "
+        "see trainops_devcluster.hardware",
+    )
+    up.add_argument(
+        "--exporter-node-label",
+        default="Hostname",
+        help="label naming the node in the simulated dcgm-exporter's series (Hostname: 4.x releases; hostname: main)",
+    )
     up.add_argument(
         "--system-nodes", type=int, default=2, help="untainted CPU nodes for system pods (default 2)"
     )
@@ -94,7 +113,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "inject",
         help="inject a fault into a running devcluster",
         description="Faults: crash-pod NS/POD, crash-job NS/JOB, hang NS/JOB, xid NODE --code N, "
-        "ecc NODE --uncorrectable N, ib-down NODE, nvlink-errors NODE --replay N, slow-gpu NODE --factor F, "
+        "ecc NODE --uncorrectable N, ib-down NODE [--device D --port P], nvlink-errors NODE --replay N, "
+        "slow-gpu NODE --factor F, nvlink-down NODE --gpu G --link L, pcie-degraded NODE --width W, "
+        "overheat NODE --degrees D, remap-failure NODE, retire-pages NODE --count N, mig-device-lost NODE, "
+        "ib-rate NODE --rate '200 Gb/sec (4X HDR)', ib-errors NODE --counter symbol_error --count N, "
+        "nvml-init-error NODE --error NVML_ERROR_LIBRARY_NOT_FOUND, "
         "telemetry-missing NODE, repair NODE, node-notready NODE, api-fault --path REGEX --status S (--count N | --fraction F), "
         "drop-watches.",
     )
@@ -120,6 +143,7 @@ TOKEN_EXPIRATION_S = 365 * 24 * 3600  # a playground's life; a kubelet refreshes
 
 def run_up(args: argparse.Namespace) -> int:
     from trainops_devcluster.cluster import DevCluster
+    from trainops_devcluster.hardware import DEMO_FLEET
     from trainops_devcluster.kueue import KueueConfig
     from trainops_devcluster.prometheus import PrometheusUnavailable
 
@@ -128,6 +152,8 @@ def run_up(args: argparse.Namespace) -> int:
         cluster = DevCluster(
             args.nodes,
             args.gpus_per_node,
+            fleet=DEMO_FLEET if args.fleet == "demo" else args.fleet,
+            exporter_node_label=args.exporter_node_label,
             host=args.host,
             port=args.port,
             kubeconfig=args.kubeconfig.resolve(),

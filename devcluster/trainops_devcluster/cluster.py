@@ -26,8 +26,10 @@ import yaml
 
 from trainops_devcluster import authn, defaults, kinds, rbac, topology
 from trainops_devcluster.controllers import start_controllers
+from trainops_devcluster.hardware import NodeProfile, homogeneous, parse_fleet
 from trainops_devcluster.kueue import KueueConfig, KueueController, kueue_admission
 from trainops_devcluster.logs import PodLogs
+from trainops_devcluster.pod_admission import pod_admission
 from trainops_devcluster.probe_daemon import ProbeDaemon
 from trainops_devcluster.prometheus import Prometheus, ScrapeTargets, target_groups
 from trainops_devcluster.server import ApiServer
@@ -64,7 +66,13 @@ class DevCluster:
         prometheus_port: int = 0,
         prometheus_log: Path | None = None,
         fresh: bool = False,
+        fleet: list[NodeProfile] | str | None = None,
+        exporter_node_label: str = "Hostname",
     ) -> None:
+        """``fleet``: each GPU node's hardware (a list of ``hardware.NodeProfile`` or a fleet spec such
+        as ``hardware.DEMO_FLEET``); it replaces ``nodes`` and ``gpus_per_node`` (default: ``nodes``
+        HGX H100 nodes of ``gpus_per_node`` GPUs). ``exporter_node_label``: the label naming the node in
+        the simulated dcgm-exporter's series (``Hostname`` in its 4.x releases, ``hostname`` on main)."""
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("nodes and gpus_per_node must be at least 1")
         if not 0 <= system_nodes <= 100:
@@ -73,17 +81,23 @@ class DevCluster:
             raise ValueError(
                 f"host {host!r}: the devcluster binds loopback only (127.0.0.1, localhost or ::1)"
             )
-        self.nodes = nodes
+        self.fleet = (
+            parse_fleet(fleet) if isinstance(fleet, str) else list(fleet or homogeneous(nodes, gpus_per_node))
+        )
+        if not self.fleet:
+            raise ValueError("fleet must name at least one node")
+        self.nodes = nodes = len(self.fleet)
         self.fresh = fresh
         self.system_nodes = system_nodes
-        self.gpus_per_node = gpus_per_node
+        self.gpus_per_node = gpus_per_node if fleet is None else min(p.gpu_count for p in self.fleet)
+        self.exporter_node_label = exporter_node_label
         self.seed = seed
         self.inference = topology.default_inference(nodes) if inference is None else inference
         self.store = Store()
         self.logs = PodLogs()
         self.telemetry = {
-            topology.node_name(i): NodeTelemetry.healthy(topology.node_name(i), gpus_per_node, seed + i)
-            for i in range(nodes)
+            topology.node_name(i): NodeTelemetry.from_profile(topology.node_name(i), profile, seed + i)
+            for i, profile in enumerate(self.fleet)
         }
         self._tmp = None if kubeconfig else tempfile.TemporaryDirectory(prefix="devcluster-")
         self.kubeconfig = kubeconfig or Path(self._tmp.name) / "kubeconfig"
@@ -93,7 +107,7 @@ class DevCluster:
             logs=self.logs,
             host=host,
             port=port,
-            admission=[kueue_admission],
+            admission=[kueue_admission, pod_admission],
             extension=self._extension,
             kueue_version=self._kueue_config.version,
         )
@@ -205,8 +219,8 @@ class DevCluster:
             create(resource, copy.deepcopy(obj))
         for name in topology.namespaces(fresh=self.fresh, inference=bool(self.inference)):
             create("namespaces", topology.namespace(name))
-        for index in range(self.nodes):
-            create("nodes", topology.gpu_node(index, self.gpus_per_node))
+        for index, profile in enumerate(self.fleet):
+            create("nodes", topology.gpu_node(index, profile))
         for index in range(self.system_nodes):
             create("nodes", topology.system_node(index))
         for workload in self.inference:
@@ -347,7 +361,32 @@ class DevCluster:
             "hang": lambda target: faults.hang_job(*split(target)),
             "xid": lambda target, code, gpu=0: faults.xid(target, int(code), gpu=int(gpu)),
             "ecc": lambda target, uncorrectable, gpu=0: faults.ecc(target, int(uncorrectable), gpu=int(gpu)),
-            "ib-down": lambda target, port=1: faults.ib_down(target, port=int(port)),
+            "ib-down": lambda target, port=1, device=None: faults.ib_down(
+                target, port=int(port), device=device
+            ),
+            "nvlink-down": lambda target, gpu=0, link=0: faults.hardware(
+                target, "nvlink_down", gpu=int(gpu), link=int(link)
+            ),
+            "pcie-degraded": lambda target, width, gpu=0: faults.hardware(
+                target, "pcie_degraded", int(width), gpu=int(gpu)
+            ),
+            "overheat": lambda target, degrees, gpu=0: faults.hardware(
+                target, "overheat", float(degrees), gpu=int(gpu)
+            ),
+            "remap-failure": lambda target, gpu=0: faults.hardware(target, "remap_failure", gpu=int(gpu)),
+            "retire-pages": lambda target, count, gpu=0: faults.hardware(
+                target, "retire_pages", int(count), gpu=int(gpu)
+            ),
+            "mig-device-lost": lambda target, gpu=0: faults.hardware(target, "mig_device_lost", gpu=int(gpu)),
+            "ib-rate": lambda target, rate, port=1, device=None: faults.hardware(
+                target, "ib_rate", str(rate), port=int(port), device=device
+            ),
+            "ib-errors": lambda target, counter, count, port=1, device=None: faults.hardware(
+                target, "ib_errors", str(counter), int(count), port=int(port), device=device
+            ),
+            "nvml-init-error": lambda target, error="NVML_ERROR_LIBRARY_NOT_FOUND": faults.nvml_init_error(
+                target, str(error)
+            ),
             "nvlink-errors": lambda target, replay, gpu=0: faults.nvlink_errors(
                 target, int(replay), gpu=int(gpu)
             ),
@@ -391,7 +430,11 @@ class DevCluster:
             if method == "GET" and len(parts) == 3 and parts[0] == "nodes" and parts[2] == "metrics":
                 if parts[1] not in self.telemetry:
                     return _json(404, {"error": f"no node {parts[1]!r}"})
-                return 200, "text/plain; version=0.0.4", render_dcgm(self.telemetry[parts[1]]).encode()
+                return (
+                    200,
+                    "text/plain; version=0.0.4",
+                    render_dcgm(self.telemetry[parts[1]], self.exporter_node_label).encode(),
+                )
         except (FaultError, ValueError, KeyError) as error:
             return _json(400, {"error": str(error)})
         return _json(404, {"error": f"no devcluster endpoint {method} {path}"})

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trainops.health import xids
 from trainops_devcluster.conditions import set_condition
 from trainops_devcluster.events import WARNING, EventRecorder
 from trainops_devcluster.informer import Key
@@ -18,11 +19,13 @@ from trainops_devcluster.podutil import controller_uid
 from trainops_devcluster.runtime import Exit, PodNotRunning, PodRuntime
 from trainops_devcluster.store import NotFound, Store
 
-# XIDs after which the CUDA contexts on the GPU are gone (the application is killed or must restart).
+# XIDs after which the CUDA contexts on the GPU are gone (the application is killed or must restart):
+# NVIDIA's catalog says restart the application or reset the GPU, or the NVLink5 sub-code may say so.
 # Informational or recoverable ones (e.g. 63 row remap, 92 high SBE rate, 154 recovery action) are not here.
 FATAL_XIDS = frozenset(
-    {13, 31, 43, 46, 48, 62, 64, 69, 74, 79, 94, 95, 109, 119, 120, 136, 140, 143, 155, 156, 158}
-    | set(range(144, 151))
+    {code for code, (_, action) in xids.CATALOG.items() if action == "RESTART_APP"}
+    | set(xids.FATAL)
+    | set(xids.UNDECODED)
 )
 XID_MEANING = {
     13: "Graphics Engine Exception",
@@ -107,16 +110,34 @@ class Faults:
         failed = self._fail(self.runtime.pods_on_gpus(node, gpu), message) if uncorrectable > 0 else []
         return {"failed_pods": failed}
 
-    def ib_down(self, node: str, port: int = 1) -> dict:
-        """An InfiniBand port goes down: NCCL on the node's GPU pods aborts."""
-        self._telemetry(node).ib_down(port=port)
-        message = f"InfiniBand port mlx5_0/{port} is down"
+    def ib_down(self, node: str, port: int = 1, device: str | None = None) -> dict:
+        """An RDMA port goes down (the first fabric port unless ``device`` says): NCCL on the node's GPU
+        pods aborts."""
+        self._telemetry(node).ib_down(port=port, device=device)
+        message = f"InfiniBand port {device or 'mlx5_0'}/{port} is down"
         self._node_event(node, "InfiniBandPortDown", message)
         return {"failed_pods": self._fail(self.runtime.pods_on_gpus(node), f"NCCL error: {message}")}
 
     def nvlink_errors(self, node: str, replay: int, gpu: int = 0) -> dict:
         """NVLink replay errors (recovered by the link; jobs keep running)."""
         self._telemetry(node).nvlink_errors(replay, gpu=gpu)
+        return {"failed_pods": []}
+
+    def hardware(self, node: str, fault: str, *args, **kwargs) -> dict:
+        """A hardware fault the node's jobs survive (a link down, a slow port, a hot GPU...): one of
+        ``NodeTelemetry``'s fault methods, by name; the node's health report shows it."""
+        getattr(self._telemetry(node), fault)(*args, **kwargs)
+        return {"failed_pods": []}
+
+    def nvml_init_error(self, node: str, error: str) -> dict:
+        """The node probe's NVML cannot start (``NVML_ERROR_LIBRARY_NOT_FOUND``: its pod got no driver)."""
+        import pynvml
+
+        if not error.startswith("NVML_ERROR_") or not isinstance(getattr(pynvml, error, None), int):
+            raise ValueError(
+                f"error must be an NVML_ERROR_* name such as NVML_ERROR_LIBRARY_NOT_FOUND, got {error!r}"
+            )
+        self._telemetry(node).set_nvml_init_error(getattr(pynvml, error))
         return {"failed_pods": []}
 
     def slow_gpu(self, node: str, factor: float, gpu: int | None = None) -> dict:

@@ -17,6 +17,7 @@ from trainops_devcluster.admission import Attributes, ValidatingAdmission
 from trainops_devcluster.authn import service_account_user
 from trainops_devcluster.events import WARNING, EventRecorder
 from trainops_devcluster.informer import InformerController, Key, key_of
+from trainops_devcluster.pod_admission import admit_pod
 from trainops_devcluster.podutil import controller_uid, delete_pod
 from trainops_devcluster.store import NotFound, Store, StoreError
 
@@ -89,6 +90,7 @@ class PodOwnerController(InformerController):
         if not meta.get("name"):  # named before admission, as the API server names it
             meta["name"] = meta.get("generateName", "") + uuid.uuid4().hex[:5]
         try:
+            pod = admit_pod(pod)  # mutating admission (priority, runtime class) runs before validating
             if self.admission is not None:
                 self.admission.validate(
                     Attributes(self.user, "CREATE", _POD, "", meta["namespace"], meta["name"], pod, None)

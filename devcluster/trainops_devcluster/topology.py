@@ -13,7 +13,9 @@ from pathlib import Path
 
 import yaml
 
-from trainops.conventions import GPU_POOL_LABEL, HEALTH_NAMESPACE, MODE_INFERENCE, MODE_TAINT
+from trainops.conventions import FABRIC_LABEL, GPU_POOL_LABEL, HEALTH_NAMESPACE, MODE_INFERENCE, MODE_TAINT
+from trainops.health.hardware import GPU_PRODUCT_LABEL, MIG_STRATEGY_LABEL
+from trainops_devcluster.hardware import NodeProfile
 
 INFERENCE_NAMESPACE = "inference"
 TRAINING_NAMESPACE = "training"
@@ -23,7 +25,6 @@ _PLURALS = {
     "LocalQueue": "localqueues",
     "WorkloadPriorityClass": "workloadpriorityclasses",
 }
-GPU_PRODUCT = "NVIDIA-H200"
 
 
 @dataclass(frozen=True)
@@ -49,17 +50,32 @@ def default_inference(nodes: int) -> list[InferenceWorkload]:
     ]
 
 
-def gpu_node(index: int, gpus: int) -> dict:
+def gpu_node(index: int, profile: NodeProfile) -> dict:
+    """A GPU node labelled as GPU Feature Discovery labels it, its GPUs advertised as the device
+    plugin advertises them under the profile's MIG strategy."""
     name = node_name(index)
+    gpus, spec_ = profile.gpu_count, profile.spec
+    product, count = spec_.gfd_product, gpus
     labels = {
-        "node.kubernetes.io/instance-type": "gpu-8x-h200",
+        "node.kubernetes.io/instance-type": f"gpu-{gpus}x-{profile.gpu}",
         "topology.kubernetes.io/zone": f"zone-{'abcd'[index // 256 % 4]}",
         "trainops.io/rack": f"rack-{index // 8:03d}",
-        "nvidia.com/gpu.product": GPU_PRODUCT,
-        "nvidia.com/gpu.count": str(gpus),
         "nvidia.com/gpu.present": "true",
         GPU_POOL_LABEL: "true",
     }
+    gpu_resources = {"nvidia.com/gpu": str(gpus)}
+    if profile.mig:
+        devices = gpus * profile.mig_instances
+        labels[MIG_STRATEGY_LABEL] = profile.strategy
+        if profile.strategy == "single":  # nvidia.com/gpu, its product and count are the MIG devices
+            product, count = f"{product}-MIG-{profile.mig}", devices
+            gpu_resources = {"nvidia.com/gpu": str(devices)}
+        else:  # mixed: one resource per MIG type, nvidia.com/gpu for the GPUs without MIG
+            labels[f"nvidia.com/mig-{profile.mig}.count"] = str(devices)
+            gpu_resources = {"nvidia.com/gpu": "0", f"nvidia.com/mig-{profile.mig}": str(devices)}
+    labels.update({GPU_PRODUCT_LABEL: product, "nvidia.com/gpu.count": str(count)})
+    if profile.pool is not None:
+        labels[FABRIC_LABEL] = profile.pool
     spec = {
         "podCIDR": f"10.{index // 256}.{index % 256}.0/24",
         "taints": [{"key": MODE_TAINT, "value": MODE_INFERENCE, "effect": "NoSchedule"}],
@@ -67,7 +83,7 @@ def gpu_node(index: int, gpus: int) -> dict:
     resources = {
         "cpu": "192",
         "memory": "2048Gi",
-        "nvidia.com/gpu": str(gpus),
+        **gpu_resources,
         "pods": "110",
         "ephemeral-storage": "7000Gi",
     }

@@ -17,7 +17,8 @@ ROW_CASES = {
     "gpus_missing": (0, 1),
     "gpu_lost": (False, True),
     "xid_fatal": ([43, 45], [79]),
-    "xid_warn": ([43], [13]),
+    "xid_undecoded": ([147], [149]),
+    "xid_warn": ([43, 147], [13]),
     "recovery_action": ("NONE", "GPU_RESET"),
     "ecc_uncorrectable": (0, 1),
     "ecc_correctable": (20_000_000, 20_000_001),
@@ -43,7 +44,7 @@ ROW_CASES = {
     "ib_ports_missing": (0, 1),
     "ib_state": ("ACTIVE", "DOWN"),
     "ib_phys_state": ("LinkUp", "Polling"),
-    "ib_rate": (400.0, 200.0),
+    "ib_rate": (0.0, 200.0),  # Gb/s below the fabric's rate
     "ib_symbol_errors": (9, 10),
     "ib_link_recovery": (9, 10),
     "ib_link_downed": (0, 1),
@@ -51,7 +52,7 @@ ROW_CASES = {
     "ib_xmit_discards": (99, 100),
 }
 ROWS = {row.name: row for row in DEFAULT_POLICY.rows}
-DERIVED = {"gpus_missing": "gpu_count", "ib_ports_missing": "ib_port_count"}
+NODE = {"metadata": {"labels": {}}, "status": {"capacity": {"nvidia.com/gpu": "8"}}}
 
 
 @pytest.fixture
@@ -59,20 +60,31 @@ def healthy(node, clock) -> HealthReport:
     return two_sample_report(node, clock)
 
 
-def with_value(report: HealthReport, row_name: str, value) -> HealthReport:
+def with_value(report: HealthReport, row_name: str, value) -> tuple[HealthReport, dict]:
+    """``report`` (and the Node object beside it) changed so that ``row_name``'s signal reads ``value``;
+    derived signals are set through what they derive from."""
     row = ROWS[row_name]
+    node = json.loads(json.dumps(NODE))
     if row.signal == "report_age_s":
         report.collected_at -= value
-    elif row.signal in DERIVED:  # the node's own count minus what the probe sees
-        seen = DERIVED[row.signal]
-        report.signals[f"{seen}_expected"] = Signal(report.signals[seen].value + value)
+    elif row.signal == "gpus_missing":  # the node advertises more GPUs than NVML sees
+        node["status"]["capacity"]["nvidia.com/gpu"] = str(8 + value)
+    elif row.signal == "ib_ports_missing":  # the node's label says it has more fabric ports
+        node["metadata"]["labels"]["trainops.io/ib-port-count"] = str(8 + value)
+    elif row.signal == "fabric_ports":
+        report.ib_ports = dict(list(report.ib_ports.items())[:value])
+        report.signals["ib_port_count"] = Signal(value)
+    elif row.signal == "nvlink_links_down":  # an H100 SXM has 18 links
+        report.gpus["3"]["nvlink_active_links"] = Signal(18 - value)
+    elif row.signal == "ib_rate_shortfall_gbps":  # the other ports run at NDR's 400
+        report.ib_ports["mlx5_2/1"]["ib_rate_gbps"] = Signal(400.0 - value)
     elif row.scope == "node":
         report.signals[row.signal] = Signal(value)
     elif row.scope == "gpu":
         report.gpus["3"][row.signal] = Signal(value)
     else:
         report.ib_ports["mlx5_2/1"][row.signal] = Signal(value)
-    return report
+    return report, node
 
 
 def test_every_row_has_cases():
@@ -86,14 +98,16 @@ def test_healthy_node_is_ok(healthy, clock):
 
 @pytest.mark.parametrize("row_name", sorted(ROW_CASES))
 def test_row_passes(row_name, healthy, clock):
-    verdict = evaluate(with_value(healthy, row_name, ROW_CASES[row_name][0]), now=clock.now)
+    report, node = with_value(healthy, row_name, ROW_CASES[row_name][0])
+    verdict = evaluate(report, now=clock.now, node=node)
     assert verdict.verdict == "ok", verdict.reasons
     assert not [e for e in verdict.evidence if e["row"] == row_name and e["kind"] == "tripped"]
 
 
 @pytest.mark.parametrize("row_name", sorted(ROW_CASES))
 def test_row_trips(row_name, healthy, clock):
-    verdict = evaluate(with_value(healthy, row_name, ROW_CASES[row_name][1]), now=clock.now)
+    report, node = with_value(healthy, row_name, ROW_CASES[row_name][1])
+    verdict = evaluate(report, now=clock.now, node=node)
     assert verdict.verdict == ROWS[row_name].verdict
     assert any(reason.startswith(f"{row_name} [") for reason in verdict.reasons), verdict.reasons
 
@@ -129,34 +143,36 @@ def test_same_reason_on_many_gpus_is_one_line(healthy, clock):
         healthy.gpus[gpu]["xid_events"] = Signal([79])
     verdict = evaluate(healthy, now=clock.now)
     assert verdict.reasons == [
-        "xid_fatal [gpu 0, gpu 5] fatal XID (reset/reboot): xid_events=[79] (any_in "
-        + repr(ROWS["xid_fatal"].threshold)
-        + ")"
+        "xid_fatal [gpu 0, gpu 5] fatal XID (NVIDIA catalog: reset/reboot): xid_events=[79] (any_in "
+        + repr(ROWS["xid_fatal"].threshold)[:56]
+        + "...])"
     ]
 
 
 def test_override_threshold_and_verdict(healthy, clock):
-    healthy.signals.update(gpu_count=Signal(4), gpu_count_expected=Signal(8))
-    assert evaluate(healthy, now=clock.now).verdict == "quarantine"
+    healthy.signals.update(gpu_count=Signal(4))
+    assert evaluate(healthy, now=clock.now, node=NODE).verdict == "quarantine"
     policy = DEFAULT_POLICY.with_overrides({"gpus_missing": {"threshold": 4}})
-    assert evaluate(healthy, policy, now=clock.now).verdict == "ok"
+    assert evaluate(healthy, policy, now=clock.now, node=NODE).verdict == "ok"
     healthy.gpus["1"]["xid_events"] = Signal([13])
     stricter = policy.with_overrides({"xid_warn": {"verdict": "exclude"}})
-    assert evaluate(healthy, stricter, now=clock.now).verdict == "exclude"
+    assert evaluate(healthy, stricter, now=clock.now, node=NODE).verdict == "exclude"
     assert DEFAULT_POLICY.with_overrides({"gpus_missing": {"threshold": 4}}) == policy
 
 
 def test_expected_gpu_count_is_the_nodes_own_not_a_constant(healthy, clock):
-    healthy.signals.update(gpu_count=Signal(4), gpu_count_expected=Signal(4))
-    assert evaluate(healthy, now=clock.now).verdict == "ok"
-    healthy.signals["gpu_count_expected"] = Signal(8)
-    verdict = evaluate(healthy, now=clock.now)
+    healthy.signals.update(gpu_count=Signal(4))
+    four = {"metadata": {"labels": {"nvidia.com/gpu.count": "4"}}, "status": {}}
+    assert evaluate(healthy, now=clock.now, node=four).verdict == "ok"
+    verdict = evaluate(healthy, now=clock.now, node=NODE)
     assert verdict.verdict == "quarantine"
     assert verdict.reasons[0].startswith(
-        "gpus_missing [node] fewer GPUs than the node has (reboot): gpus_missing=4"
+        "gpus_missing [node] fewer GPUs (or MIG devices) than the node advertises (reboot): gpus_missing=4"
     )
-    del healthy.signals["gpu_count_expected"]  # the probe evaluating itself: the row cannot apply
-    assert evaluate(healthy, now=clock.now).verdict == "ok"
+    # the probe evaluating itself: nothing to compare with, shown as such
+    alone = evaluate(healthy, now=clock.now)
+    assert alone.verdict == "ok"
+    assert any(line.startswith("gpus_missing [node] no Node object") for line in alone.not_applicable)
 
 
 def test_row_switched_off_with_verdict_ok(healthy, clock):

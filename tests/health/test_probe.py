@@ -87,10 +87,12 @@ def test_report_round_trips_through_json(node, clock):
     report = two_sample_report(node, clock)
     data = json.loads(report.to_json())
     assert data["schema_version"] == SCHEMA_VERSION and data["node"] == "gpu-node-a"
-    assert data["gpus"]["0"]["retired_pages"] == {
+    assert data["gpus"]["0"]["retired_pages"] == {  # not applicable: H100 remaps rows instead
         "value": None,
         "reason": "nvmlDeviceGetRetiredPages: Not Supported",
+        "na": True,
     }
+    assert data["gpus"]["0"]["ecc_uncorrected_volatile"] == {"value": 0}
     assert HealthReport.from_json(report.to_json()).to_dict() == report.to_dict()
 
 
@@ -211,17 +213,19 @@ def test_cli_once_without_a_driver_reports_unknown(no_driver, tmp_path, capsys):
     code = main(["probe", "--once", "--json", "--node", "n1", "--ib-sysfs", str(tmp_path / "none")])
     out, err = capsys.readouterr()
     assert code == 1
-    assert "error: GPU health unknown: NVML unavailable (no driver or no GPU?)" in err
+    assert "error: GPU health unknown: NVML cannot start: NVML Shared Library Not Found" in err
+    assert "runtimeClassName: nvidia" in err  # what fixes it
     report = HealthReport.from_json(out)
     assert report.gpus == {} and report.signals["gpu_count"].value is None
-    assert report.signals["ib_port_count"].reason.startswith("cannot list")
+    assert report.signals["ib_port_count"].reason.startswith("no RDMA devices: ")
+    assert "does not exist (no RDMA driver on this node)" in report.signals["ib_port_count"].reason
 
 
 def test_cli_once_human_summary(no_driver, tmp_path, capsys):
     assert main(["probe", "--once", "--node", "n1", "--ib-sysfs", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert out.startswith("n1: exclude (default policy)\n")
-    assert "gpu_count [node] gpu_count unknown: NVML unavailable" in out
+    assert "gpu_count [node] gpu_count unknown: NVML cannot start" in out
 
 
 def test_cli_publish_needs_a_node(monkeypatch, capsys):
@@ -244,6 +248,6 @@ def test_cli_publish_without_a_driver_sets_condition_unknown(no_driver, cluster,
     assert main([*args, "--ib-sysfs", str(tmp_path)]) == 0
     ours = conditions(cluster)["GPUHealthy"]
     assert (ours["status"], ours["reason"]) == ("Unknown", "SignalsUnknown")
-    assert "gpu_count [node] gpu_count unknown: NVML unavailable" in ours["message"]
+    assert "gpu_count [node] gpu_count unknown: NVML cannot start" in ours["message"]
     assert "gpu-node-a: exclude; wrote configmap, condition" in capsys.readouterr().out
     assert configmap(cluster) is not None

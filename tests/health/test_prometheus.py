@@ -14,7 +14,7 @@ from trainops_devcluster.telemetry import NodeTelemetry
 from tests.health.conftest import Clock, two_sample_report
 from trainops.health.policy import evaluate
 from trainops.health.prometheus import COUNTERS, GAUGES, PrometheusClient, PrometheusError, fleet_reports
-from trainops.health.report import Signal, merge_reports
+from trainops.health.report import merge_reports
 
 NODES = [f"gpu-node-{i:03d}" for i in range(6)]
 
@@ -91,8 +91,8 @@ def test_faults_show_up_per_node(start_fleet):
     lost = reports["gpu-node-001"]
     assert lost.signals["gpu_count"].value == 7 and lost.gpus["3"]["xid_events"].value == [79]
     assert lost.gpus["3"]["temperature_c"].reason == "no DCGM_FI_DEV_GPU_TEMP series"  # gone at once
-    lost.signals["gpu_count_expected"] = Signal(8)  # the gate adds the node's own count
-    assert {r.split(" ")[0] for r in evaluate(lost).reasons} >= {"gpus_missing", "xid_fatal"}
+    node = cluster.store.get("nodes", "", "gpu-node-001")  # the gate passes the node: it has 8 GPUs
+    assert {r.split(" ")[0] for r in evaluate(lost, node=node).reasons} >= {"gpus_missing", "xid_fatal"}
 
     replay = reports["gpu-node-002"].gpus["0"]
     assert replay["counter_nvlink_replay"].value == 10

@@ -51,6 +51,4 @@ def test_gate_on_4_port_nodes_passes_them_and_excludes_one_short_of_its_label(ma
     assert sorted(out["selected"]) == gpu_nodes[1:]
     verdict = {n["name"]: n for n in out["nodes"]}[short]
     assert verdict["verdict"] == "exclude"
-    assert verdict["reasons"][0].startswith(
-        "ib_ports_missing [node] fewer InfiniBand ports than the node has"
-    )
+    assert verdict["reasons"][0].startswith("ib_ports_missing [node] fewer fabric ports than the node has")

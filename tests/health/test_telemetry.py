@@ -64,7 +64,7 @@ def test_disabled_metrics_are_not_exported(clock):
         (lambda n: n.inject_ecc(-1), "uncorrectable must be >= 0"),
         (lambda n: n.nvlink_errors(replay=-2, gpu=0), "replay must be >= 0"),
         (lambda n: n.slow_gpu(0), "factor must be in (0, 10]"),
-        (lambda n: n.ib_down(port=2), "no InfiniBand port mlx5_0/2 on node n1; ports: mlx5_0/1"),
+        (lambda n: n.ib_down(port=2), "no RDMA port mlx5_0/2 on node n1; ports: mlx5_0/1, mlx5_1/1"),
     ],
 )
 def test_bad_fault_requests_name_the_problem(inject, message):

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,14 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainops.conventions import (
-    GPU_COUNT_LABEL,
     GPU_POOL_LABEL,
-    GPU_RESOURCE,
     HEALTH_NAMESPACE,
-    IB_PORT_COUNT_LABEL,
     QUARANTINE_TAINT,
 )
 from trainops.errors import TemporaryError
+from trainops.health.expect import family
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.prometheus import (
     PrometheusClient,
@@ -44,7 +41,7 @@ from trainops.health.prometheus import (
     no_series,
 )
 from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
-from trainops.health.report import HealthReport, Signal, merge_reports
+from trainops.health.report import HealthReport, merge_reports
 from trainops.health.stragglers import UNKNOWN_SPEED, USABLE, Selection, choose_nodes, node_speed
 from trainops.kube.client import json_of
 from trainops.kube.lists import list_all
@@ -172,7 +169,15 @@ class GateResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "nodes": [{"name": n.name, "verdict": n.verdict, "reasons": n.reasons} for n in self.nodes],
+            "nodes": [
+                {
+                    "name": n.name,
+                    "verdict": n.verdict,
+                    "reasons": n.reasons,
+                    "not_applicable": n.policy.not_applicable,
+                }
+                for n in self.nodes
+            ],
             "selected": self.selected,
             "enough": self.enough,
             "min_nodes": self.min_nodes,
@@ -261,10 +266,13 @@ def _run_gate(
                     "alone, set on_unavailable='probe-only' (CLI: --prometheus-optional)."
                 ) from err
             warnings.append(f"Prometheus unavailable, gated on the node probe's reports alone: {err}")
-    results = [_judge(name, listed.get(name), reports[name], config, now) for name in names]
+    results = [judge(name, listed.get(name), reports[name], config, now) for name in names]
     speeds = {r.name: r.speed for r in results if r.verdict in USABLE} if config.speed_tiers else {}
     verdicts = [NodeVerdict(r.name, r.verdict, r.reasons) for r in results]
-    selection = choose_nodes(verdicts, speeds, config.min_nodes, unknown_speed=config.unknown_speed)
+    families = {r.name: family(r.report, r.node) for r in results if r.name in speeds}
+    selection = choose_nodes(
+        verdicts, speeds, config.min_nodes, unknown_speed=config.unknown_speed, families=families
+    )
     for r in results:
         if r.verdict in USABLE and r.name in selection.excluded:
             r.verdict = "exclude"
@@ -288,37 +296,10 @@ def check_fleet(nodes: list[dict], config: GateConfig) -> None:
         )
 
 
-def expected_gpu_count(node: dict) -> Signal:
-    """The GPUs ``node`` should have: the most of its ``nvidia.com/gpu`` capacity and allocatable and
-    its GPU Feature Discovery label ``nvidia.com/gpu.count`` (values that are not counts are ignored)."""
-    status = node.get("status") or {}
-    found = [
-        (status.get("capacity") or {}).get(GPU_RESOURCE),
-        (status.get("allocatable") or {}).get(GPU_RESOURCE),
-        _labels(node).get(GPU_COUNT_LABEL),
-    ]
-    return _most(found, f"the node has no {GPU_RESOURCE} capacity and no {GPU_COUNT_LABEL} label")
-
-
-def expected_ib_port_count(node: dict) -> Signal:
-    """The InfiniBand ports ``node`` should have: its label ``trainops.io/ib-port-count``."""
-    return _most([_labels(node).get(IB_PORT_COUNT_LABEL)], f"the node has no {IB_PORT_COUNT_LABEL} label")
-
-
-def _labels(node: dict) -> dict:
-    return node.get("metadata", {}).get("labels") or {}
-
-
-def _most(found: list[Any], unknown: str) -> Signal:
-    counts = [int(v) for v in found if isinstance(v, str) and re.fullmatch(r"[0-9]{1,4}", v)]
-    return Signal(max(counts)) if counts else Signal.unknown(unknown)
-
-
-def _judge(name: str, node: dict | None, report: HealthReport, config: GateConfig, now: float) -> NodeResult:
-    if node is not None:
-        report.signals["gpu_count_expected"] = expected_gpu_count(node)
-        report.signals["ib_port_count_expected"] = expected_ib_port_count(node)
-    verdict = evaluate(report, config.policy, now=now)
+def judge(name: str, node: dict | None, report: HealthReport, config: GateConfig, now: float) -> NodeResult:
+    """One candidate's result: the policy over its report and Node object, then what the node itself
+    rules out (not found, already quarantined, too few allocatable GPUs for the run)."""
+    verdict = evaluate(report, config.policy, now=now, node=node)
     speed = node_speed(report)
     result = NodeResult(
         name,

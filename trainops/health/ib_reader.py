@@ -45,12 +45,14 @@ class SysfsIbReader:
         self.root = Path(root)
 
     def read_ports(self) -> dict[str, Signals]:
+        if not self.root.exists():
+            raise IbUnavailable(f"no RDMA devices: {self.root} does not exist (no RDMA driver on this node)")
         try:
             devices = sorted(p for p in self.root.iterdir() if (p / "ports").is_dir())
         except OSError as err:
             raise IbUnavailable(f"cannot list {self.root}: {err.strerror or err}") from err
         if not devices:
-            raise IbUnavailable(f"no InfiniBand devices under {self.root}")
+            raise IbUnavailable(f"no RDMA devices under {self.root}")
         ports: dict[str, Signals] = {}
         for device in devices:
             for port_dir in sorted((device / "ports").iterdir(), key=lambda p: p.name):

@@ -1,8 +1,11 @@
 """Read every GPU of this node through NVML, via a pynvml-like module passed in.
 
 Production passes ``pynvml`` (see :func:`load_pynvml`); tests and the devcluster pass
-``trainops_devcluster.telemetry.FakeNvml``. Any ``NVMLError`` (or a function this pynvml lacks)
-makes that one signal unknown with the error as its reason; nothing defaults to healthy.
+``trainops_devcluster.telemetry.FakeNvml``. NVML's ``NOT_SUPPORTED`` makes a signal not applicable
+(this GPU does not have it; the policy checks that against the GPU's identity, ``hardware``); any
+other ``NVMLError`` (or a function this pynvml lacks) makes it unknown with the error as its reason.
+Nothing defaults to healthy. When NVML cannot start at all, ``gpu_count`` is unknown and its
+reason names the fix (see ``INIT_FIXES``).
 
 XID events reach NVML clients only after they register for them, so a reader watches from
 :meth:`NvmlReader.start` on and keeps what it saw for ``xid_lookback_s``: keep one reader open
@@ -31,6 +34,23 @@ TEMPERATURE_THRESHOLDS = {
     "temp_mem_max_c": "NVML_TEMPERATURE_THRESHOLD_MEM_MAX",
 }
 RECOVERY_ACTION_PREFIX = "NVML_GPU_RECOVERY_ACTION_"
+# Why nvmlInit fails in a pod, and what fixes it (reference/hardware.md §3; deploy/node-probe.yaml).
+INIT_FIXES = {
+    "NVML_ERROR_LIBRARY_NOT_FOUND": (
+        "the probe's container was given no NVIDIA driver library: run it with runtimeClassName: nvidia "
+        "(GPU Operator with CDI, its default since v25.10), or as this cluster's container toolkit injects "
+        "GPUs (deploy/node-probe.yaml lists the settings)"
+    ),
+    "NVML_ERROR_DRIVER_NOT_LOADED": (
+        "no NVIDIA kernel driver is loaded on this node: check the GPU Operator's driver pod (or the "
+        "host driver) on it"
+    ),
+    "NVML_ERROR_NO_PERMISSION": (
+        "the probe may not open /dev/nvidia*: give it the GPUs through the nvidia runtime class (or "
+        "NVIDIA_VISIBLE_DEVICES where the toolkit honours it), see deploy/node-probe.yaml"
+    ),
+}
+PERMISSION_HINT = "the unprivileged probe may not read this (NVML: Insufficient Permissions)"
 
 
 def load_pynvml() -> ModuleType:
@@ -65,7 +85,11 @@ class NvmlReader:
         try:
             self.nvml.nvmlInit()
         except self.nvml.NVMLError as err:
-            self._init_error = f"NVML unavailable (no driver or no GPU?): {err}"
+            fix = next(
+                (text for name, text in INIT_FIXES.items() if err.value == getattr(self.nvml, name, None)),
+                "check the NVIDIA driver and the probe's access to the GPUs (deploy/node-probe.yaml)",
+            )
+            self._init_error = f"NVML cannot start: {err}; {fix}"
             return
         self._init_error = None
         self._watch_since = self.clock()
@@ -114,7 +138,15 @@ class NvmlReader:
         try:
             return Signal(convert(fn(*args)))
         except self.nvml.NVMLError as err:
-            return Signal.unknown(f"{function}: {err}")
+            return self._failed(function, err)
+
+    def _failed(self, function: str, err: Any) -> Signal:
+        """NOT_SUPPORTED: not applicable on this GPU; anything else: unknown (NO_PERMISSION says so)."""
+        if err.value == self._const("NVML_ERROR_NOT_SUPPORTED"):
+            return Signal.not_applicable(f"{function}: {err}")
+        if err.value == self._const("NVML_ERROR_NO_PERMISSION"):
+            return Signal.unknown(f"{function}: {PERMISSION_HINT}")
+        return Signal.unknown(f"{function}: {err}")
 
     def _const(self, name: str) -> Any:
         return getattr(self.nvml, name)
@@ -146,6 +178,10 @@ class NvmlReader:
                 "nvmlDeviceGetPersistenceMode", handle, convert=lambda v: v == enabled
             ),
             "running_processes": self._read("nvmlDeviceGetComputeRunningProcesses", handle, convert=len),
+            "utilization_pct": self._read("nvmlDeviceGetUtilizationRates", handle, convert=lambda u: u.gpu),
+            "sm_clock_mhz": self._read("nvmlDeviceGetClockInfo", handle, self._const("NVML_CLOCK_SM")),
+            "sm_clock_max_mhz": self._read("nvmlDeviceGetMaxClockInfo", handle, self._const("NVML_CLOCK_SM")),
+            "ecc_mode": self._read("nvmlDeviceGetEccMode", handle, convert=lambda v: v[0] == enabled),
             "retired_pages_pending": self._read(
                 "nvmlDeviceGetRetiredPagesPendingStatus", handle, convert=lambda v: v == enabled
             ),
@@ -166,6 +202,7 @@ class NvmlReader:
             signals["pcie_link_width"], signals["pcie_link_width_max"]
         )
         signals["retired_pages"] = self._read_retired_pages(handle)
+        signals.update(self._read_mig(handle))
         signals.update(self._read_remapped_rows(handle))
         signals.update(self._read_nvlink(handle))
         return signals
@@ -188,6 +225,33 @@ class NvmlReader:
         ]
         unknown = [p for p in parts if not p.known]
         return unknown[0] if unknown else Signal(sum(p.value for p in parts))
+
+    def _read_mig(self, handle: Any) -> Signals:
+        """``mig_mode`` (current); with MIG on, ``mig_devices`` (the MIG devices that exist now) and
+        ``running_processes`` summed over them: NVML lists the parent GPU's processes only to privileged
+        callers, each MIG device's to anyone (NVML API reference, nvmlDeviceGetComputeRunningProcesses)."""
+        mode = self._read(
+            "nvmlDeviceGetMigMode", handle, convert=lambda v: v[0] == self._const("NVML_DEVICE_MIG_ENABLE")
+        )
+        if mode.value is not True:
+            devices = mode if not mode.known else Signal.not_applicable("MIG is disabled on this GPU")
+            return {"mig_mode": mode, "mig_devices": devices}
+        slots = self._read("nvmlDeviceGetMaxMigDeviceCount", handle)
+        if not slots.known:
+            return {"mig_mode": mode, "mig_devices": slots, "running_processes": slots}
+        handles = []
+        for index in range(slots.value):
+            try:
+                handles.append(self.nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, index))
+            except self.nvml.NVMLError as err:
+                if err.value == self._const("NVML_ERROR_NOT_FOUND"):
+                    continue  # an empty slot
+                failed = self._failed("nvmlDeviceGetMigDeviceHandleByIndex", err)
+                return {"mig_mode": mode, "mig_devices": failed, "running_processes": failed}
+        per_device = [self._read("nvmlDeviceGetComputeRunningProcesses", h, convert=len) for h in handles]
+        unknown = [s for s in per_device if not s.known]
+        processes = unknown[0] if unknown else Signal(sum(s.value for s in per_device))
+        return {"mig_mode": mode, "mig_devices": Signal(len(handles)), "running_processes": processes}
 
     def _read_remapped_rows(self, handle: Any) -> Signals:
         names = (
@@ -221,7 +285,9 @@ class NvmlReader:
         return Signal(names.get(value.value.uiVal, f"code {value.value.uiVal}"))
 
     def _read_nvlink(self, handle: Any) -> Signals:
-        names = ["nvlink_active_links", "nvlink_inactive_links", *NVLINK_COUNTERS]
+        """Links NVML answers for (asked per link until it answers INVALID_ARGUMENT or NOT_SUPPORTED),
+        how many are active, and the error counters of the active ones. No link at all: not applicable."""
+        names = ["nvlink_links", "nvlink_active_links", "nvlink_inactive_links", *NVLINK_COUNTERS]
         absent = {self._const("NVML_ERROR_NOT_SUPPORTED"), self._const("NVML_ERROR_INVALID_ARGUMENT")}
         states: dict[int, int] = {}
         for link in range(self._const("NVML_NVLINK_MAX_LINKS")):
@@ -234,10 +300,12 @@ class NvmlReader:
                     }
         if not states:
             return {
-                name: Signal.unknown("no NVLink on this GPU (NVLink state not supported)") for name in names
+                name: Signal.not_applicable("no NVLink on this GPU (nvmlDeviceGetNvLinkState: Not Supported)")
+                for name in names
             }
         active = [link for link, state in states.items() if state == self._const("NVML_FEATURE_ENABLED")]
         signals = {
+            "nvlink_links": Signal(len(states)),
             "nvlink_active_links": Signal(len(active)),
             "nvlink_inactive_links": Signal(len(states) - len(active)),
         }

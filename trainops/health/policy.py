@@ -1,17 +1,21 @@
 """The health policy: one declarative table of rows, evaluated against a :class:`HealthReport`.
 
-A row reads one signal in one scope (the node, every GPU, or every InfiniBand port), compares it
-with ``threshold`` using ``test``, and when it trips gives ``verdict`` with ``reason``.
-When the signal is unknown the row gives ``if_unknown`` instead: ``exclude`` for the signals a
-gate cannot do without, ``warn`` for optional ones. A row whose verdict is ``ok`` is switched off.
+A row reads one signal in one scope (the node, every GPU, or every RDMA port), compares it with
+``threshold`` using ``test``, and when it trips gives ``verdict`` with ``reason``. A signal the
+probe could not read on hardware that has it is unknown: the row gives ``if_unknown`` instead
+(``exclude`` for the signals a gate cannot do without, ``warn`` for optional ones), and the reason
+names the fix. A signal this hardware does not have (``expect``: NVLink on an L4, ECC counters with
+ECC off, row remapping on a V100 or under MIG, a port beside the fabric) is not applicable: shown
+in the evidence and ``NodeVerdict.not_applicable``, never a reason to exclude. A row whose verdict
+is ``ok`` is switched off.
 
 Verdicts, mildest first: ``ok``, ``warn`` (keep the node, say why), ``exclude`` (leave it out of
 this run), ``quarantine`` (taint it until ``trainops health release`` re-checks it).
-Defaults follow reference/health.md §8 (sources there). What a node should have comes from the
-node itself, added by the gate: ``gpu_count_expected`` (its ``nvidia.com/gpu`` capacity, allocatable
-and GPU Feature Discovery count label) and ``ib_port_count_expected`` (its ``trainops.io/ib-port-count``
-label); ``gpus_missing`` and ``ib_ports_missing`` are those minus what the probe sees. Without them
-(no label, or the probe judging itself) those rows do not apply.
+Defaults follow reference/health.md §8 (sources there); XIDs follow NVIDIA's catalog (``xids``).
+What a node should have comes from the node itself when the gate passes it (``evaluate(...,
+node=...)``): its GPU count under its MIG strategy, its fabric (``policy.fabrics``, picked by the
+``trainops.io/fabric`` label), its ``trainops.io/ib-port-count`` label. Without a node (the probe
+judging itself) the rows that compare with it do not apply.
 Override rows by name::
 
     DEFAULT_POLICY.with_overrides({"gpus_missing": {"threshold": 1}, "xid_warn": {"verdict": "exclude"}})
@@ -23,12 +27,15 @@ from __future__ import annotations
 import json
 import operator
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from trainops.health.report import HealthReport, Signal, Signals, get_signal
+from trainops.health import xids
+from trainops.health.expect import derive
+from trainops.health.fabric import Fabrics
+from trainops.health.report import HealthReport, Signal, get_signal
 
 VERDICTS = ("ok", "warn", "exclude", "quarantine")
 SCOPES = ("node", "gpu", "ib_port")
@@ -43,13 +50,10 @@ TESTS: dict[str, Callable[[Any, Any], bool]] = {
     "!=": operator.ne,
     "not_in": lambda value, allowed: value not in allowed,
     "any_in": lambda values, listed: any(v in listed for v in values),
+    "any_not_in": lambda values, listed: any(v not in listed for v in values),
     "any_bit": lambda value, mask: bool(int(value) & int(mask)),
 }
 
-# NVIDIA XID catalog buckets (reference §4). 43, 45 and 154 are deliberately absent: they are
-# ignorable or only annotate a companion XID (154: read the recovery action instead).
-FATAL_XIDS = [46, 48, 62, 64, 74, 79, 95, 119, 120, 136, 140, 143, *range(144, 151), 155, 156, 158]
-WARN_XIDS = [13, 31, 61, 63, 92, 94, 109]
 THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80  # HwSlowdown, SwThermal, HwThermal, HwPowerBrake
 
 
@@ -75,25 +79,26 @@ DEFAULT_ROWS = (
     #   name                   scope      signal                         test      threshold      verdict       reason
     Row("report_age",          "node",    "report_age_s",                ">",      300,           "exclude",    "health report is stale", **MUST),
     Row("gpu_count",           "node",    "gpu_count",                   "<",      1,             "quarantine", "NVML sees no GPU (reboot)", **MUST),
-    Row("gpus_missing",        "node",    "gpus_missing",                ">",      0,             "quarantine", "fewer GPUs than the node has (reboot)", if_unknown="ok"),
+    Row("gpus_missing",        "node",    "gpus_missing",                ">",      0,             "quarantine", "fewer GPUs (or MIG devices) than the node advertises (reboot)"),
     Row("gpu_lost",            "gpu",     "gpu_lost",                    "==",     True,          "quarantine", "GPU is lost to NVML (fallen off the bus)"),
-    Row("xid_fatal",           "gpu",     "xid_events",                  "any_in", FATAL_XIDS,    "quarantine", "fatal XID (reset/reboot)", **MUST),
-    Row("xid_warn",            "gpu",     "xid_events",                  "any_in", WARN_XIDS,     "warn",       "non-fatal XID seen"),
+    Row("xid_fatal",           "gpu",     "xid_events",                  "any_in", xids.FATAL,    "quarantine", "fatal XID (NVIDIA catalog: reset/reboot)", **MUST),
+    Row("xid_undecoded",       "gpu",     "xid_events",                  "any_in", xids.UNDECODED, "exclude",   "NVLink5 XID, fatal or not by its sub-code (kernel log)"),
+    Row("xid_warn",            "gpu",     "xid_events",                  "any_not_in", xids.NOT_WARNED, "warn", "non-fatal XID seen (application-side, or not in the catalog table)"),
     Row("recovery_action",     "gpu",     "recovery_action",             "not_in", ["NONE"],      "quarantine", "driver asks for recovery"),
     Row("ecc_uncorrectable",   "gpu",     "ecc_uncorrected_volatile",    ">",      0,             "quarantine", "uncorrectable ECC", **MUST),
     Row("ecc_correctable",     "gpu",     "ecc_corrected_volatile",      ">",      20_000_000,    "warn",       "high correctable ECC"),
     Row("row_remap_failure",   "gpu",     "row_remap_failure",           "==",     True,          "quarantine", "row remap failed (RMA)", **MUST),
     Row("row_remap_pending",   "gpu",     "row_remap_pending",           "==",     True,          "quarantine", "row remap pending (reset)", **MUST),
     Row("remapped_rows",       "gpu",     "remapped_rows_uncorrectable", ">=",     512,           "quarantine", "remap table full (RMA)"),
-    # Retired pages are pre-Ampere; Ampere+ answer NOT_SUPPORTED and rely on row remapping.
-    Row("retired_pages",       "gpu",     "retired_pages",               ">=",     63,            "quarantine", "too many retired pages", if_unknown="ok"),
-    Row("retired_pending",     "gpu",     "retired_pages_pending",       "==",     True,          "quarantine", "retirement pending", if_unknown="ok"),
+    # Page retirement is Volta/Turing's; Ampere and later remap rows instead (not applicable there).
+    Row("retired_pages",       "gpu",     "retired_pages",               ">=",     63,            "quarantine", "too many retired pages", **MUST),
+    Row("retired_pending",     "gpu",     "retired_pages_pending",       "==",     True,          "quarantine", "page retirement pending (reload the driver)", **MUST),
     Row("throttling",          "gpu",     "clock_event_reasons",         "any_bit", THROTTLE_BITS, "warn",      "hardware clock slowdown"),
     Row("thermal_warn",        "gpu",     "temperature_c",               ">=",     85,            "warn",       "GPU running hot"),
     Row("thermal_critical",    "gpu",     "temperature_c",               ">=",     95,            "exclude",    "GPU too hot", **MUST),
     Row("pcie_link",           "gpu",     "pcie_link_width_degraded",    "==",     True,          "exclude",    "PCIe link narrower than max"),
     Row("pcie_replay",         "gpu",     "pcie_replay_per_min",         ">",      31,            "warn",       "PCIe replays above BER bound (Gen5 x16)"),
-    Row("nvlink_down",         "gpu",     "nvlink_inactive_links",       ">",      0,             "quarantine", "NVLink link inactive", **MUST),
+    Row("nvlink_down",         "gpu",     "nvlink_links_down",           ">",      0,             "quarantine", "NVLink links the GPU has are inactive", **MUST),
     Row("nvlink_replay",       "gpu",     "nvlink_replay_per_min",       ">=",     1,             "quarantine", "NVLink replay errors"),
     Row("nvlink_recovery",     "gpu",     "nvlink_recovery_per_min",     ">=",     1,             "quarantine", "NVLink recovery errors"),
     Row("nvlink_crc_flit",     "gpu",     "nvlink_crc_flit_per_min",     ">=",     6000,          "quarantine", "NVLink CRC >= 100/s"),
@@ -101,16 +106,16 @@ DEFAULT_ROWS = (
     Row("persistence_mode",    "gpu",     "persistence_mode",            "==",     False,         "warn",       "persistence mode off"),
     Row("gpu_in_use",          "gpu",     "running_processes",           ">",      0,             "warn",       "processes on the GPU (drained later)"),
     Row("tensor_busy",         "gpu",     "tensor_active",               ">",      0.05,          "warn",       "tensor cores busy", if_unknown="ok"),
-    Row("ib_port_count",       "node",    "ib_port_count",               "<",      1,             "exclude",    "no InfiniBand port", **MUST),
-    Row("ib_ports_missing",    "node",    "ib_ports_missing",            ">",      0,             "exclude",    "fewer InfiniBand ports than the node has", if_unknown="ok"),
-    Row("ib_state",            "ib_port", "ib_state",                    "!=",     "ACTIVE",      "quarantine", "InfiniBand port not ACTIVE", **MUST),
-    Row("ib_phys_state",       "ib_port", "ib_phys_state",               "!=",     "LinkUp",      "quarantine", "InfiniBand link not up", **MUST),
-    Row("ib_rate",             "ib_port", "ib_rate_gbps",                "<",      400,           "exclude",    "InfiniBand rate degraded", **MUST),
-    Row("ib_symbol_errors",    "ib_port", "symbol_error_per_min",        ">=",     10,            "exclude",    "InfiniBand symbol errors"),
-    Row("ib_link_recovery",    "ib_port", "link_error_recovery_per_min", ">=",     10,            "exclude",    "IB link recoveries"),
-    Row("ib_link_downed",      "ib_port", "link_downed_per_min",         ">=",     1,             "exclude",    "InfiniBand link flapped"),
-    Row("ib_rcv_errors",       "ib_port", "port_rcv_errors_per_min",     ">=",     10,            "exclude",    "InfiniBand receive errors"),
-    Row("ib_xmit_discards",    "ib_port", "port_xmit_discards_per_min",  ">=",     100,           "warn",       "InfiniBand xmit discards"),
+    Row("ib_port_count",       "node",    "fabric_ports",                "<",      1,             "exclude",    "no RDMA port of the node's fabric", **MUST),
+    Row("ib_ports_missing",    "node",    "ib_ports_missing",            ">",      0,             "exclude",    "fewer fabric ports than the node has", if_unknown="ok"),
+    Row("ib_state",            "ib_port", "ib_state",                    "!=",     "ACTIVE",      "quarantine", "fabric port not ACTIVE", **MUST),
+    Row("ib_phys_state",       "ib_port", "ib_phys_state",               "!=",     "LinkUp",      "quarantine", "fabric link not up", **MUST),
+    Row("ib_rate",             "ib_port", "ib_rate_shortfall_gbps",      ">",      0,             "exclude",    "fabric port below the fabric's rate (Gb/s short)", **MUST),
+    Row("ib_symbol_errors",    "ib_port", "symbol_error_per_min",        ">=",     10,            "exclude",    "fabric symbol errors"),
+    Row("ib_link_recovery",    "ib_port", "link_error_recovery_per_min", ">=",     10,            "exclude",    "fabric link recoveries"),
+    Row("ib_link_downed",      "ib_port", "link_downed_per_min",         ">=",     1,             "exclude",    "fabric link flapped"),
+    Row("ib_rcv_errors",       "ib_port", "port_rcv_errors_per_min",     ">=",     10,            "exclude",    "fabric receive errors"),
+    Row("ib_xmit_discards",    "ib_port", "port_xmit_discards_per_min",  ">=",     100,           "warn",       "fabric xmit discards"),
 )
 # fmt: on
 
@@ -118,6 +123,7 @@ DEFAULT_ROWS = (
 @dataclass(frozen=True)
 class Policy:
     rows: tuple[Row, ...]
+    fabrics: Fabrics = field(default_factory=Fabrics)
 
     @property
     def names(self) -> list[str]:
@@ -132,7 +138,11 @@ class Policy:
             if not isinstance(changes, Mapping):
                 raise ValueError(f"policy row {name!r}: expected a mapping of {OVERRIDABLE}, got {changes!r}")
             by_name[name] = _override(by_name[name], changes)
-        return Policy(tuple(by_name[row.name] for row in self.rows))
+        return replace(self, rows=tuple(by_name[row.name] for row in self.rows))
+
+    def with_fabrics(self, specs: Mapping[str, Any] | None, label: str | None = None) -> Policy:
+        """A copy with the cluster's fabrics (see ``fabric.Fabrics.from_mapping``); bad settings raise ValueError."""
+        return replace(self, fabrics=Fabrics.from_mapping(specs, label or self.fabrics.label))
 
 
 DEFAULT_POLICY = Policy(DEFAULT_ROWS)
@@ -188,6 +198,11 @@ class NodeVerdict:
     evidence: list[dict[str, Any]] = field(default_factory=list)
 
     @property
+    def not_applicable(self) -> list[str]:
+        """What this hardware does not have, one line per reason: the rows and targets it spares."""
+        return _grouped([e for e in self.evidence if e["kind"] == "n/a"], by="reason")
+
+    @property
     def only_unknown(self) -> bool:
         """True when the verdict (not ok) comes only from unknown signals, no tripped threshold."""
         behind = [e for e in self.evidence if e["verdict"] == self.verdict != "ok"]
@@ -197,56 +212,66 @@ class NodeVerdict:
         return asdict(self)
 
 
-def _targets(report: HealthReport, node_signals: Signals, scope: str) -> Iterator[tuple[str, Signals]]:
-    if scope == "node":
-        yield "node", node_signals
-    elif scope == "gpu":
-        yield from ((f"gpu {key}", signals) for key, signals in sorted(report.gpus.items()))
-    else:
-        yield from ((f"ib {key}", signals) for key, signals in sorted(report.ib_ports.items()))
-
-
-def evaluate(report: HealthReport, policy: Policy = DEFAULT_POLICY, now: float | None = None) -> NodeVerdict:
-    """Apply every row of ``policy`` to ``report``; ``now`` (default: the clock) ages the report."""
+def evaluate(
+    report: HealthReport, policy: Policy = DEFAULT_POLICY, now: float | None = None, node: dict | None = None
+) -> NodeVerdict:
+    """Apply every row of ``policy`` to ``report``; ``now`` (default: the clock) ages the report;
+    ``node``: the Node object as read (the gate's), what the node says it has."""
     now = time.time() if now is None else now
+    derived = derive(report, node, policy.fabrics)
     node_signals = {
         **report.signals,
         "report_age_s": Signal(round(now - report.collected_at, 3)),
-        "gpus_missing": _missing(report.signals, "gpu_count"),
-        "ib_ports_missing": _missing(report.signals, "ib_port_count"),
+        **derived.node,
+    }
+    scopes = {
+        "node": [("node", node_signals)],
+        "gpu": [(f"gpu {key}", {**s, **derived.gpus.get(key, {})}) for key, s in sorted(report.gpus.items())],
+        "ib_port": [
+            (f"ib {key}", {**s, **derived.ports.get(key, {})}) for key, s in sorted(report.ib_ports.items())
+        ],
     }
     evidence: list[dict[str, Any]] = []
     for row in policy.rows:
         if row.verdict == "ok":
             continue
-        for target, signals in _targets(report, node_signals, row.scope):
+        for target, signals in scopes[row.scope]:
             signal = get_signal(signals, row.signal)
             base = {"row": row.name, "target": target, "signal": row.signal}
-            if not signal.known:
+            if signal.na:
+                evidence.append({**base, "kind": "n/a", "verdict": "ok", "reason": signal.reason})
+            elif not signal.known:
                 reason = f"{row.signal} unknown: {signal.reason}"
                 evidence.append({**base, "kind": "unknown", "verdict": row.if_unknown, "reason": reason})
             elif row.trips(signal.value):
-                reason = f"{row.reason}: {row.signal}={signal.value!r} ({row.test} {row.threshold!r})"
+                reason = f"{row.reason}: {row.signal}={signal.value!r} ({row.test} {_shown(row.threshold)})"
                 found = {"kind": "tripped", "verdict": row.verdict, "value": signal.value, "reason": reason}
                 evidence.append({**base, **found})
     verdict = max((e["verdict"] for e in evidence), key=VERDICTS.index, default="ok")
     return NodeVerdict(report.node, verdict, _reasons(evidence, verdict), evidence)
 
 
-def _missing(signals: Signals, count: str) -> Signal:
-    """How many fewer ``count`` the probe sees than the node says it has (``<count>_expected``)."""
-    seen, expected = get_signal(signals, count), get_signal(signals, f"{count}_expected")
-    if not seen.known:
-        return seen
-    if not expected.known:
-        return Signal.unknown(f"the node's own {count} is unknown ({expected.reason})")
-    return Signal(max(0, expected.value - seen.value))
+def _shown(threshold: Any) -> str:
+    """A threshold as a reason shows it: long code lists shortened."""
+    text = repr(threshold)
+    return text if len(text) <= 60 else text[:56] + "...]"
 
 
 def _reasons(evidence: list[dict[str, Any]], verdict: str) -> list[str]:
     """One line per (row, reason) behind the final verdict, listing every target it applies to."""
-    targets: dict[tuple[str, str], list[str]] = {}
+    return _grouped([e for e in evidence if e["verdict"] == verdict != "ok"], by="row")
+
+
+def _grouped(evidence: list[dict[str, Any]], by: str) -> list[str]:
+    """Lines ``<rows> [<targets>] <reason>``: one per (row, reason), or per reason listing its rows."""
+    lines: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
     for e in evidence:
-        if e["verdict"] == verdict != "ok":
-            targets.setdefault((e["row"], e["reason"]), []).append(e["target"])
-    return [f"{row} [{', '.join(where)}] {reason}" for (row, reason), where in targets.items()]
+        key = (e["row"] if by == "row" else "", e["reason"])
+        rows, targets = lines.setdefault(key, ([], []))
+        if e["row"] not in rows:
+            rows.append(e["row"])
+        if e["target"] not in targets:
+            targets.append(e["target"])
+    return [
+        f"{', '.join(rows)} [{', '.join(targets)}] {reason}" for (_, reason), (rows, targets) in lines.items()
+    ]

@@ -16,6 +16,7 @@ from typing import Any
 
 from trainops.conventions import HEALTH_SUMMARY_ANNOTATION as SUMMARY_ANNOTATION
 from trainops.errors import TemporaryError
+from trainops.health.expect import compared_with_node
 from trainops.health.ib_reader import IbReader, IbUnavailable
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
@@ -176,7 +177,7 @@ class Publisher:
         at = report.collected_at
         verdict = evaluate(report, self.policy, now=at)
         speed = node_speed(report)
-        digest = report_digest(verdict, speed.value if speed.known else None)
+        digest = report_digest(verdict, speed.value if speed.known else None, compared_with_node(report))
         changed = digest != self.digest
         writes = Writes(verdict, None, None, None)
         if changed or at - self.report_written_at >= self.report_heartbeat_s:

@@ -41,7 +41,7 @@ GAUGES: dict[str, tuple[str, Callable[[float], Any]]] = {
     "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL": ("counter_nvlink_crc_flit", int),
     "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": ("counter_nvlink_crc_data", int),
     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("tensor_active", float),
-    "DCGM_FI_DEV_GPU_RECOVERY_ACTION": (
+    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION": (
         "recovery_action",
         lambda v: RECOVERY_ACTIONS.get(int(v), f"code {v:g}"),
     ),
@@ -194,10 +194,10 @@ def _gpu_signals(values: dict[str, Any], xids: set[int]) -> Signals:
     signals: Signals = {}
     for metric, name, convert, missing in _GAUGE_TABLE:
         value = values.get(metric)
-        signals[name] = missing if value is None else new_signal(Signal, (convert(value), None))
+        signals[name] = missing if value is None else new_signal(Signal, (convert(value), None, False))
     for key, name, missing in _RATE_TABLE:
         rate = values.get(key)
-        signals[name] = missing if rate is None else new_signal(Signal, (round(rate, 3), None))
+        signals[name] = missing if rate is None else new_signal(Signal, (round(rate, 3), None, False))
     if XID_LAST in values or xids:
         signals["xid_events"] = Signal(sorted(xids))
     else:

@@ -46,16 +46,18 @@ def report_location(node: str) -> str:
     return f"{HEALTH_NAMESPACE}/{configmap_name(node)}"
 
 
-def report_digest(verdict: NodeVerdict, speed: float | None) -> str:
-    """A short hash of what the gate decides on: each row that tripped or read unknown, per target,
-    and the node's measured speed (3 significant digits; speed tiers group by it).
+def report_digest(verdict: NodeVerdict, speed: float | None, compared: list | None = None) -> str:
+    """A short hash of what the gate decides on: each row that tripped, read unknown or does not
+    apply, per target, the node's measured speed (3 significant digits; speed tiers group by it) and
+    ``compared``: what the gate compares with the Node object (``expect.compared_with_node``).
 
     Readings that move without crossing a threshold (power, temperature, counters) leave it alone,
-    so it changes only when the verdict, a thresholded signal or the speed does.
+    so it changes only when the verdict, a thresholded signal, a count or the speed does.
     """
     basis = sorted((e["row"], e["target"], e["kind"], e["verdict"]) for e in verdict.evidence)
     shown_speed = None if speed is None else float(f"{speed:.3g}")
-    return hashlib.sha256(json.dumps([verdict.verdict, basis, shown_speed]).encode()).hexdigest()[:16]
+    body = json.dumps([verdict.verdict, basis, shown_speed, compared or []], default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 
 def summary(verdict: NodeVerdict, digest: str) -> dict[str, Any]:

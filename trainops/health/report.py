@@ -1,7 +1,9 @@
 """The versioned node health report: named signals per node, per GPU and per InfiniBand port.
 
-Every signal is either known (a JSON value) or unknown (``value`` None plus a ``reason``).
-Nothing is ever defaulted to healthy: a signal that is absent from a report reads as unknown.
+Every signal is known (a JSON value), unknown (``value`` None plus a ``reason``: the probe could not
+read it), or not applicable (``na``, with a ``reason``: this hardware does not have it, e.g. NVLink
+on an L4, as NVML's NOT_SUPPORTED says). Nothing is ever defaulted to healthy: a signal that is
+absent from a report reads as unknown.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ MAX_REPORT_CHARS = 1 << 20  # a ConfigMap holds at most 1 MiB
 
 
 class Signal(NamedTuple):
-    """One reading. ``reason`` is set exactly when the value is unknown.
+    """One reading. ``reason`` is set exactly when there is no value: unknown, or not applicable (``na``).
 
     A named tuple, not a dataclass: a gate builds millions of them, and a tuple of plain values
     is cheap to make and is left alone by the garbage collector.
@@ -23,21 +25,33 @@ class Signal(NamedTuple):
 
     value: Any = None
     reason: str | None = None
+    na: bool = False
 
     @classmethod
     def unknown(cls, reason: str) -> Signal:
         return cls(None, reason)
+
+    @classmethod
+    def not_applicable(cls, reason: str) -> Signal:
+        """This hardware does not have the signal (shown, never a fault)."""
+        return cls(None, reason, True)
 
     @property
     def known(self) -> bool:
         return self.reason is None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"value": self.value} if self.reason is None else {"value": None, "reason": self.reason}
+        if self.reason is None:
+            return {"value": self.value}
+        return (
+            {"value": None, "reason": self.reason, "na": True}
+            if self.na
+            else {"value": None, "reason": self.reason}
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Signal:
-        return cls(data.get("value"), data.get("reason"))
+        return cls(data.get("value"), data.get("reason"), data.get("na") is True)
 
 
 Signals = dict[str, Signal]
@@ -95,7 +109,8 @@ class HealthReport:
         def load(raw: Any, where: str) -> Signals:
             try:
                 return {
-                    name: new_signal(Signal, (s.get("value"), s.get("reason"))) for name, s in raw.items()
+                    name: new_signal(Signal, (s.get("value"), s.get("reason"), s.get("na") is True))
+                    for name, s in raw.items()
                 }
             except AttributeError:
                 raise ValueError(
@@ -137,11 +152,14 @@ class HealthReport:
 
 
 def merge_reports(primary: HealthReport, secondary: HealthReport) -> HealthReport:
-    """``primary`` with its unknown or absent signals filled from ``secondary`` (e.g. probe + Prometheus)."""
+    """``primary`` with its unknown or absent signals filled from ``secondary`` (e.g. probe + Prometheus).
+    A signal ``primary`` knows not to apply stays so."""
 
     def fill(first: Signals, second: Signals) -> Signals:
         merged = dict(second)
-        merged.update({name: s for name, s in first.items() if s.known or name not in second})
+        merged.update(
+            {name: s for name, s in first.items() if s.reason is None or s.na or name not in second}
+        )
         return merged
 
     def fill_each(first: dict[str, Signals], second: dict[str, Signals]) -> dict[str, Signals]:

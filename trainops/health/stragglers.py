@@ -2,9 +2,11 @@
 
 A node's speed is the slowest of its GPUs (a synchronous step waits for the slowest rank).
 A straggler is both a statistical outlier (modified z-score over the MAD below ``z_threshold``)
-and materially slow (more than ``min_pct_below`` percent below the fleet median): a tight fleet
-must not lose a node for being 1% slower. Healthy nodes are then grouped so that a run gets
-nodes within ``tier_width_pct`` of each other, the fastest such group that is large enough.
+and materially slow (more than ``min_pct_below`` percent below the median): a tight fleet must not
+lose a node for being 1% slower. Speeds are compared within one GPU family (``families``: same-SKU
+variation is what the statistics describe; an L4 is not a slow H100). Healthy nodes are then
+grouped so that a run gets nodes within ``tier_width_pct`` of each other, the fastest such group
+that is large enough.
 
 A node whose speed is unknown (its probe has not timed a GEMM yet) is never left out for that
 alone: the nodes of unknown speed form a group of their own, reported as such, chosen when no
@@ -79,10 +81,12 @@ def choose_nodes(
     min_pct_below: float = 3.5,
     tier_width_pct: float = 3.5,
     unknown_speed: str = "group",
+    families: Mapping[str, str] | None = None,
 ) -> Selection:
     """Usable nodes (verdict ok/warn), stragglers removed, from the first group of ``min_nodes``.
 
     ``speeds`` may be empty (speed tiers off): then every usable node is chosen, untiered.
+    ``families``: node -> GPU family; stragglers are judged within a family (default: one family).
     Otherwise the groups, in order of preference: the fastest measured tier large enough, then
     the nodes of unknown speed, then every non-straggler untiered. With ``unknown_speed="exclude"``
     a node of unknown speed is left out instead.
@@ -107,14 +111,25 @@ def choose_nodes(
     if unknown_speed == "exclude":
         excluded.update(dict.fromkeys(unknown, "exclude: speed unknown (unknown_speed='exclude')"))
         unknown = []
-    z_scores, below = modified_z_scores(known), percent_below_median(known)
-    scores = {n: {"speed": known[n], "modified_z": z_scores[n], "pct_below_median": below[n]} for n in known}
-    for node in list(known):
-        if z_scores[node] < z_threshold and below[node] > min_pct_below:
-            excluded[node] = (
-                f"exclude: straggler, {below[node]:.1f}% below fleet median (z={z_scores[node]:.1f})"
-            )
-            del known[node]
+    by_family: dict[str, dict[str, float]] = {}
+    for node, speed in known.items():
+        by_family.setdefault((families or {}).get(node, ""), {})[node] = speed
+    scores: dict[str, dict[str, float]] = {}
+    for family, members in sorted(by_family.items()):
+        z_scores, below = modified_z_scores(members), percent_below_median(members)
+        scores.update(
+            {
+                n: {"speed": members[n], "modified_z": z_scores[n], "pct_below_median": below[n]}
+                for n in members
+            }
+        )
+        median = f"the {family} median" if family else "fleet median"
+        for node in members:
+            if z_scores[node] < z_threshold and below[node] > min_pct_below:
+                excluded[node] = (
+                    f"exclude: straggler, {below[node]:.1f}% below {median} (z={z_scores[node]:.1f})"
+                )
+                del known[node]
 
     ranked = sorted(known, key=lambda n: (-known[n], n))
     for start, fastest in enumerate(ranked):

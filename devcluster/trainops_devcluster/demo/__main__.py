@@ -102,6 +102,7 @@ def run(args: argparse.Namespace, timeline) -> bool:
     from trainops_devcluster import airflow_home
     from trainops_devcluster.cluster import DevCluster
     from trainops_devcluster.demo.scenario import Cluster, Watcher, end_state_checks
+    from trainops_devcluster.hardware import DEMO_FLEET
     from trainops_devcluster.local_s3 import local_s3
 
     run_name = "demo-run"
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace, timeline) -> bool:
             "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
         }
         timeline.say(f"local S3 at {s3.endpoint_url}, bucket {BUCKET}")
-        with DevCluster(nodes=16, gpus_per_node=8, process_env=trainer_env) as dev:
+        with DevCluster(fleet=DEMO_FLEET, process_env=trainer_env) as dev:
             dev.wait_until_settled()
             dev.create_from_file(args.rbac)
             worker = dev.service_account_kubeconfig(*WORKER, dev.kubeconfig.with_name("worker-kubeconfig"))
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace, timeline) -> bool:
             cluster = Cluster(config.new_client_from_config(config_file=str(dev.kubeconfig)))
             seeded = {d["metadata"]["name"]: d["spec"]["replicas"] for d in cluster.list("deployments")}
             timeline.say(
-                f"devcluster up at {dev.url}: 16 GPU nodes x 8 GPUs; inference "
+                f"devcluster up at {dev.url}: {len(dev.fleet)} GPU nodes of mixed hardware ({DEMO_FLEET}); inference "
                 + ", ".join(f"{name} {n} replicas" for name, n in seeded.items())
                 + "; Kueue ClusterQueue 'training' with 0 GPUs; trainops runs as ServiceAccount "
                 + "/".join(WORKER)
