@@ -5,12 +5,13 @@ The unpickler resolves only the globals torch 2.2-2.14 writes there (``ALLOWED_G
 inert class or value of our own, never to a library class.  Their classes are sealed, so a BUILD
 aimed at a class itself (which would set class attributes process-wide) fails; the value classes
 check their arguments, so a stored string fed to ``torch.Size`` cannot be multiplied into a memory
-bomb.  Any other global (``os.system``, ``builtins.eval``) is refused before it can be called.
+bomb (``torch.Size``, the commonest call, is a C-speed lookup of checked sizes); the record classes cannot be called (REDUCE) at all.  Any other global (``os.system``,
+``builtins.eval``) is refused before it can be called.  The unpickler is CPython's own, in C: what no
+unpickler bounds (memory, CPU, the C stack) the sandbox bounds (``sandbox``).
 """
 
 from __future__ import annotations
 
-import gc
 import io
 import math
 import pickle
@@ -38,7 +39,17 @@ class _Sealed(type):
         raise RefusedPickle(f"refused to delete {cls.__name__}.{name}: classes take no state")
 
 
-class _Record(metaclass=_Sealed):
+class _RecordType(_Sealed):
+    """A record class: built by NEWOBJ (``cls.__new__``) and BUILD as pickle builds dataclasses, never called."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        raise RefusedPickle(
+            f"refused to call {cls.__name__}: REDUCE calls only TorchSize, Layout, MemoryFormatEncoding "
+            "and CheckpointPath"
+        )
+
+
+class _Record(metaclass=_RecordType):
     """An inert stand-in for one DCP dataclass: BUILD stores the pickled dict in its ``__dict__``."""
 
 
@@ -85,17 +96,18 @@ class _Value(metaclass=_Sealed):
 
 
 class TorchSize(_Value, tuple):
-    """``torch.Size``: pickled as ``torch.Size((d0, d1, ...))``; at most 64 non-negative int64s."""
+    """``torch.Size``: pickled as ``torch.Size((d0, d1, ...))``; at most 64 non-negative int64s.
+    The unpickler reaches it through ``SIZES`` (one object per distinct size, looked up in C)."""
 
     __slots__ = ()
 
     def __new__(cls, dims: Any = ()) -> TorchSize:
         if type(dims) is not tuple or len(dims) > MAX_DIMS:
             raise RefusedPickle(f"torch.Size takes a tuple of at most {MAX_DIMS} non-negative int64s")
-        for dim in dims:  # a plain loop: this runs for every chunk of every tensor
+        for dim in dims:
             if type(dim) is not int or not 0 <= dim < MAX_DIM:
                 raise RefusedPickle(f"torch.Size takes a tuple of at most {MAX_DIMS} non-negative int64s")
-        return _shared(cls, dims)
+        return tuple.__new__(cls, dims)
 
 
 class TorchName(_Value, str):
@@ -136,34 +148,43 @@ class CheckpointPath(_Value, tuple):
     __slots__ = ()
 
     def __new__(cls, *parts: Any) -> CheckpointPath:
+        return PATHS[parts]
+
+    @classmethod
+    def checked(cls, parts: tuple) -> CheckpointPath:
         if not all(type(part) is str for part in parts) or sum(map(len, parts)) + len(parts) > MAX_PATH:
             raise RefusedPickle(f"a checkpoint path takes strings of at most {MAX_PATH} characters in all")
-        return _shared(cls, parts)
+        return tuple.__new__(cls, parts)
 
     def __str__(self) -> str:
         return "/".join(self).replace("//", "/")
 
 
-_SHARED: dict[tuple[type, str], tuple] = {}
-_SHARED_MAX = 4096
-
-
-def _shared(cls: type, items: tuple) -> tuple:
-    """One object per distinct value, so a pickle feeding one stored tuple to ``torch.Size`` a
-    million times (a memory bomb in issue 15) gets one object back, not a million copies.  Values
-    are small (64 int64s, a 4 KiB path) and at most 4,096 are kept, emptied after each read.
-
-    Keyed by the value's text: str hashes are salted, while ints that differ by 2**61-1 hash alike
-    and would let a crafted pickle make every lookup walk a chain of collisions.
+class _Interned(dict):
+    """One checked value per distinct argument: ``make(argument)`` builds it (or raises RefusedPickle) the
+    first time, later lookups find it in C.  The unpickler calls ``SIZES.__getitem__(dims)`` for each
+    ``torch.Size``, the commonest call of a DCP pickle, so most run no Python at all; and a pickle feeding
+    one stored tuple to ``torch.Size`` a million times (a memory bomb in issue 15) gets one object back,
+    not a million copies.  At most ``INTERNED_MAX`` values are kept (the sandbox reads each ``.metadata``
+    in a fresh child, so one read never sees another's): keys that hash alike (ints that differ by 2**61-1 do) cost at most that many comparisons per lookup, and the
+    sandbox's CPU limit bounds the rest.
     """
-    key = (cls, repr(items))
-    value = _SHARED.get(key)
-    if value is None:
-        if len(_SHARED) >= _SHARED_MAX:
-            _SHARED.clear()
-        value = _SHARED[key] = tuple.__new__(cls, items)
-    return value
 
+    def __init__(self, make: Any) -> None:
+        super().__init__()
+        self.make = make
+
+    def __missing__(self, argument: Any) -> Any:
+        value = self.make(argument)
+        if len(self) >= INTERNED_MAX:
+            self.clear()
+        self[argument] = value
+        return value
+
+
+INTERNED_MAX = 4096
+SIZES = _Interned(TorchSize)
+PATHS = _Interned(CheckpointPath.checked)
 
 _DTYPES = frozenset(
     "bfloat16 bool complex128 complex32 complex64 float16 float32 float64 float4_e2m1fn_x2 float8_e4m3fn "
@@ -192,7 +213,7 @@ ALLOWED_GLOBALS: dict[tuple[str, str], Any] = {
     (_SHARD_2_2, "TensorProperties"): TensorProperties,
     (_SHARD_2_2, "MEM_FORMAT_ENCODING"): MemoryFormatEncoding,
     (f"{_DCP}.filesystem", "_StorageInfo"): StorageInfo,
-    ("torch", "Size"): TorchSize,
+    ("torch", "Size"): SIZES.__getitem__,
     ("torch.serialization", "_get_layout"): Layout,
     **{
         (module, name): CheckpointPath
@@ -223,30 +244,11 @@ class ShardRequirements:
     incomplete_tensors: list[str]  # tensors whose chunks do not cover their size
 
 
-def read_requirements(data: bytes) -> ShardRequirements:
-    """What the ``.metadata`` bytes require of the shard files; raises RefusedPickle or ValueError.
-
-    The cyclic GC is paused meanwhile: the graph (~200k objects for 10,000 tensors) holds no
-    cycles, and the collections its allocation would trigger triple the time.
-    """
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        metadata = load_metadata(data)
-        requirements = shard_requirements(metadata)
-        del metadata  # freed by reference counting, before collection resumes
-        return requirements
-    finally:
-        _SHARED.clear()
-        if collecting:
-            gc.enable()
-
-
 def load_metadata(data: bytes) -> Metadata:
     """Unpickle ``.metadata`` with the restricted unpickler; raises RefusedPickle or ValueError."""
     try:
         metadata = _RestrictedUnpickler(io.BytesIO(data)).load()
-    except RefusedPickle:
+    except (RefusedPickle, MemoryError):  # the sandbox names the limit a MemoryError hit
         raise
     except Exception as error:  # a corrupt pickle raises many types; all mean "unreadable"
         raise ValueError(f"unreadable pickle: {type(error).__name__}: {error}") from error
@@ -268,7 +270,7 @@ def shard_requirements(metadata: Metadata) -> ShardRequirements:
     for index, info in storage.items():
         if type(index) is not MetadataIndex or type(info) is not StorageInfo:
             raise ValueError("storage_data maps something other than MetadataIndex to _StorageInfo")
-        entry = info.__dict__
+        entry, key = info.__dict__, index.__dict__
         path, offset, length = entry.get("relative_path"), entry.get("offset"), entry.get("length")
         if path not in min_sizes:
             if type(path) is not str or path.startswith("/") or ".." in path.split("/"):
@@ -276,8 +278,9 @@ def shard_requirements(metadata: Metadata) -> ShardRequirements:
             min_sizes[path] = 0
         if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
             raise ValueError(f"storage entry for {path} has a bad offset/length")
-        min_sizes[path] = max(min_sizes[path], offset + length)
-        fqn, chunk_offsets = index.__dict__.get("fqn"), index.__dict__.get("offset")
+        if offset + length > min_sizes[path]:
+            min_sizes[path] = offset + length
+        fqn, chunk_offsets = key.get("fqn"), key.get("offset")
         if type(fqn) is not str or not (chunk_offsets is None or type(chunk_offsets) is TorchSize):
             raise ValueError("a storage entry's MetadataIndex has no string fqn or torch.Size offset")
         stored.add((fqn, chunk_offsets))
@@ -289,27 +292,23 @@ def shard_requirements(metadata: Metadata) -> ShardRequirements:
             if (fqn, None) not in stored:
                 unstored.append(fqn)
             continue
-        chunks = _attrs(item, TensorStorageMetadata, "chunks", fqn)
-        size = _attrs(item, TensorStorageMetadata, "size", fqn)
+        if type(item) is not TensorStorageMetadata:
+            raise ValueError(f"{fqn[:200]}: expected TensorStorageMetadata, found {type(item).__name__}")
+        chunks, size = item.__dict__.get("chunks"), item.__dict__.get("size")
         if type(chunks) is not list or type(size) is not TorchSize:
             raise ValueError(f"{fqn[:200]} has no chunk list and torch.Size size")
         volume, all_stored = 0, True
         for chunk in chunks:
-            offsets = _attrs(chunk, ChunkStorageMetadata, "offsets", fqn)
-            sizes = _attrs(chunk, ChunkStorageMetadata, "sizes", fqn)
+            if type(chunk) is not ChunkStorageMetadata:
+                raise ValueError(f"{fqn[:200]}: expected ChunkStorageMetadata, found {type(chunk).__name__}")
+            offsets, sizes = chunk.__dict__.get("offsets"), chunk.__dict__.get("sizes")
             if type(offsets) is not TorchSize or type(sizes) is not TorchSize:
                 raise ValueError(f"{fqn[:200]} has a chunk whose offsets or sizes are not a torch.Size")
-            all_stored = all_stored and (fqn, offsets) in stored
+            if all_stored and (fqn, offsets) not in stored:
+                all_stored = False
             volume += math.prod(sizes)
         if not all_stored:
             unstored.append(fqn)
         if volume != math.prod(size):
             incomplete.append(fqn)
     return ShardRequirements(min_sizes, unstored, incomplete)
-
-
-def _attrs(record: Any, kind: type, name: str, fqn: str) -> Any:
-    """Attribute ``name`` of ``record``, which must be a ``kind``."""
-    if type(record) is not kind:
-        raise ValueError(f"{fqn[:200]}: expected {kind.__name__}, found {type(record).__name__}")
-    return record.__dict__.get(name)
