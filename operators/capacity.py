@@ -20,7 +20,10 @@ from airflow.sdk import BaseOperator
 from trainops.operators._errors import translate_errors
 
 from trainops.capacity.claims import NodesHeld
+from trainops.capacity.coverage import check_queue
 from trainops.capacity.procedure import Deadlines, claim, give_back
+from trainops.conventions import GPU_RESOURCE
+from trainops.kube.retry import Deadline
 
 DEFAULT_CONN_ID = "kubernetes_default"
 
@@ -41,6 +44,13 @@ class ClaimNodesOperator(BaseOperator):
     :param count: how many of ``node_names`` to claim, the least disruptive first (idle nodes, then
         those running the fewest pods a drain must move); default: all of them. Templated.
     :param cluster_queue: the training ClusterQueue whose ``nvidia.com/gpu`` quota grows by the GPUs claimed.
+    :param local_queue: the Kueue LocalQueue (in ``training_namespace``) the run is submitted to: before
+        anything is claimed, it must send runs to ``cluster_queue``, which must cover every one of
+        ``run_resources``, else the task fails naming the fix and nothing is changed. None: not checked. Templated.
+    :param training_namespace: the namespace of ``local_queue`` (and of the run's Jobs).
+    :param run_resources: the resources each pod of the run requests (``nvidia.com/gpu``; ``cpu``, ``memory``
+        when it sets them; ``extra_resources`` such as ``rdma/ib``), checked against the ClusterQueue's
+        ``coveredResources``. Templated.
     :param gpus_per_node: GPUs each node adds to the quota; default: the node's allocatable ``nvidia.com/gpu``.
     :param gpu_flavor: the ClusterQueue flavor to adjust; needed only when several flavors hold GPU quota.
     :param inference_deployments: ``namespace/name`` of inference Deployments to scale down (their HPA
@@ -58,6 +68,8 @@ class ClaimNodesOperator(BaseOperator):
         "node_names",
         "count",
         "cluster_queue",
+        "local_queue",
+        "run_resources",
         "inference_deployments",
         "inference_services",
     )
@@ -68,6 +80,9 @@ class ClaimNodesOperator(BaseOperator):
         node_names: Sequence[str],
         count: int | None = None,
         cluster_queue: str = "training",
+        local_queue: str | None = None,
+        training_namespace: str = "training",
+        run_resources: Sequence[str] = (GPU_RESOURCE,),
         gpus_per_node: int | None = None,
         gpu_flavor: str | None = None,
         inference_deployments: Sequence[str] = (),
@@ -84,6 +99,8 @@ class ClaimNodesOperator(BaseOperator):
             raise ValueError("wait_for_nodes_s must be >= 0 and poll_interval_s > 0")
         self.node_names, self.count = _list_or_template(node_names), count
         self.cluster_queue = cluster_queue
+        self.local_queue, self.training_namespace = local_queue, training_namespace
+        self.run_resources = _list_or_template(run_resources)
         self.gpus_per_node = gpus_per_node
         self.gpu_flavor = gpu_flavor
         # a template string (e.g. "{{ params.workloads }}") stays whole until it is rendered
@@ -113,6 +130,22 @@ class ClaimNodesOperator(BaseOperator):
         run = run_key(context)
         kube = KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube()
         self._run, self._kube = run, kube
+        if self.local_queue:  # reads only: a run Kueue cannot admit is refused before anything changes
+            check_queue(
+                kube.custom,
+                self.training_namespace,
+                self.local_queue,
+                self.run_resources,
+                Deadline(self.deadlines.api_s),
+                cluster_queue=self.cluster_queue,
+            )
+            self.log.info(
+                "LocalQueue %s/%s -> ClusterQueue %s covers %s",
+                self.training_namespace,
+                self.local_queue,
+                self.cluster_queue,
+                ", ".join(self.run_resources),
+            )
         try:
             summary = claim(
                 kube,

@@ -3,7 +3,8 @@
 - batch/v1 Job labelled ``kueue.x-k8s.io/queue-name``: suspended at creation (Kueue unsuspends it on
   admission).  The label value must be a DNS-1123 subdomain; it may not change while the Job runs.
   The LocalQueue need not exist: the Workload then waits as ``Inadmissible``.
-- ClusterQueue: every ``nominalQuota`` must be a quantity (Kueue's CRD schema rejects others).
+- ClusterQueue: each flavor lists the resources of ``coveredResources``, in that order (Kueue's CRD rule
+  and webhook), and every ``nominalQuota`` must be a quantity (Kueue's CRD schema rejects others).
 """
 
 from __future__ import annotations

@@ -73,10 +73,23 @@ def resource_groups(cluster_queue: dict) -> list[ResourceGroup]:
     """The ClusterQueue's ``spec.resourceGroups``, parsed; ``QuotaError`` names a bad field."""
     groups = []
     for g, group in enumerate(cluster_queue.get("spec", {}).get("resourceGroups") or []):
+        covered = list(group.get("coveredResources") or [])
         flavors = []
         for f, flavor in enumerate(group.get("flavors") or []):
             nominal = {}
-            for r, resource in enumerate(flavor.get("resources") or []):
+            resources = flavor.get("resources") or []
+            if len(resources) != len(covered):  # Kueue's CRD rule and its message
+                raise QuotaError(
+                    f"spec.resourceGroups[{g}]",
+                    'Invalid value: "object": flavors must have the same number of resources as the '
+                    "coveredResources",
+                )
+            for r, resource in enumerate(resources):
+                if resource.get("name") != covered[r]:  # Kueue's webhook: in coveredResources' order
+                    raise QuotaError(
+                        f"spec.resourceGroups[{g}].flavors[{f}].resources[{r}].name",
+                        f'Invalid value: "{resource.get("name")}": must match the name in coveredResources',
+                    )
                 path = f"spec.resourceGroups[{g}].flavors[{f}].resources[{r}].nominalQuota"
                 try:
                     nominal[resource["name"]] = parse_quantity(resource.get("nominalQuota"))
@@ -87,7 +100,7 @@ def resource_groups(cluster_queue: dict) -> list[ResourceGroup]:
                         "8, 500m or 64Gi (and the resource needs a name)",
                     ) from None
             flavors.append(Flavor(flavor.get("name", ""), nominal))
-        groups.append(ResourceGroup(tuple(group.get("coveredResources") or []), tuple(flavors)))
+        groups.append(ResourceGroup(tuple(covered), tuple(flavors)))
     return groups
 
 

@@ -104,6 +104,7 @@ def training_lifecycle(
         node_names="{{ ti.xcom_pull(task_ids='health_gate')['node_names'] }}",
         count=NODES_WITH_SPARES,
         cluster_queue="{{ params.cluster_queue }}",
+        local_queue="{{ params.kueue_queue }}",  # train's: checked to lead to cluster_queue and cover its GPUs
         inference_deployments="{{ params.inference_workloads }}",
         kubernetes_conn_id=kubernetes_conn_id,
         retries=2,  # idempotent: a retry finishes the same claim (the nodes it already holds first)

@@ -24,7 +24,9 @@ def test_dag_claims_trains_and_returns(run_dag, devcluster):
     nodes = nodes_to_claim(devcluster)
     before = snapshot(devcluster)
 
-    run = run_dag(DAG_ID, conf={"node_names": nodes})
+    # checked before the claim: the shipped queues cover what an RDMA run's pods request
+    resources = ["nvidia.com/gpu", "rdma/ib", "cpu", "memory"]
+    run = run_dag(DAG_ID, conf={"node_names": nodes, "run_resources": resources})
 
     assert run.state == "success", task_states(run)
     claimed = xcom_value(run, "claim_nodes")

@@ -203,19 +203,26 @@ def test_webhook_suspends_queued_jobs_at_creation_and_refuses_bad_queue_names():
     assert kueue_admission(JOBS, "UPDATE", moved, running) is moved  # allowed while suspended
 
 
-def test_webhook_refuses_a_cluster_queue_quota_that_is_not_a_quantity():
+RESOURCE_0 = r"resourceGroups\[0\]\.flavors\[0\]\.resources\[0\]"
+
+
+@pytest.mark.parametrize(
+    ("covered", "resources", "field", "message"),
+    [
+        (["cpu"], [("cpu", "lots")], rf"{RESOURCE_0}\.nominalQuota", "must be a quantity"),
+        # Kueue's CRD rule: a flavor lists every covered resource ...
+        (["cpu", "rdma/ib"], [("cpu", "1")], r"resourceGroups\[0\]", "flavors must have the same number"),
+        # ... and its webhook: in coveredResources' order
+        (["cpu", "rdma/ib"], [("rdma/ib", "1"), ("cpu", "1")], rf"{RESOURCE_0}\.name", "must match the name"),
+    ],
+)
+def test_webhook_refuses_a_cluster_queue_kueue_refuses(covered, resources, field, message):
+    flavor = {"name": "f", "resources": [{"name": n, "nominalQuota": q} for n, q in resources]}
     cq = {
         "metadata": {"name": "cq"},
-        "spec": {
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu"],
-                    "flavors": [{"name": "f", "resources": [{"name": "cpu", "nominalQuota": "lots"}]}],
-                }
-            ]
-        },
+        "spec": {"resourceGroups": [{"coveredResources": covered, "flavors": [flavor]}]},
     }
-    with pytest.raises(Invalid, match=r"spec.resourceGroups\[0\].flavors\[0\].resources\[0\].nominalQuota"):
+    with pytest.raises(Invalid, match=rf"spec\.{field}: Invalid value: .*{message}"):
         kueue_admission(CQS, "CREATE", cq, None)
 
 

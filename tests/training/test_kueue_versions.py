@@ -16,9 +16,9 @@ from benchmarks.campaign.steps import async_client
 from tests.devcluster.ctrl_support import wait_for
 from tests.training.conftest import claimed_run, idle_nodes, when
 from trainops.capacity.procedure import give_back
-from trainops.capacity.quota import grants_of, read_cluster_queue
+from trainops.capacity.quota import grants_of
 from trainops.checkpoints.store import CheckpointStore
-from trainops.kube.kueue import resource, workload_facts
+from trainops.kube.kueue import read, resource, workload_facts
 from trainops.kube.retry import Deadline
 from trainops.training.attempts import RunLedger
 from trainops.training.cluster import GangCluster
@@ -81,7 +81,7 @@ def running(gang: GangCluster, job: str, count: int = 2) -> bool:
 def test_quota_a_preempted_gang_run_to_completion_and_a_stop(start, bucket, version):
     cluster, api = start(KueueConfig(version=version))
     kube, spec = claimed_run(cluster, api, bucket, "preempted", ARGS)
-    queue = read_cluster_queue(kube.custom, "training", Deadline(30))
+    queue = read(kube.custom, "clusterqueues", "training", Deadline(30))
     assert queue["apiVersion"] == f"kueue.x-k8s.io/{version}"
     assert grants_of(queue)["dag/preempted"]["gpus"] == 16
     gang, first = GangCluster(kube), job_name("dag", "preempted", 1)
@@ -116,7 +116,7 @@ def test_quota_a_preempted_gang_run_to_completion_and_a_stop(start, bucket, vers
     assert "was deactivated (Deactivated" in verdict.message
 
     give_back(kube, "dag/preempted", cluster_queue="training")
-    assert grants_of(read_cluster_queue(kube.custom, "training", Deadline(30))) == {}
+    assert grants_of(read(kube.custom, "clusterqueues", "training", Deadline(30))) == {}
 
 
 @VERSIONS

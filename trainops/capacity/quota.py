@@ -18,7 +18,7 @@ from trainops.errors import PermanentError
 from trainops.kube.client import MERGE_PATCH
 from trainops.kube.guarded import Edited, edit
 from trainops.kube.kueue import resource
-from trainops.kube.retry import Deadline, call
+from trainops.kube.retry import Deadline
 
 GRANTS_ANNOTATION = "trainops.io/quota-grants"
 
@@ -106,19 +106,3 @@ def set_grant(
         deadline,
         f"ClusterQueue {cluster_queue}",
     )
-
-
-def read_cluster_queue(custom, name: str, deadline: Deadline) -> dict | None:
-    """ClusterQueue ``name`` (None when it does not exist), at the Kueue version the cluster serves."""
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        return call(
-            lambda: custom.get_cluster_custom_object(*resource(custom, "clusterqueues"), name),
-            deadline,
-            f"read ClusterQueue {name}",
-        )
-    except ApiException as error:
-        if error.status != 404:
-            raise
-        return None

@@ -20,8 +20,9 @@ from urllib.parse import quote
 
 from trainops.capacity.claims import claim_age_s, holder_of, parse_run
 from trainops.capacity.procedure import Deadlines, give_back
-from trainops.capacity.quota import grants_of, read_cluster_queue
+from trainops.capacity.quota import grants_of
 from trainops.errors import PermanentError
+from trainops.kube import kueue
 from trainops.kube.client import Kube
 from trainops.kube.nodes import list_nodes
 from trainops.kube.retry import Deadline
@@ -60,7 +61,7 @@ def holdings(kube: Kube, cluster_queue: str, now: datetime) -> dict[str, Holding
         age = claim_age_s(annotations, now)
         if age is not None:
             holding.age_s = max(age, holding.age_s or 0.0)
-    queue = read_cluster_queue(kube.custom, cluster_queue, Deadline(Deadlines.api_s))
+    queue = kueue.read(kube.custom, "clusterqueues", cluster_queue, Deadline(Deadlines.api_s))
     for run, grant in (grants_of(queue) if queue else {}).items():
         held.setdefault(run, Holding(run)).gpus_granted = int(grant.get("gpus", 0))
     return held

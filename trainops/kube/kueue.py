@@ -99,6 +99,23 @@ def resource(custom, plural: str) -> tuple[str, str, str]:
     return GROUP, served_version(custom.api_client), plural
 
 
+def read(custom, plural: str, name: str, deadline: Deadline, namespace: str | None = None) -> dict | None:
+    """Kueue object ``name`` (in ``namespace`` for a namespaced kind), or None when it does not exist."""
+    from kubernetes.client.exceptions import ApiException
+
+    group, version, _ = resource(custom, plural)
+    if namespace is None:
+        fn = lambda: custom.get_cluster_custom_object(group, version, plural, name)  # noqa: E731
+    else:
+        fn = lambda: custom.get_namespaced_custom_object(group, version, namespace, plural, name)  # noqa: E731
+    try:
+        return call(fn, deadline, f"read {plural}.{GROUP} {name}")
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        return None
+
+
 # ---- what a Workload says ---------------------------------------------------------------------
 @dataclass(frozen=True)
 class Said:
