@@ -132,7 +132,7 @@ class ClaimNodesOperator(BaseOperator):
         self._run, self._kube = run, kube
         if self.local_queue:  # reads only: a run Kueue cannot admit is refused before anything changes
             check_queue(
-                kube.custom,
+                kube,
                 self.training_namespace,
                 self.local_queue,
                 self.run_resources,

@@ -26,7 +26,8 @@ RDMA_RUN = ["nvidia.com/gpu", "rdma/ib", "cpu", "memory"]
 @pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
 def test_the_queue_is_checked_with_reads_only_and_refused_with_the_fix(make_devcluster, version):
     cluster = make_devcluster(nodes=2, kueue_config=KueueConfig(version=version))
-    custom = Kube.from_kubeconfig(str(cluster.kubeconfig)).custom
+    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+    custom = kube.custom
     other = {
         "apiVersion": f"kueue.x-k8s.io/{version}",
         "kind": "LocalQueue",
@@ -40,7 +41,7 @@ def test_the_queue_is_checked_with_reads_only_and_refused_with_the_fix(make_devc
 
     def check(local_queue="training", resources=RDMA_RUN, cluster_queue="training"):
         return check_queue(
-            custom, "training", local_queue, resources, Deadline(30), cluster_queue=cluster_queue
+            kube, "training", local_queue, resources, Deadline(30), cluster_queue=cluster_queue
         )
 
     assert check() == "training"  # the README's RDMA run: covered by deploy/kueue-queues.yaml
@@ -110,7 +111,7 @@ def test_the_readmes_rdma_run_is_admitted_by_the_shipped_queues(devcluster, k8s)
         node_names=nodes,
         extra_resources={"rdma/ib": 1},
     )
-    check_queue(kube.custom, "training", spec.queue, ["nvidia.com/gpu", "rdma/ib"], Deadline(30))
+    check_queue(kube, "training", spec.queue, ["nvidia.com/gpu", "rdma/ib"], Deadline(30))
     job, _ = GangCluster(kube).create_job(
         build_job(spec, name="rdma", dag_id="dag", run_id="rdma", attempt=1, resume_from=None)
     )

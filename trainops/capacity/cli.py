@@ -87,15 +87,12 @@ def claimed_nodes(nodes: list[dict], now: datetime) -> list[dict]:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from trainops.capacity.procedure import Deadlines
     from trainops.capacity.quota import grants_of
-    from trainops.kube import kueue
     from trainops.kube.nodes import list_nodes
-    from trainops.kube.retry import Deadline
 
     kube = _kube(args)
     rows = claimed_nodes(list_nodes(kube.core), datetime.now(UTC))
-    queue = kueue.read(kube.custom, "clusterqueues", args.cluster_queue, Deadline(Deadlines.api_s))
+    queue = kube.get(kube.kueue("clusterqueues", namespaced=False), args.cluster_queue)
     grants = grants_of(queue) if queue else {}
     if args.json:
         print(json.dumps({"nodes": rows, "quota_grants": grants}, indent=2))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from trainops.errors import PermanentError
-from trainops.kube import kueue
+from trainops.kube.client import Kube
 from trainops.kube.retry import Deadline
 
 QUEUES_MANIFEST = "deploy/kueue-queues.yaml"
@@ -24,7 +24,7 @@ class QueueMismatch(PermanentError, ValueError):
 
 
 def check_queue(
-    custom,
+    kube: Kube,
     namespace: str,
     local_queue: str,
     resources: Iterable[str],
@@ -34,8 +34,8 @@ def check_queue(
 ) -> str:
     """The ClusterQueue behind LocalQueue ``namespace/local_queue``, once it is ``cluster_queue`` (when
     given) and covers every one of ``resources`` (the names one pod of the run requests, e.g.
-    ``nvidia.com/gpu``, ``rdma/ib``); else ``QueueMismatch``.  ``custom``: a ``CustomObjectsApi``."""
-    queue = kueue.read(custom, "localqueues", local_queue, deadline, namespace)
+    ``nvidia.com/gpu``, ``rdma/ib``); else ``QueueMismatch``."""
+    queue = kube.get(kube.kueue("localqueues"), local_queue, namespace, deadline=deadline)
     if queue is None:
         raise QueueMismatch(
             f"LocalQueue {namespace}/{local_queue} does not exist: create it (see {QUEUES_MANIFEST}) or name "
@@ -48,7 +48,7 @@ def check_queue(
             f"the quota of ClusterQueue {cluster_queue!r}, so the run would never be admitted: point the "
             f"LocalQueue's spec.clusterQueue at {cluster_queue!r}, or claim for {target!r}"
         )
-    found = kueue.read(custom, "clusterqueues", target, deadline)
+    found = kube.get(kube.kueue("clusterqueues", namespaced=False), target, deadline=deadline)
     if found is None:
         raise QueueMismatch(
             f"ClusterQueue {target!r} of LocalQueue {namespace}/{local_queue} does not exist: create it "

@@ -64,13 +64,17 @@ def node_step_seconds(heartbeat: Mapping[str, Any]) -> dict[str, float]:
     if raw is None:
         return {}
     if not isinstance(raw, dict) or len(raw) > MAX_NODES:
-        raise ValueError(f"heartbeat node_step_s must be an object of at most {MAX_NODES} node ranks -> seconds")
+        raise ValueError(
+            f"heartbeat node_step_s must be an object of at most {MAX_NODES} node ranks -> seconds"
+        )
     seconds: dict[str, float] = {}
     for rank, value in raw.items():
         if not (isinstance(rank, str) and rank.isdigit() and len(rank) <= 6):
             raise ValueError(f"heartbeat node_step_s: {rank[:20]!r} is not a node rank (0, 1, ...)")
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-            raise ValueError(f"heartbeat node_step_s[{rank}] must be positive seconds, got {str(value)[:40]!r}")
+            raise ValueError(
+                f"heartbeat node_step_s[{rank}] must be positive seconds, got {str(value)[:40]!r}"
+            )
         seconds[rank] = float(value)
     return seconds
 
