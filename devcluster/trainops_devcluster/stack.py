@@ -94,8 +94,6 @@ def up(
         deploy=str(DEPLOY),
         api_port=api_port,
         scheduler_health_port=free_port(),
-        worker_log_port=free_port(),
-        trigger_log_port=free_port(),
         prometheus_port=free_port(),
         devcluster_nodes=nodes,
     )
@@ -201,23 +199,55 @@ def _alive(entry: dict) -> bool:
 
 def _stop(entries: list[dict]) -> None:
     """SIGTERM each process group (PostgreSQL: SIGINT, its fast shutdown; SIGTERM would wait for
-    every client to leave), then SIGKILL what is left of them (workers, trainer pods)."""
+    every client to leave) and every descendant in a session of its own (trainer pods, the checkpoint
+    reader), then SIGKILL what is left of all of them. Descendants are found first: once their parent
+    is gone they belong to init and no group names them."""
+    tree = [*entries, *descendants(entries)]
     for entry in entries:
         _signal_group(
             entry["pid"], signal.SIGINT if Path(entry["argv"][0]).name == "postgres" else signal.SIGTERM
         )
+    for entry in tree[len(entries) :]:
+        _signal(entry, signal.SIGTERM)
     deadline = time.monotonic() + STOP_TIMEOUT_S
-    while any(_alive(entry) for entry in entries) and time.monotonic() < deadline:
+    while any(_alive(entry) for entry in tree) and time.monotonic() < deadline:
         time.sleep(0.2)
+    tree += descendants(tree)  # started while the others stopped
     for entry in entries:
         _signal_group(entry["pid"], signal.SIGKILL)
+    for entry in tree:
+        _signal(entry, signal.SIGKILL)
+
+
+def descendants(entries: list[dict]) -> list[dict]:
+    """Every live descendant of the live processes ``entries`` names, as ``{"pid", "start"}`` records."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [entry["pid"] for entry in entries if _alive(entry)]
+    while queue:
+        for pid in children.get(queue.pop(), []):
+            record = {"pid": pid, "start": _start_time(pid)}
+            if record["start"] is not None:
+                found.append(record)
+                queue.append(pid)
+    return found
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, sig)
-    except ProcessLookupError:
-        pass
+
+
+def _signal(entry: dict, sig: int) -> None:
+    """Signal the process ``entry`` records, only if it is still that process (pids are reused)."""
+    if _alive(entry):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(entry["pid"], sig)
 
 
 def _run(argv: list[str], env: dict, log: Path, user: str | None = None) -> None:

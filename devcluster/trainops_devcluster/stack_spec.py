@@ -23,13 +23,18 @@ BUCKET = "trainops-demo"  # the lifecycle DAGs' default checkpoint bucket
 SIMPLE_AUTH_MANAGER = "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
 
 # Airflow component -> its `airflow` subcommand. Everything else comes from the environment.
+# No log servers: `airflow serve-logs` (which the worker and the triggerer would start) binds every
+# interface, and Airflow 3.3 has no setting for its host (airflow/utils/serve_logs/core.py binds "").
+# Every component writes to one log folder (`make up`: one machine; compose: the airflow-logs volume),
+# which the API server reads, for running and deferred tasks too.
 AIRFLOW_COMMANDS: dict[str, list[str]] = {
     "airflow-apiserver": ["api-server"],
     "airflow-scheduler": ["scheduler"],
     "airflow-dag-processor": ["dag-processor"],
-    "airflow-triggerer": ["triggerer"],
-    "airflow-worker": ["celery", "worker"],
+    "airflow-triggerer": ["triggerer", "--skip-serve-logs"],
+    "airflow-worker": ["celery", "worker", "--skip-serve-logs"],
 }
+LOOPBACK = "127.0.0.1"  # where every listener of the stack binds (the API server too, natively)
 
 # Airflow component -> the ServiceAccount it runs as: the official Helm chart's, for a release
 # `airflow` in namespace `airflow`. Each gets its own token and so its own `kubernetes_default`.
@@ -60,11 +65,9 @@ class Endpoints:
     home: str  # AIRFLOW_HOME
     dags: str
     deploy: str  # the repository's deploy/ (rbac.yaml), applied to the devcluster at its start
-    api_bind: str = "127.0.0.1"
+    api_bind: str = LOOPBACK
     api_port: int = 8080
     scheduler_health_port: int = 8974
-    worker_log_port: int = 8793
-    trigger_log_port: int = 8794
     prometheus_port: int = 9090  # the devcluster's Prometheus (Debian's), scraping its nodes' dcgm-exporter
     devcluster_nodes: int = 8
 
@@ -94,7 +97,8 @@ class Endpoints:
 
 
 # The containers share one network namespace with the devcluster (it binds loopback only), so the
-# API server, the devcluster, its Prometheus and the log servers are on localhost there too; PostgreSQL, Redis and
+# devcluster, its Prometheus and the scheduler's health check are on localhost there too (only the API
+# server binds every interface of it, to be published); PostgreSQL, Redis and
 # MinIO are services of their own.
 COMPOSE = Endpoints(
     postgres="postgres:5432",
@@ -132,9 +136,8 @@ def airflow_environment(at: Endpoints) -> dict[str, str]:
         "AIRFLOW__API_AUTH__JWT_SECRET": JWT_SECRET,
         "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{at.api_url}/execution/",
         "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "true",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": LOOPBACK,  # Airflow's default: 0.0.0.0
         "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(at.scheduler_health_port),
-        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(at.worker_log_port),
-        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(at.trigger_log_port),
         "AIRFLOW_CONN_AWS_DEFAULT": json.dumps(
             {
                 "conn_type": "aws",
