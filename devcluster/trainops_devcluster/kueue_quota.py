@@ -133,6 +133,14 @@ def fit_workload(workload: dict, groups: list[ResourceGroup], usage: Usage, node
         spec = podset.get("template", {}).get("spec", {})
         per_pod = pod_requests(spec)
         total = {name: value * count for name, value in per_pod.items()}
+        covered = {name for group in groups for name in group.covered}
+        uncovered = sorted(set(total) - covered)
+        if uncovered:  # said first, whatever else does not fit (as Kueue 0.13 does)
+            return Fit(
+                reason="NoMatchingFlavor",
+                message=f"couldn't assign flavors to pod set {podset['name']}: resource {uncovered[0]} "
+                "unavailable in ClusterQueue",
+            )
         flavors: dict[str, str] = {}
         for group in groups:
             wanted = {name: value for name, value in total.items() if name in group.covered}
@@ -148,13 +156,6 @@ def fit_workload(workload: dict, groups: list[ResourceGroup], usage: Usage, node
             for name, value in wanted.items():
                 flavors[name] = choice
                 fit.usage[(choice, name)] += value
-        uncovered = sorted(set(total) - set(flavors))
-        if uncovered:
-            return Fit(
-                reason="NoMatchingFlavor",
-                message=f"couldn't assign flavors to pod set {podset['name']}: resource {uncovered[0]} "
-                "unavailable in ClusterQueue",
-            )
         fit.assignments.append(
             {
                 "name": podset["name"],

@@ -78,7 +78,13 @@ class Cluster:
         self.controller.start()
 
     def submit(
-        self, name: str, pods: int = 1, gpus: int = 1, queue: str = LQ, priority: str | None = None
+        self,
+        name: str,
+        pods: int = 1,
+        gpus: int = 1,
+        queue: str = LQ,
+        priority: str | None = None,
+        devices: dict | None = None,
     ) -> dict:
         labels = {"kueue.x-k8s.io/queue-name": queue} | (
             {"kueue.x-k8s.io/priority-class": priority} if priority else {}
@@ -102,7 +108,7 @@ class Cluster:
                                 "image": "trainer:1",
                                 "resources": {
                                     "requests": {"cpu": "2", "memory": "8Gi"},
-                                    "limits": {"nvidia.com/gpu": str(gpus)},
+                                    "limits": {"nvidia.com/gpu": str(gpus), **(devices or {})},
                                 },
                             }
                         ],
@@ -588,6 +594,7 @@ def test_kueue_0_13_names_the_priority_class_its_way_and_says_only_pending_or_in
     cluster = make_cluster(gpus=8, version="v1beta1")
     cluster.submit("big", gpus=16, priority="low")  # never fits: 0.15+ says ExceedsMaxQuota
     cluster.submit("lost", queue="no-such-queue")
+    cluster.submit("rdma", gpus=16, devices={"rdma/ib": "1"})  # uncovered: said first, as 0.13 does
     big = wait_for(
         lambda: has(cluster.workload("big"), "QuotaReserved", "False") and cluster.workload("big"), "big"
     )
@@ -603,6 +610,15 @@ def test_kueue_0_13_names_the_priority_class_its_way_and_says_only_pending_or_in
         "request > maximum capacity (16 > 8)",
     )
     wait_for(lambda: has(cluster.workload("lost"), "QuotaReserved", "False", "Inadmissible"), "Inadmissible")
+    rdma = wait_for(
+        lambda: (
+            has(cluster.workload("rdma"), "QuotaReserved", "False", "Pending") and cluster.workload("rdma")
+        ),
+        "rdma",
+    )
+    assert cond(rdma, "QuotaReserved")["message"] == (
+        "couldn't assign flavors to pod set main: resource rdma/ib unavailable in ClusterQueue"
+    )
 
     cluster.submit("low", gpus=8, priority="low")
     cluster.running("low")
