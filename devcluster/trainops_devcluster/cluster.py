@@ -226,6 +226,8 @@ class DevCluster:
         for workload in self.inference:
             create("deployments.apps", topology.inference_deployment(workload, self.gpus_per_node))
             create("poddisruptionbudgets.policy", topology.pod_disruption_budget(workload))
+        for resource, obj in topology.gpu_operator_objects():
+            create(resource, obj)
         for resource, obj in () if self.fresh else topology.kueue_objects(self._kueue_config.version):
             create(resource, obj)
 

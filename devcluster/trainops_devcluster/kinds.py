@@ -191,6 +191,28 @@ KINDS: tuple[Kind, ...] = (
         schema="io.k8s.api.admissionregistration.v1.ValidatingAdmissionPolicyBinding",
     ),
     Kind(
+        "node.k8s.io",
+        "v1",
+        "RuntimeClass",
+        "runtimeclasses",
+        False,
+        schema="io.k8s.api.node.v1.RuntimeClass",
+        columns=(Column("Handler", ".handler"), _AGE),
+    ),
+    # NVIDIA GPU Operator's custom resource (its CRD ``clusterpolicies.nvidia.com``): how the operator
+    # runs the driver, toolkit, device plugin and dcgm-exporter, and its state.
+    Kind(
+        "nvidia.com",
+        "v1",
+        "ClusterPolicy",
+        "clusterpolicies",
+        False,
+        (),
+        (),
+        _STATUS,
+        columns=(Column("Status", ".status.state"), _AGE),
+    ),
+    Kind(
         "policy",
         "v1",
         "PodDisruptionBudget",

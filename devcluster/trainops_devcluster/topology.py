@@ -13,7 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from trainops.conventions import FABRIC_LABEL, GPU_POOL_LABEL, HEALTH_NAMESPACE, MODE_INFERENCE, MODE_TAINT
+from trainops.conventions import (
+    FABRIC_LABEL,
+    GPU_POOL_LABEL,
+    HEALTH_NAMESPACE,
+    MODE_INFERENCE,
+    MODE_TAINT,
+    QUARANTINE_TAINT,
+)
 from trainops.health.hardware import GPU_PRODUCT_LABEL, MIG_STRATEGY_LABEL
 from trainops_devcluster.hardware import NodeProfile
 
@@ -221,6 +228,48 @@ def pod_disruption_budget(workload: InferenceWorkload) -> dict:
         "metadata": {"name": workload.name, "namespace": INFERENCE_NAMESPACE},
         "spec": {"minAvailable": workload.min_available, "selector": {"matchLabels": {"app": workload.name}}},
     }
+
+
+#: what NVIDIA GPU Operator (Helm chart v25.10.0, installed with deploy/gpu-operator-values.yaml) leaves
+#: in the API: its ClusterPolicy and the RuntimeClass its container toolkit registers.  The devcluster's
+#: GPU nodes behave as such a cluster's (driver, device plugin and dcgm-exporter are simulated, not pods).
+GPU_OPERATOR_VERSION = "v25.10.0"
+GPU_OPERATOR_TOLERATIONS = [
+    {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    {"key": MODE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
+    {"key": QUARANTINE_TAINT, "operator": "Exists", "effect": "NoSchedule"},
+]
+
+
+def gpu_operator_objects() -> list[tuple[str, dict]]:
+    """The ClusterPolicy ``cluster-policy`` (ready, CDI on, RuntimeClass ``nvidia``) and RuntimeClass ``nvidia``."""
+    labels = {
+        "app.kubernetes.io/name": "gpu-operator",
+        "app.kubernetes.io/version": GPU_OPERATOR_VERSION,
+        "helm.sh/chart": f"gpu-operator-{GPU_OPERATOR_VERSION}",
+    }
+    policy = {
+        "apiVersion": "nvidia.com/v1",
+        "kind": "ClusterPolicy",
+        "metadata": {"name": "cluster-policy", "labels": labels},
+        "spec": {
+            "operator": {"defaultRuntime": "containerd", "runtimeClass": "nvidia"},
+            "cdi": {"enabled": True, "default": False},
+            "daemonsets": {
+                "tolerations": GPU_OPERATOR_TOLERATIONS,
+                "priorityClassName": "system-node-critical",
+            },
+            "dcgmExporter": {"enabled": True},
+        },
+        "status": {"state": "ready", "namespace": "gpu-operator"},
+    }
+    runtime_class = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "nvidia", "labels": {"app.kubernetes.io/component": "gpu-operator"}},
+        "handler": "nvidia",
+    }
+    return [("clusterpolicies.nvidia.com", policy), ("runtimeclasses.node.k8s.io", runtime_class)]
 
 
 def kueue_objects(version: str = "v1beta2") -> list[tuple[str, dict]]:
