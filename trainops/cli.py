@@ -17,6 +17,7 @@ AREAS = [
     "trainops.health.cli",
     "trainops.checkpoints.cli",
     "trainops.capacity.cli",
+    "trainops.doctor.cli",
 ]
 PLUGIN_GROUP = "trainops.cli"
 

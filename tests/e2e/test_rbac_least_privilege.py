@@ -14,8 +14,15 @@ from trainops_devcluster import rbac
 from tests.e2e.conftest import DAG_ID, RBAC, WORKER, lifecycle_conf, xid_mid_run
 from trainops.capacity.procedure import claim
 from trainops.cli import main
+from trainops.conventions import HEALTH_NAMESPACE
+from trainops.permissions import ACCOUNTS, CLUSTER, TRAINING, permissions_of
 
 WORKER_USER = "system:serviceaccount:{}:{}".format(*WORKER)
+SERVICE_ACCOUNT = {  # the Helm chart's accounts deploy/rbac.yaml binds, by trainops.permissions' names
+    "worker": WORKER,
+    "triggerer": ("airflow", "airflow-triggerer"),
+    "api-server": ("airflow", "airflow-api-server"),
+}
 # Grants for what the devcluster does not run: an HPA over an inference Deployment, KServe, a Job
 # without a Kueue Workload (GangCluster.stop deletes the Job then; otherwise it deactivates the Workload),
 # and the OwnerReferencesPermissionEnforcement admission plugin (creating the Job's Service, which it owns).
@@ -87,6 +94,16 @@ def test_no_call_is_denied_and_every_grant_is_used(audited):
         {(g, r, v) for _, g, r, v in grants()} - used - ONLY_WITH_INTEGRATIONS - ONLY_WHEN_A_REPORT_LAGS
     )
     assert unused == [], f"grants never used: {unused}"
+
+
+@pytest.mark.parametrize("account", ACCOUNTS)
+def test_rbac_yaml_grants_each_account_what_the_package_declares(account):
+    """trainops.permissions (what ``trainops doctor`` asks the API server for) is what rbac.yaml grants."""
+    namespaces = {CLUSTER: None, TRAINING: "training", HEALTH_NAMESPACE: HEALTH_NAMESPACE}
+    declared = sorted(
+        (namespaces[p.namespace] or "", p.group, p.resource, p.verb) for p in permissions_of(account)
+    )
+    assert sorted((ns or "", g, r, v) for ns, g, r, v in grants(SERVICE_ACCOUNT[account])) == declared
 
 
 def test_the_probe_admission_policy_names_the_probes_service_account():

@@ -1,0 +1,397 @@
+"""``trainops doctor`` against a devcluster set up as the README says (every check ok, nothing written),
+then set up wrong in one way at a time: the check for that names the problem and its fix, and every
+other check stays ok.  One cluster for the module; each case undoes what it broke."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import time
+from pathlib import Path
+
+import pytest
+from trainops_devcluster import topology
+
+from tests.devcluster.ctrl_support import wait_for
+from tests.devcluster.kubectl_support import kubectl
+from tests.e2e.test_rbac_least_privilege import attributes_of
+from trainops.cli import main
+from trainops.conventions import HEALTH_NAMESPACE
+from trainops.doctor.admission import POLICIES
+from trainops.doctor.namespaces import ENFORCE
+from trainops.health.published import configmap_name
+from trainops.permissions import TRIGGERER, WORKER, permissions_of
+
+REPO = Path(__file__).parents[2]
+README_STEPS = ["namespaces", "kueue-queues", "rbac", "node-probe", "node-probe-admission"]
+GPU_NODES = ["gpu-node-000", "gpu-node-001", "gpu-node-002"]
+PROBE = ("daemonsets.apps", "kube-system", "trainops-node-probe")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A fresh devcluster with the README's manifests applied in order, its probes running and scraped."""
+    from trainops_devcluster.cluster import DevCluster
+
+    with DevCluster(nodes=len(GPU_NODES), fresh=True, inference=[], prometheus=True) as dev:
+        dev.wait_until_settled()
+        for step in README_STEPS:
+            dev.create_from_file(REPO / "deploy" / f"{step}.yaml")
+        dev.create_from_file(REPO / "deploy" / "doctor-rbac.yaml")
+        wait_for(lambda: probes_ready(dev) == set(GPU_NODES), "a ready probe pod on every GPU node")
+        dev.probe_daemon.wait_rounds(1)
+        dev.wait_until_scraped()
+        dev.worker_kubeconfig = dev.service_account_kubeconfig(
+            "airflow", "airflow-worker", tmp_path_factory.mktemp("worker") / "kubeconfig"
+        )
+        yield dev
+
+
+def probes_ready(cluster) -> set[str]:
+    pods = cluster.store.list("pods", "kube-system")[0]
+    return {
+        p["spec"].get("nodeName")
+        for p in pods
+        if p["metadata"].get("labels", {}).get("app") == "trainops-node-probe"
+        and any(
+            c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", [])
+        )
+    }
+
+
+def probes_rolled(cluster) -> bool:
+    """Every GPU node has a ready probe pod of the DaemonSet's current template, and no other."""
+    daemon_set = cluster.store.get(*PROBE)
+    status = daemon_set.get("status") or {}
+    pods = [
+        p
+        for p in cluster.store.list("pods", "kube-system")[0]
+        if p["metadata"].get("labels", {}).get("app") == "trainops-node-probe"
+    ]
+    return (
+        status.get("observedGeneration") == daemon_set["metadata"].get("generation")
+        and status.get("updatedNumberScheduled") == status.get("numberReady") == len(pods) == len(GPU_NODES)
+        and probes_ready(cluster) == set(GPU_NODES)
+    )
+
+
+def doctor(cluster, capsys, *args: str, kubeconfig: Path | None = None) -> tuple[int, dict]:
+    """``trainops doctor --json`` as a user runs it; (exit code, findings by check)."""
+    capsys.readouterr()
+    argv = [
+        "doctor",
+        "--kubeconfig",
+        str(kubeconfig or cluster.kubeconfig),
+        "--prometheus",
+        cluster.prometheus_url,
+    ]
+    code = main([*argv, "--json", *args])  # a later --prometheus "" names none
+    out = capsys.readouterr().out
+    return code, {c["check"]: c for c in json.loads(out)["checks"]}
+
+
+def only_problem(findings: dict, check: str) -> list[dict]:
+    """The problems of ``check``, after asserting that it is the one check with any."""
+    wrong = {name: f["status"] for name, f in findings.items() if f["status"] not in ("ok", "skipped")}
+    assert wrong == {check: "problem"}, findings
+    return findings[check]["problems"]
+
+
+def test_all_ok_on_a_cluster_set_up_as_the_readme_says_and_nothing_is_written(cluster, capsys):
+    cluster.server.audit.clear()
+    capsys.readouterr()
+    code = main(["doctor", "--kubeconfig", str(cluster.kubeconfig), "--prometheus", cluster.prometheus_url])
+    text = capsys.readouterr().out.splitlines()
+    assert code == 0, "\n".join(text)
+    checks = [line for line in text[1:-1] if not line.startswith(" ")]
+    assert len(checks) == 10 and all(line.startswith("ok ") for line in checks), text
+    assert text[-1] == "10 checks: 10 ok"
+    made = {(e["method"], attributes_of(e).resource) for e in cluster.server.audit.entries()}
+    assert {method for method, _ in made} == {"GET", "POST"}
+    assert {resource for method, resource in made if method == "POST"} == {"selfsubjectaccessreviews"}
+
+
+def test_as_the_worker_with_its_grants_every_check_reads_what_it_needs(cluster, capsys):
+    cluster.server.audit.clear()
+    code, findings = doctor(cluster, capsys, kubeconfig=cluster.worker_kubeconfig)
+    assert code == 0, findings
+    refused = [e for e in cluster.server.audit.entries() if e["status"] in (401, 403)]
+    assert refused == []
+    granted = findings["permissions"]["summary"]
+    assert (
+        granted
+        == f"{len(permissions_of(WORKER))} of {len(permissions_of(WORKER))} permissions the worker uses are granted"
+    )
+
+
+def test_permissions_each_verb_the_account_lacks_is_named(cluster, capsys):
+    """The triggerer's token asked about the worker's verbs: exactly those the worker has and it has not."""
+    triggerer = cluster.service_account_kubeconfig(
+        "airflow", "airflow-triggerer", cluster.kubeconfig.parent / "t"
+    )
+    code, findings = doctor(cluster, capsys, "--account", WORKER, kubeconfig=triggerer)
+    assert code == 1
+    lacking = {
+        (p.verb, p.resource, p.namespace)
+        for p in set(permissions_of(WORKER)) - set(permissions_of(TRIGGERER))
+    }
+    problems = findings["permissions"]["problems"]
+    assert len(problems) == len(lacking) > 0
+    assert any("may not create pods/eviction cluster-wide" in p["what"] for p in problems)
+    assert all("deploy/rbac.yaml" in p["fix"] for p in problems)
+    refused = findings[
+        "daemonset-tolerations"
+    ]  # the doctor's own reads: deploy/doctor-rbac.yaml binds the worker
+    assert refused["status"] == "failed" and refused["summary"].startswith("the API refused a read: ")
+    assert "deploy/doctor-rbac.yaml" in refused["problems"][0]["fix"]
+    code, findings = doctor(cluster, capsys, "--account", TRIGGERER, kubeconfig=triggerer)
+    assert findings["permissions"]["status"] == "ok"
+
+
+def test_a_check_that_cannot_finish_fails_alone_with_its_reason(cluster, capsys):
+    """Every DaemonSet list answered 503: the tolerations check retries until its deadline, the rest answer."""
+    cluster.server.faults.add(r"^/apis/apps/v1/daemonsets", 503, fraction=1.0)
+    try:
+        code, findings = doctor(cluster, capsys, "--check-deadline", "3")
+    finally:
+        cluster.server.faults.clear()
+    assert code == 1
+    failed = findings.pop("daemonset-tolerations")
+    assert failed["status"] == "failed" and failed["summary"].startswith(
+        "did not finish within 3s: list DaemonSets"
+    )
+    assert "--check-deadline" in failed["problems"][0]["fix"]
+    assert {f["status"] for f in findings.values()} == {"ok"}
+
+
+def test_an_unreachable_cluster_exits_2(tmp_path, capsys, cluster):
+    config = cluster.kubeconfig.read_text().replace(cluster.url, "http://127.0.0.1:9")
+    (tmp_path / "kubeconfig").write_text(config)
+    assert main(["doctor", "--kubeconfig", str(tmp_path / "kubeconfig"), "--check-deadline", "2"]) == 2
+    assert "cannot read the cluster at http://127.0.0.1:9" in capsys.readouterr().err
+
+
+# ---- set up wrong, one way at a time -------------------------------------------------------------
+def run(cluster, *args: str, stdin: str | None = None) -> None:
+    kubectl(cluster.kubeconfig, *args, stdin=stdin)
+
+
+def patch(cluster, *target: str, body: dict, subresource: str = "") -> None:
+    extra = [f"--subresource={subresource}"] if subresource else []
+    run(cluster, "patch", *target, "--type=merge", "-p", json.dumps(body), *extra)
+
+
+def restored(cluster, obj: dict) -> None:
+    """Put ``obj`` (as stored before) back through the API."""
+    clean = {k: v for k, v in obj.items() if k != "status"}
+    clean["metadata"] = {
+        k: obj["metadata"][k] for k in ("name", "namespace", "labels") if k in obj["metadata"]
+    }
+    run(cluster, "apply", "-f", "-", stdin=json.dumps(clean))
+
+
+@contextlib.contextmanager
+def runtime_class_deleted(cluster):
+    before = copy.deepcopy(cluster.store.get("runtimeclasses.node.k8s.io", "", "nvidia"))
+    run(cluster, "delete", "runtimeclass", "nvidia")
+    yield
+    restored(cluster, before)
+
+
+@contextlib.contextmanager
+def operator_not_ready(cluster):
+    patch(
+        cluster,
+        "clusterpolicy",
+        "cluster-policy",
+        body={"status": {"state": "notReady"}},
+        subresource="status",
+    )
+    yield
+    patch(
+        cluster, "clusterpolicy", "cluster-policy", body={"status": {"state": "ready"}}, subresource="status"
+    )
+
+
+@contextlib.contextmanager
+def probe_without_runtime_class(cluster):
+    target = ("daemonset", "-n", "kube-system", "trainops-node-probe")
+    before = cluster.store.get(*PROBE)["spec"]["template"]["spec"].get("runtimeClassName")
+    patch(cluster, *target, body={"spec": {"template": {"spec": {"runtimeClassName": None}}}})
+    wait_for(lambda: probes_rolled(cluster), "the probe pods rolled")
+    yield
+    patch(cluster, *target, body={"spec": {"template": {"spec": {"runtimeClassName": before}}}})
+    wait_for(lambda: probes_rolled(cluster), "the probe pods rolled back")
+
+
+@contextlib.contextmanager
+def node_without_gpu_present_label(cluster):
+    run(cluster, "label", "node", "gpu-node-001", "nvidia.com/gpu.present-")
+    wait_for(lambda: "gpu-node-001" not in probes_ready(cluster), "the probe pod gone from gpu-node-001")
+    yield
+    run(cluster, "label", "node", "gpu-node-001", "nvidia.com/gpu.present=true")
+    wait_for(lambda: probes_ready(cluster) == set(GPU_NODES), "the probe pod back on gpu-node-001")
+
+
+@contextlib.contextmanager
+def probe_stopped_an_hour_ago(cluster):
+    """gpu-node-002's probe stopped publishing an hour ago: its telemetry is gone, its report old."""
+    name = configmap_name("gpu-node-002")
+    before = copy.deepcopy(cluster.store.get("configmaps", HEALTH_NAMESPACE, name))
+    cluster.inject("telemetry-missing", "gpu-node-002")
+    report = json.loads(before["data"]["report.json"])
+    report["collected_at"] = time.time() - 3600
+    cluster.store.mutate(
+        "configmaps",
+        HEALTH_NAMESPACE,
+        name,
+        lambda cm: cm["data"].update({"report.json": json.dumps(report)}),
+    )
+    yield
+    cluster.inject("repair", "gpu-node-002")
+    cluster.store.mutate("configmaps", HEALTH_NAMESPACE, name, lambda cm: cm["data"].update(before["data"]))
+
+
+@contextlib.contextmanager
+def exporter_without(cluster, metric: str):
+    """dcgm-exporter's counters CSV without ``metric``, on every node."""
+    for node in GPU_NODES:
+        cluster.telemetry[node].disabled_metrics.add(metric)
+    cluster.wait_until_scraped()
+    yield
+    for node in GPU_NODES:
+        cluster.telemetry[node].disabled_metrics.discard(metric)
+    cluster.wait_until_scraped()
+
+
+@contextlib.contextmanager
+def nothing_changed(cluster):
+    yield
+
+
+@contextlib.contextmanager
+def priority_class_deleted(cluster):
+    before = copy.deepcopy(
+        cluster.store.get("workloadpriorityclasses.kueue.x-k8s.io", "", "training-standard")
+    )
+    run(cluster, "delete", "workloadpriorityclass", "training-standard")
+    yield
+    restored(cluster, before)
+
+
+@contextlib.contextmanager
+def local_queue_feeding(cluster, other: str):
+    target = ("localqueue", "-n", "training", "training")
+    patch(cluster, *target, body={"spec": {"clusterQueue": other}})
+    yield
+    patch(cluster, *target, body={"spec": {"clusterQueue": "training"}})
+
+
+def chart_default_daemon_set() -> dict:
+    """A GPU Operator operand as the chart makes it without deploy/gpu-operator-values.yaml."""
+    labels = {"app": "nvidia-driver-daemonset"}
+    spec = {
+        "nodeSelector": {"nvidia.com/gpu.present": "true"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "containers": [{"name": "driver", "image": "nvcr.io/nvidia/driver:580"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": "nvidia-driver-daemonset",
+            "namespace": "gpu-operator",
+            "labels": {**labels, "app.kubernetes.io/managed-by": "gpu-operator"},
+        },
+        "spec": {
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": {"labels": labels}, "spec": spec},
+        },
+    }
+
+
+@contextlib.contextmanager
+def operand_with_chart_tolerations(cluster):
+    run(cluster, "create", "namespace", "gpu-operator")
+    run(cluster, "apply", "-f", "-", stdin=json.dumps(chart_default_daemon_set()))
+    yield
+    run(cluster, "delete", "namespace", "gpu-operator")
+    wait_for(
+        lambda: cluster.store.find(*PROBE[:1], "gpu-operator", "nvidia-driver-daemonset") is None,
+        "the DaemonSet gone",
+    )
+
+
+@contextlib.contextmanager
+def cluster_policy_with_chart_tolerations(cluster):
+    default = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    patch(cluster, "clusterpolicy", "cluster-policy", body={"spec": {"daemonsets": {"tolerations": default}}})
+    yield
+    body = {"spec": {"daemonsets": {"tolerations": topology.GPU_OPERATOR_TOLERATIONS}}}
+    patch(cluster, "clusterpolicy", "cluster-policy", body=body)
+
+
+@contextlib.contextmanager
+def namespace_enforcing(cluster, namespace: str, level: str):
+    before = cluster.store.get("namespaces", "", namespace)["metadata"].get("labels", {}).get(ENFORCE)
+    run(cluster, "label", "namespace", namespace, f"{ENFORCE}={level}", "--overwrite")
+    yield
+    run(
+        cluster,
+        "label",
+        "namespace",
+        namespace,
+        f"{ENFORCE}={before}" if before else f"{ENFORCE}-",
+        "--overwrite",
+    )
+
+
+@contextlib.contextmanager
+def queue_covering_rdma(cluster):
+    queue = cluster.store.get("clusterqueues.kueue.x-k8s.io", "", "training")
+    groups = copy.deepcopy(queue["spec"]["resourceGroups"])
+    wider = copy.deepcopy(groups)
+    wider[0]["coveredResources"].append("rdma/ib")
+    wider[0]["flavors"][0]["resources"].append({"name": "rdma/ib", "nominalQuota": "64"})
+    patch(cluster, "clusterqueue", "training", body={"spec": {"resourceGroups": wider}})
+    yield
+    patch(cluster, "clusterqueue", "training", body={"spec": {"resourceGroups": groups}})
+
+
+@contextlib.contextmanager
+def binding_deleted(cluster, name: str):
+    run(cluster, "delete", "validatingadmissionpolicybinding", name)
+    yield
+    cluster.create_from_file(REPO / "deploy" / "node-probe-admission.yaml")
+
+
+WRONG = {
+    # id: (the setup, doctor arguments, the check that must say so, in its problem, in its fix)
+    "runtime-class-missing": (runtime_class_deleted, (), "gpu-operator", "RuntimeClass nvidia (ClusterPolicy spec.operator.runtimeClass) does not exist", "container toolkit"),
+    "operator-not-ready": (operator_not_ready, (), "gpu-operator", "ClusterPolicy cluster-policy is notReady", "kubectl get pods -n gpu-operator"),
+    "probe-without-runtime-class-under-cdi": (probe_without_runtime_class, (), "gpu-operator", "CDI is on, and the probe DaemonSet kube-system/trainops-node-probe runs with the default runtime", "runtimeClassName: nvidia"),
+    "probe-not-on-a-gpu-node": (node_without_gpu_present_label, (), "node-probe", "gpu-node-001: no probe pod: the node does not match the DaemonSet's nvidia.com/gpu.present=true", "GPU Feature Discovery"),
+    "stale-report": (probe_stopped_an_hour_ago, ("--prometheus", ""), "probe-reports", "gpu-node-002: its report is 3600s old", "kubectl logs -n kube-system"),
+    "metric-not-exported": (lambda c: exporter_without(c, "DCGM_FI_DEV_ROW_REMAP_PENDING"), (), "dcgm-exporter", "no DCGM_FI_DEV_ROW_REMAP_PENDING series", "counters CSV"),
+    "wrong-node-label": (nothing_changed, ("--prometheus-node-label", "UUID"), "dcgm-exporter", "label 'UUID' of dcgm-exporter's series names no GPU node", "--prometheus-node-label) to Hostname"),
+    "priority-class-missing": (priority_class_deleted, (), "kueue-queues", "WorkloadPriorityClass training-standard does not exist", "deploy/kueue-queues.yaml"),
+    "local-queue-elsewhere": (lambda c: local_queue_feeding(c, "other"), (), "kueue-queues", "LocalQueue training/training feeds ClusterQueue other, not training", "spec.clusterQueue to training"),
+    "operand-without-trainops-tolerations": (operand_with_chart_tolerations, (), "daemonset-tolerations", "DaemonSet gpu-operator/nvidia-driver-daemonset does not tolerate trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
+    "cluster-policy-without-trainops-tolerations": (cluster_policy_with_chart_tolerations, (), "daemonset-tolerations", "ClusterPolicy cluster-policy spec.daemonsets.tolerations lacks trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
+    "training-restricted": (lambda c: namespace_enforcing(c, "training", "restricted"), (), "namespaces", "namespace training enforces Pod Security restricted; the training pods need baseline", f"{ENFORCE}=baseline"),
+    "rdma-under-baseline": (queue_covering_rdma, (), "namespaces", "ClusterQueue training covers rdma/ib: runs that ask for it add IPC_LOCK and need privileged", f"{ENFORCE}=privileged"),
+    "probe-namespace-baseline": (lambda c: namespace_enforcing(c, "kube-system", "baseline"), (), "namespaces", "namespace kube-system enforces Pod Security baseline; the node probe", f"kubectl label namespace kube-system {ENFORCE}=privileged"),
+    "policy-unbound": (lambda c: binding_deleted(c, POLICIES[1]), (), "probe-admission", f"ValidatingAdmissionPolicy {POLICIES[1]} is not bound with validationActions [Deny]", "deploy/node-probe-admission.yaml"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(WRONG))
+def test_set_up_wrong_in_one_way_the_check_for_it_names_the_problem_and_its_fix(cluster, capsys, case):
+    setup, args, check, what, fix = WRONG[case]
+    with setup(cluster):
+        code, findings = doctor(cluster, capsys, *args)
+    assert code == 1
+    problems = only_problem(findings, check)
+    assert any(what in p["what"] and fix in p["fix"] for p in problems), problems
+    assert doctor(cluster, capsys)[0] == 0, "the case undid what it broke"

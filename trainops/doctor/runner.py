@@ -1,0 +1,148 @@
+"""Running the checks: each in a thread of its own with a deadline, so one slow or failing check
+fails alone, with its reason, and the others still answer.  ``run_doctor`` first asks the API
+server its version: when that fails the cluster cannot be read at all (``ClusterUnreachable``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from trainops.doctor.reads import Reads
+from trainops.doctor.result import FAILED, OK, PROBLEM, SKIPPED, Finding, Outcome, Problem, Report, Skip
+from trainops.errors import PermanentError
+from trainops.health.gate import DEFAULT_SELECTOR
+from trainops.health.prometheus import PrometheusClient
+from trainops.kube.client import api_message
+from trainops.kube.retry import Deadline
+from trainops.permissions import ACCOUNTS, WORKER
+
+CHECK_DEADLINE_S = 30.0
+JOIN_GRACE_S = 2.0  # a check's reads end at its deadline; this covers the thread's own wrap-up
+
+
+class ClusterUnreachable(PermanentError):
+    """The API server cannot be reached, or does not accept these credentials."""
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    """What trainops is set up to use (the lifecycle's defaults), and how long each check may take.
+
+    ``probe_daemon_set``: ``<namespace>/<name>`` of the node probe's DaemonSet.  ``account``: whose
+    permissions (``trainops.permissions``) to ask for, as the caller: ``worker``, ``triggerer`` or
+    ``api-server``.  ``prometheus``: the Prometheus that scrapes dcgm-exporter (None: not checked)."""
+
+    selector: str = DEFAULT_SELECTOR
+    training_namespace: str = "training"
+    cluster_queue: str = "training"
+    local_queue: str = "training"
+    priority_class: str = "training-standard"
+    probe_daemon_set: str = "kube-system/trainops-node-probe"
+    prometheus: PrometheusClient | None = None
+    account: str = WORKER
+    check_deadline_s: float = CHECK_DEADLINE_S
+
+    def __post_init__(self) -> None:
+        namespace, _, name = self.probe_daemon_set.partition("/")
+        if not namespace or not name or "/" in name:
+            raise ValueError(
+                f"probe_daemon_set must be <namespace>/<name>, e.g. kube-system/trainops-node-probe, "
+                f"got {self.probe_daemon_set!r}"
+            )
+        if self.account not in ACCOUNTS:
+            raise ValueError(f"account must be one of {', '.join(ACCOUNTS)}, got {self.account!r}")
+        if not self.check_deadline_s > 0:
+            raise ValueError(f"check_deadline_s must be > 0 seconds, got {self.check_deadline_s!r}")
+
+    @property
+    def probe(self) -> tuple[str, str]:
+        namespace, _, name = self.probe_daemon_set.partition("/")
+        return namespace, name
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    about: str  # what it checks, in a few words
+    run: Callable[[Reads, DoctorConfig], Outcome]
+
+
+def run_doctor(kube, config: DoctorConfig, checks: Sequence[Check] | None = None) -> Report:
+    """Every check (default: ``trainops.doctor.CHECKS``) against the cluster behind ``kube`` (a
+    ``Kube``); reads only.  Raises ``ClusterUnreachable`` when the API server cannot be read at all."""
+    from trainops.doctor.checks import CHECKS
+
+    checks = CHECKS if checks is None else checks
+    server = kube.api_client.configuration.host
+    reads = Reads(kube, Deadline(config.check_deadline_s))
+    try:
+        version = reads.get("/version", "the API server's version") or {}
+    except Exception as error:
+        raise ClusterUnreachable(
+            f"cannot read the cluster at {server}: {api_message(error)}; check the kubeconfig, its "
+            "context and credentials (--kubeconfig, --context), and that the API server is reachable"
+        ) from None
+    findings: dict[str, Finding] = {}
+    threads = [
+        threading.Thread(
+            target=_run_one,
+            args=(check, reads.for_check(Deadline(config.check_deadline_s)), config, findings),
+            name=f"doctor-{check.name}",
+            daemon=True,  # a check stuck past its deadline does not hold the process
+        )
+        for check in checks
+    ]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(max(0.0, started + config.check_deadline_s + JOIN_GRACE_S - time.monotonic()))
+    late = Problem(
+        f"did not finish within {config.check_deadline_s:g}s",
+        "the API server or Prometheus answers slowly: run again, or give it longer (--check-deadline)",
+    )
+    return Report(
+        f"{server} (Kubernetes {version.get('gitVersion', 'version unknown')})",
+        tuple(
+            findings.get(c.name) or Finding(c.name, FAILED, late.what, (late,), config.check_deadline_s)
+            for c in checks
+        ),
+    )
+
+
+def _run_one(check: Check, reads: Reads, config: DoctorConfig, findings: dict[str, Finding]) -> None:
+    started = time.monotonic()
+    try:
+        outcome = check.run(reads, config)
+        finding = Finding(
+            check.name, PROBLEM if outcome.problems else OK, outcome.summary, tuple(outcome.problems)
+        )
+    except Skip as skip:
+        finding = Finding(check.name, SKIPPED, str(skip))
+    except Exception as error:
+        problem = _failure(error, config)
+        finding = Finding(check.name, FAILED, problem.what, (problem,))
+    findings[check.name] = Finding(**{**finding.__dict__, "seconds": time.monotonic() - started})
+
+
+def _failure(error: Exception, config: DoctorConfig) -> Problem:
+    """Why a check could not finish, and what to do."""
+    status = getattr(error, "status", None)
+    if status in (401, 403):
+        return Problem(
+            f"the API refused a read: {api_message(error)}",
+            "run the doctor with credentials that may read it (an admin's kubeconfig, or the account "
+            "deploy/doctor-rbac.yaml binds)",
+        )
+    if isinstance(error, TimeoutError):  # DeadlineExceeded, or a shared read that took too long
+        return Problem(
+            f"did not finish within {config.check_deadline_s:g}s: {error or 'a read it waited for'}",
+            "the API server or Prometheus answers slowly: run again, or give it longer (--check-deadline)",
+        )
+    return Problem(
+        f"could not finish: {type(error).__name__}: {api_message(error)[:500]}",
+        "fix what the error names and run again",
+    )

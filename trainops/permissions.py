@@ -1,0 +1,78 @@
+"""Every Kubernetes permission trainops uses, per account that runs it: the one table.
+
+``deploy/rbac.yaml`` grants exactly these (``tests/e2e/test_rbac_least_privilege.py`` keeps the two
+equal and checks, from real runs' audit logs, that the package calls nothing else), and
+``trainops doctor`` asks the API server for each of them (SelfSubjectAccessReview).  The accounts
+are the Airflow processes that run trainops code (the official Helm chart's service accounts):
+``worker`` (the tasks), ``triggerer`` (the deferred waits, following and resuming a run) and
+``api-server`` (the UI plugin).  A permission's namespace is ``CLUSTER`` (cluster-wide),
+``TRAINING`` (the training namespace, ``training`` by default) or ``HEALTH_NAMESPACE``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainops.conventions import HEALTH_NAMESPACE
+
+WORKER, TRIGGERER, API_SERVER = "worker", "triggerer", "api-server"
+ACCOUNTS = (WORKER, TRIGGERER, API_SERVER)
+CLUSTER, TRAINING = "", "training"
+_ALL, _RUN, _CAPACITY = ACCOUNTS, (WORKER, TRIGGERER), (WORKER, API_SERVER)
+
+
+@dataclass(frozen=True)
+class Permission:
+    verb: str
+    group: str
+    resource: str  # with its subresource: "pods/eviction"
+    namespace: str  # CLUSTER, TRAINING or HEALTH_NAMESPACE
+    accounts: tuple[str, ...]
+    why: str
+
+    def where(self, training_namespace: str) -> str:
+        """The namespace to ask about (``TRAINING`` becomes the cluster's training namespace)."""
+        return training_namespace if self.namespace == TRAINING else self.namespace
+
+    def __str__(self) -> str:
+        what = f"{self.resource}.{self.group}" if self.group else self.resource
+        return f"{self.verb} {what}" + (f" in {self.namespace}" if self.namespace else " (cluster-wide)")
+
+
+def _grant(verbs: str, group: str, resource: str, namespace: str, accounts, why: str) -> list[Permission]:
+    return [Permission(v, group, resource, namespace, tuple(accounts), why) for v in verbs.split()]
+
+
+PERMISSIONS: tuple[Permission, ...] = tuple(
+    p
+    for grant in (
+        _grant("get list patch", "", "nodes", CLUSTER, _ALL, "health gate, quarantine and release, claim and return, fleet view"),
+        _grant("watch", "", "nodes", CLUSTER, _RUN, "judging a failed attempt: wait for its nodes' reports"),
+        _grant("get list patch", "apps", "deployments", CLUSTER, _CAPACITY, "inference capacity lent to training"),
+        _grant("get list patch", "autoscaling", "horizontalpodautoscalers", CLUSTER, _CAPACITY, "an inference HPA's bounds"),
+        _grant("get list patch", "serving.kserve.io", "inferenceservices", CLUSTER, _CAPACITY, "KServe's minReplicas"),
+        _grant("get patch", "kueue.x-k8s.io", "clusterqueues", CLUSTER, _CAPACITY, "the training queue's GPU quota"),
+        _grant("list", "", "pods", CLUSTER, (WORKER,), "the claim's drain: pods on the claimed nodes"),
+        _grant("create", "", "pods/eviction", CLUSTER, (WORKER,), "the claim's drain (PDBs honoured)"),
+        _grant("list", "policy", "poddisruptionbudgets", CLUSTER, (WORKER,), "the claim's drain"),
+        _grant("get list delete", "batch", "jobs", TRAINING, _ALL, "stopping a run"),
+        _grant("list", "", "pods", TRAINING, _ALL, "stopping a run, reading its attempt"),
+        _grant("list patch", "kueue.x-k8s.io", "workloads", TRAINING, _ALL, "stopping a run (spec.active=false)"),
+        _grant("watch", "batch", "jobs", TRAINING, _RUN, "following a run"),
+        _grant("watch", "", "pods", TRAINING, _RUN, "following a run"),
+        _grant("watch", "kueue.x-k8s.io", "workloads", TRAINING, _RUN, "following a run"),
+        _grant("create", "batch", "jobs", TRAINING, _RUN, "submitting an attempt"),
+        _grant("get", "", "pods/log", TRAINING, _RUN, "a failed pod's log tail"),
+        _grant("create delete", "", "services", TRAINING, _RUN, "each attempt's headless Service"),
+        _grant("get", "", "configmaps", HEALTH_NAMESPACE, _ALL, "one node's probe report"),
+        _grant("list", "", "configmaps", HEALTH_NAMESPACE, _RUN, "every node's probe report (the gate)"),
+    )
+    for p in grant
+)  # fmt: skip
+
+
+def permissions_of(account: str) -> list[Permission]:
+    """What ``account`` needs."""
+    if account not in ACCOUNTS:
+        raise ValueError(f"account must be one of {', '.join(ACCOUNTS)}, got {account!r}")
+    return [p for p in PERMISSIONS if account in p.accounts]
