@@ -1,6 +1,6 @@
 """The lifecycle's task chain, added to the DAG being defined: ``training_lifecycle(dag_id)``.
 
-reserve the run path -> health gate -> claim nodes -> fabric of the claimed nodes (the three are setups) -> gang training (each
+preflight (trainops doctor; off unless the preflight param is true) -> reserve the run path -> health gate -> claim nodes -> fabric of the claimed nodes (the three are setups) -> gang training (each
 retry a resume) -> verify the final checkpoint (outlet: an Airflow Asset), and beside it return capacity
 (teardown, runs on every path; its failure fails the run).
 The tasks are the provider's operators as they are; everything heavy (kubernetes, boto3) is imported
@@ -17,11 +17,13 @@ from typing import Any
 from airflow.sdk import Asset
 from trainops.operators.capacity import ClaimNodesOperator, ReturnCapacityOperator
 from trainops.operators.checkpoint import CheckpointVerifyOperator, RunPathOperator
+from trainops.operators.doctor import ClusterDoctorOperator
 from trainops.operators.health import NodeHealthGateOperator
 from trainops.operators.lifecycle.docs import (
     CLAIM_DOC,
     FABRIC_DOC,
     GATE_DOC,
+    PREFLIGHT_DOC,
     RESERVE_DOC,
     RETURN_DOC,
     TRAIN_DOC,
@@ -82,6 +84,16 @@ def training_lifecycle(
         "on_prometheus_unavailable": "{{ params.on_prometheus_unavailable }}",
         "kubernetes_conn_id": kubernetes_conn_id,
     }
+    preflight = ClusterDoctorOperator(
+        task_id="preflight",
+        enabled="{{ params.preflight }}",
+        prometheus_conn_id="{{ params.prometheus_conn_id }}",
+        cluster_queue="{{ params.cluster_queue }}",
+        local_queue="{{ params.kueue_queue }}",
+        priority_class="{{ params.priority_class }}",
+        kubernetes_conn_id=kubernetes_conn_id,
+        doc_md=PREFLIGHT_DOC,
+    )
     reserve = RunPathOperator(
         task_id="reserve_run_path",
         checkpoint_uri="{{ params.checkpoint_uri }}",
@@ -162,5 +174,7 @@ def training_lifecycle(
     # to fail the run (on_failure_fail_dagrun), Airflow judges the run by both of them.
     # The run path is reserved before the gate: a path another DAG run owns fails the run before any node
     # is touched (no quarantine, no claim).
-    reserve >> gate >> claim >> fabric_ready >> train >> [verify, give_back]
-    return {task.task_id: task for task in (reserve, gate, claim, fabric_ready, train, verify, give_back)}
+    # preflight (trainops doctor, off unless params.preflight) reads the cluster before anything is reserved.
+    preflight >> reserve >> gate >> claim >> fabric_ready >> train >> [verify, give_back]
+    tasks = (preflight, reserve, gate, claim, fabric_ready, train, verify, give_back)
+    return {task.task_id: task for task in tasks}

@@ -5,6 +5,8 @@ LIFECYCLE_DOC = """
 
 One DAG run is one training run on the Kubernetes GPU cluster that serves inference the rest of the time:
 
+0. **preflight** (off unless the `preflight` param is true) runs `trainops doctor`: it reads the cluster and
+   fails naming each setup problem and its fix, before anything is touched.
 1. **reserve_run_path** makes `<checkpoint_uri>/<run_name>/` this DAG run's (a name another run owns
    fails here, before any node is touched). **health_gate** reads every GPU node's health report and quarantines the failing ones.
 2. **claim_nodes** (setup) borrows `nodes + spare_nodes` healthy nodes from inference: drains them
@@ -22,6 +24,16 @@ twice gives two runs; a second run with a name another run already used is refus
 are setups), so the run resumes from the latest verified checkpoint, with a fresh `max_resumes`
 budget, on nodes that pass the gate again. If **return_capacity** fails after its retries, the DAG
 run fails (GPUs may still be held): run `trainops capacity return --run <dag_id>/<run_id>`.
+"""
+
+PREFLIGHT_DOC = """
+Off unless the `preflight` param is true. Then it runs `trainops doctor` against the cluster, reading only:
+GPU Operator, the node probe and its reports, dcgm-exporter in Prometheus (`prometheus_conn_id`), Kueue and
+its queues, DaemonSet tolerations, Pod Security levels, the probe's admission policy, and the worker's own
+permissions. The log has one line per check.
+
+**When it fails:** the log names each problem and its fix; nothing was touched. Fix them and trigger again
+(the worker's account needs `deploy/doctor-rbac.yaml` to read what the checks read).
 """
 
 RESERVE_DOC = """

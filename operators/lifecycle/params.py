@@ -65,6 +65,16 @@ PARAM_SPECS: dict[str, tuple[Any, dict[str, Any]]] = {
             "lower-case letters, digits and '-'.)",
         },
     ),
+    "preflight": (
+        False,
+        {
+            "type": "boolean",
+            "title": "Preflight",
+            "description": "First run trainops doctor against the cluster (GPU Operator, node probe, dcgm-exporter, "
+            "Kueue, taints, Pod Security, admission policy, permissions) and fail naming each problem and its fix. "
+            "Read-only; the worker's account needs deploy/doctor-rbac.yaml.",
+        },
+    ),
     "image": (
         LOCAL_IMAGE,
         {

@@ -9,6 +9,7 @@ import sys
 from tests.conftest import REPO_DAGS
 
 LIFECYCLE = [
+    "preflight",
     "reserve_run_path",
     "health_gate",
     "claim_nodes",
