@@ -107,7 +107,7 @@ class DevCluster:
             logs=self.logs,
             host=host,
             port=port,
-            admission=[kueue_admission, pod_admission],
+            admission=[kueue_admission, pod_admission(self.store)],
             extension=self._extension,
             kueue_version=self._kueue_config.version,
         )

@@ -90,7 +90,9 @@ class PodOwnerController(InformerController):
         if not meta.get("name"):  # named before admission, as the API server names it
             meta["name"] = meta.get("generateName", "") + uuid.uuid4().hex[:5]
         try:
-            pod = admit_pod(pod)  # mutating admission (priority, runtime class) runs before validating
+            pod = admit_pod(
+                pod, self.store
+            )  # mutating admission (priority, runtime class) runs before validating
             if self.admission is not None:
                 self.admission.validate(
                     Attributes(self.user, "CREATE", _POD, "", meta["namespace"], meta["name"], pod, None)

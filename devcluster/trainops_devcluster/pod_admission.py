@@ -4,13 +4,14 @@
   refused: ``no PriorityClass with name X was found``). The devcluster knows the two classes every
   cluster has, ``system-node-critical`` and ``system-cluster-critical``; it serves no PriorityClass
   objects.
-- ``runtimeClassName``: a pod naming a RuntimeClass that does not exist is refused (``pod rejected:
-  RuntimeClass "X" not found``). The devcluster's GPU nodes run as a GPU Operator cluster's do: the
-  operator creates the RuntimeClass ``nvidia`` (its container toolkit's handler); no other exists.
+- ``runtimeClassName``: a pod naming a RuntimeClass that does not exist (in the store: the devcluster
+  serves ``node.k8s.io/v1`` RuntimeClasses) is refused (``pod rejected: RuntimeClass "X" not found``).
+  The devcluster's GPU nodes run as a GPU Operator cluster's do: every devcluster starts with the
+  operator's RuntimeClass ``nvidia`` (its container toolkit's handler; ``topology.gpu_operator_objects``).
 
-The API server runs :func:`pod_admission` on pod creates; controllers that create pods through the
-store (Job, Deployment, DaemonSet) call :func:`admit_pod` first, and record ``FailedCreate`` as the
-real controllers do when the API refuses them.
+The API server runs the hook :func:`pod_admission` makes on pod creates; controllers that create pods
+through the store (Job, Deployment, DaemonSet) call :func:`admit_pod` first, and record
+``FailedCreate`` as the real controllers do when the API refuses them.
 """
 
 from __future__ import annotations
@@ -18,17 +19,18 @@ from __future__ import annotations
 import copy
 
 from trainops_devcluster.errors import Forbidden
+from trainops_devcluster.store import Store
 
 BUILT_IN_PRIORITY_CLASSES = {"system-node-critical": 2000001000, "system-cluster-critical": 2000000000}
-RUNTIME_CLASSES = ("nvidia",)  # created by the NVIDIA GPU Operator (values.yaml operator.runtimeClass)
+RUNTIME_CLASSES = "runtimeclasses.node.k8s.io"
 
 
-def admit_pod(pod: dict) -> dict:
+def admit_pod(pod: dict, store: Store) -> dict:
     """The pod as admitted (``spec.priority`` set from its class), or Forbidden."""
     spec = pod.get("spec") or {}
     name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName", "")
     runtime = spec.get("runtimeClassName")
-    if runtime is not None and runtime not in RUNTIME_CLASSES:
+    if runtime is not None and store.find(RUNTIME_CLASSES, "", runtime) is None:
         raise Forbidden(f'pods "{name}" is forbidden: pod rejected: RuntimeClass "{runtime}" not found')
     priority_class = spec.get("priorityClassName")
     if priority_class is None:
@@ -40,8 +42,12 @@ def admit_pod(pod: dict) -> dict:
     return admitted
 
 
-def pod_admission(resource: str, operation: str, obj: dict, old: dict | None) -> dict:
+def pod_admission(store: Store):
     """The API server's admission hook: pods at creation, everything else as it is."""
-    if resource == "pods" and operation == "CREATE":
-        return admit_pod(obj)
-    return obj
+
+    def admit(resource: str, operation: str, obj: dict, old: dict | None) -> dict:
+        if resource == "pods" and operation == "CREATE":
+            return admit_pod(obj, store)
+        return obj
+
+    return admit
