@@ -159,7 +159,7 @@ def test_a_check_that_cannot_finish_fails_alone_with_its_reason(cluster, capsys)
     assert code == 1
     failed = findings.pop("daemonset-tolerations")
     assert failed["status"] == "failed" and failed["summary"].startswith(
-        "did not finish within 3s: list DaemonSets"
+        "did not finish within 3s: list daemonsets.apps: kept failing with 503"
     )
     assert "--check-deadline" in failed["problems"][0]["fix"]
     assert {f["status"] for f in findings.values()} == {"ok"}
@@ -250,6 +250,7 @@ def probe_stopped_an_hour_ago(cluster):
     )
     yield
     cluster.inject("repair", "gpu-node-002")
+    cluster.wait_until_scraped()
     cluster.store.mutate("configmaps", HEALTH_NAMESPACE, name, lambda cm: cm["data"].update(before["data"]))
 
 
@@ -348,15 +349,13 @@ def namespace_enforcing(cluster, namespace: str, level: str):
 
 
 @contextlib.contextmanager
-def queue_covering_rdma(cluster):
-    queue = cluster.store.get("clusterqueues.kueue.x-k8s.io", "", "training")
-    groups = copy.deepcopy(queue["spec"]["resourceGroups"])
-    wider = copy.deepcopy(groups)
-    wider[0]["coveredResources"].append("rdma/ib")
-    wider[0]["flavors"][0]["resources"].append({"name": "rdma/ib", "nominalQuota": "64"})
-    patch(cluster, "clusterqueue", "training", body={"spec": {"resourceGroups": wider}})
+def rdma_device_plugin(cluster):
+    """An RDMA device plugin advertises rdma/ib on gpu-node-000."""
+    offered = {"capacity": {"rdma/ib": "64"}, "allocatable": {"rdma/ib": "64"}}
+    patch(cluster, "node", "gpu-node-000", body={"status": offered}, subresource="status")
     yield
-    patch(cluster, "clusterqueue", "training", body={"spec": {"resourceGroups": groups}})
+    gone = {"capacity": {"rdma/ib": None}, "allocatable": {"rdma/ib": None}}
+    patch(cluster, "node", "gpu-node-000", body={"status": gone}, subresource="status")
 
 
 @contextlib.contextmanager
@@ -376,11 +375,11 @@ WRONG = {
     "metric-not-exported": (lambda c: exporter_without(c, "DCGM_FI_DEV_ROW_REMAP_PENDING"), (), "dcgm-exporter", "no DCGM_FI_DEV_ROW_REMAP_PENDING series", "counters CSV"),
     "wrong-node-label": (nothing_changed, ("--prometheus-node-label", "UUID"), "dcgm-exporter", "label 'UUID' of dcgm-exporter's series names no GPU node", "--prometheus-node-label) to Hostname"),
     "priority-class-missing": (priority_class_deleted, (), "kueue-queues", "WorkloadPriorityClass training-standard does not exist", "deploy/kueue-queues.yaml"),
-    "local-queue-elsewhere": (lambda c: local_queue_feeding(c, "other"), (), "kueue-queues", "LocalQueue training/training feeds ClusterQueue other, not training", "spec.clusterQueue to training"),
+    "local-queue-elsewhere": (lambda c: local_queue_feeding(c, "other"), (), "kueue-queues", "LocalQueue training/training sends runs to ClusterQueue 'other', but the claim raises", "deploy/kueue-queues.yaml"),
     "operand-without-trainops-tolerations": (operand_with_chart_tolerations, (), "daemonset-tolerations", "DaemonSet gpu-operator/nvidia-driver-daemonset does not tolerate trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
     "cluster-policy-without-trainops-tolerations": (cluster_policy_with_chart_tolerations, (), "daemonset-tolerations", "ClusterPolicy cluster-policy spec.daemonsets.tolerations lacks trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
     "training-restricted": (lambda c: namespace_enforcing(c, "training", "restricted"), (), "namespaces", "namespace training enforces Pod Security restricted; the training pods need baseline", f"{ENFORCE}=baseline"),
-    "rdma-under-baseline": (queue_covering_rdma, (), "namespaces", "ClusterQueue training covers rdma/ib: runs that ask for it add IPC_LOCK and need privileged", f"{ENFORCE}=privileged"),
+    "rdma-under-baseline": (rdma_device_plugin, (), "namespaces", "GPU nodes offer rdma/ib: runs that ask for it add IPC_LOCK and need privileged", f"{ENFORCE}=privileged"),
     "probe-namespace-baseline": (lambda c: namespace_enforcing(c, "kube-system", "baseline"), (), "namespaces", "namespace kube-system enforces Pod Security baseline; the node probe", f"kubectl label namespace kube-system {ENFORCE}=privileged"),
     "policy-unbound": (lambda c: binding_deleted(c, POLICIES[1]), (), "probe-admission", f"ValidatingAdmissionPolicy {POLICIES[1]} is not bound with validationActions [Deny]", "deploy/node-probe-admission.yaml"),
 }  # fmt: skip

@@ -15,7 +15,7 @@ def check(reads: Reads, config) -> Outcome:
     problems = []
     for permission in needed:
         namespace = permission.where(config.training_namespace)
-        allowed, _ = reads.access(permission.verb, permission.group, permission.resource, namespace)
+        allowed = reads.access(permission.verb, permission.group, permission.resource, namespace)
         if not allowed:
             where = f"in namespace {namespace}" if namespace else "cluster-wide"
             problems.append(

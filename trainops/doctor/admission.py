@@ -8,13 +8,16 @@ Without them a probe's node-bound token can change its own node's labels, annota
 from __future__ import annotations
 
 from trainops.doctor.gpu_operator import probe_daemon_set
-from trainops.doctor.reads import Reads, path
+from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
+from trainops.kube.client import Kind
 
 GROUP, VERSION = "admissionregistration.k8s.io", "v1"
 #: the policies deploy/node-probe-admission.yaml ships (a test keeps the two the same)
 POLICIES = ("trainops-node-probe-own-node", "trainops-node-probe-own-report")
 APPLY = "kubectl apply -f deploy/node-probe-admission.yaml"
+POLICY_KIND = Kind(GROUP, VERSION, "validatingadmissionpolicies", namespaced=False)
+BINDING_KIND = Kind(GROUP, VERSION, "validatingadmissionpolicybindings", namespaced=False)
 
 
 def _policy_problems(policy: dict, bindings: list[dict], account: str | None) -> list[Problem]:
@@ -64,9 +67,7 @@ def check(reads: Reads, config) -> Outcome:
                 )
             ],
         )
-    bindings = reads.list(
-        path(GROUP, VERSION, "validatingadmissionpolicybindings"), "admission policy bindings"
-    )
+    bindings = reads.list(BINDING_KIND)
     daemon_set = probe_daemon_set(reads, config)
     account = None
     if daemon_set is not None:
@@ -75,9 +76,7 @@ def check(reads: Reads, config) -> Outcome:
         account = f"system:serviceaccount:{config.probe[0]}:{sa}"
     problems = []
     for name in POLICIES:
-        policy = reads.get(
-            path(GROUP, VERSION, "validatingadmissionpolicies", name=name), f"admission policy {name}"
-        )
+        policy = reads.get(POLICY_KIND, name)
         if policy is None:
             problems.append(Problem(f"ValidatingAdmissionPolicy {name} does not exist", APPLY))
         else:

@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import re
 
-from trainops.doctor.reads import Reads, path
+from trainops.doctor.reads import DAEMONSETS, Reads
 from trainops.doctor.result import Outcome, Problem, Skip
+from trainops.kube.client import Kind
 
 GROUP, VERSION = "nvidia.com", "v1"
+CLUSTER_POLICIES = Kind(GROUP, VERSION, "clusterpolicies", namespaced=False)
+RUNTIME_CLASSES = Kind("node.k8s.io", "v1", "runtimeclasses", namespaced=False)
 DEFAULT_RUNTIME_CLASS = "nvidia"  # the chart's operator.runtimeClass
 CDI_DEFAULT_FROM = (25, 10)  # cdi.enabled defaults to true from v25.10.0
 INSTALL = "helm upgrade --install gpu-operator nvidia/gpu-operator -n gpu-operator -f deploy/gpu-operator-values.yaml"
@@ -43,7 +46,7 @@ def cluster_policy(reads: Reads) -> dict | None:
     def read() -> dict | None:
         if "clusterpolicies" not in (reads.served_resources(GROUP, VERSION) or set()):
             return None
-        policies = reads.list(path(GROUP, VERSION, "clusterpolicies"), "ClusterPolicies")
+        policies = reads.list(CLUSTER_POLICIES)
         live = [p for p in policies if (p.get("status") or {}).get("state") != "ignored"]
         return (live or policies or [{}])[0]
 
@@ -52,8 +55,7 @@ def cluster_policy(reads: Reads) -> dict | None:
 
 def probe_daemon_set(reads: Reads, config) -> dict | None:
     namespace, name = config.probe
-    url = path("apps", "v1", "daemonsets", namespace, name)
-    return reads.shared("probe daemonset", lambda: reads.get(url, f"DaemonSet {namespace}/{name}"))
+    return reads.shared("probe daemonset", lambda: reads.get(DAEMONSETS, name, namespace))
 
 
 def check(reads: Reads, config) -> Outcome:
@@ -86,10 +88,7 @@ def check(reads: Reads, config) -> Outcome:
     runtime_class = ((policy.get("spec") or {}).get("operator") or {}).get(
         "runtimeClass"
     ) or DEFAULT_RUNTIME_CLASS
-    classes = {
-        rc["metadata"]["name"]
-        for rc in reads.list(path("node.k8s.io", "v1", "runtimeclasses"), "RuntimeClasses")
-    }
+    classes = {rc["metadata"]["name"] for rc in reads.list(RUNTIME_CLASSES)}
     if runtime_class not in classes:
         problems.append(
             Problem(

@@ -1,39 +1,34 @@
 """Kueue: a version trainops speaks is served with the resources it uses (its CRDs), and the queues
-the lifecycle submits to exist, are active and cover the GPUs it asks for.
+the lifecycle submits to exist, lead to each other, are active and cover the GPUs it asks for.
 
 A real Kueue 0.13 serves only ``v1beta1``; 0.15 and later also ``v1beta2`` (trainops.kube.kueue).
 A Workload that names a WorkloadPriorityClass that does not exist is never created, and Kueue says
-so only in its own log; an inactive ClusterQueue admits nothing.
+so only in its own log; an inactive ClusterQueue admits nothing.  The queues are judged by the
+claim's own check (``trainops.capacity.coverage``).
 """
 
 from __future__ import annotations
 
+from trainops.capacity.coverage import QueueMismatch, check_queue
 from trainops.conventions import GPU_RESOURCE
-from trainops.doctor.reads import Reads, path
+from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
-from trainops.kube.kueue import GROUP, KueueNotServed, pick_version
+from trainops.kube.kueue import GROUP, KueueNotServed
 
 #: the Kueue resources trainops reads or writes (and the priority classes its Workloads name)
 RESOURCES = ("clusterqueues", "localqueues", "workloads", "resourceflavors", "workloadpriorityclasses")
 INSTALL = (
     "install Kueue 0.13 or newer (its CRDs and controller), then kubectl apply -f deploy/kueue-queues.yaml"
 )
-QUEUES = "kubectl apply -f deploy/kueue-queues.yaml (or pass the queues the lifecycle uses: --cluster-queue, --local-queue)"
-
-
-def served_version(reads: Reads) -> str:
-    """The version trainops speaks with this cluster's Kueue (KueueNotServed names the fix)."""
-    return reads.shared(
-        "kueue version", lambda: pick_version(reads.get(f"/apis/{GROUP}", "Kueue's API group"))
-    )
+QUEUES = "kubectl apply -f deploy/kueue-queues.yaml, or name the queues the lifecycle uses (--cluster-queue, --local-queue)"
 
 
 def check_api(reads: Reads, config) -> Outcome:
     try:
-        version = served_version(reads)
+        version = reads.kube.kueue("clusterqueues").version
     except KueueNotServed as error:
         return Outcome("Kueue is not served in a version trainops speaks", [Problem(str(error), INSTALL)])
-    group = reads.get(f"/apis/{GROUP}", "Kueue's API group") or {}
+    group = reads.get_path(f"/apis/{GROUP}", "Kueue's API group") or {}
     versions = [v.get("version") for v in group.get("versions") or []]
     served = reads.served_resources(GROUP, version) or set()
     problems = [
@@ -42,85 +37,61 @@ def check_api(reads: Reads, config) -> Outcome:
         if plural not in served
     ]
     return Outcome(
-        f"Kueue serves {', '.join(versions)}; trainops speaks {version}; CRDs of {', '.join(RESOURCES)}",
-        problems,
+        f"Kueue serves {', '.join(versions)}; trainops speaks {version}; its CRDs are installed", problems
     )
 
 
-def _active(obj: dict, what: str) -> Problem | None:
-    conditions = {c.get("type"): c for c in (obj.get("status") or {}).get("conditions") or []}
+def cluster_queue(reads: Reads, config) -> dict | None:
+    kind = reads.kube.kueue("clusterqueues", namespaced=False)
+    return reads.shared("clusterqueue", lambda: reads.get(kind, config.cluster_queue))
+
+
+def covered(queue: dict) -> set[str]:
+    """Every resource the ClusterQueue's resource groups cover."""
+    return {
+        name
+        for group in (queue.get("spec") or {}).get("resourceGroups") or []
+        for name in group.get("coveredResources") or []
+    }
+
+
+def _inactive(obj: dict | None, what: str) -> Problem | None:
+    conditions = {c.get("type"): c for c in ((obj or {}).get("status") or {}).get("conditions") or []}
     active = conditions.get("Active")
+    if obj is None or (active and active.get("status") == "True"):
+        return None
     if active is None:
         return Problem(
             f"{what} has no Active condition: Kueue's controller has not reconciled it",
             "is Kueue's controller running? kubectl get pods -n kueue-system",
         )
-    if active.get("status") != "True":
-        return Problem(
-            f"{what} is inactive: {active.get('reason')}: {active.get('message')}",
-            "fix what Kueue names (a missing ResourceFlavor or ClusterQueue); Kueue admits nothing to it until then",
-        )
-    return None
-
-
-def covered(cluster_queue: dict) -> set[str]:
-    """Every resource the ClusterQueue's resource groups cover."""
-    return {
-        name
-        for group in (cluster_queue.get("spec") or {}).get("resourceGroups") or []
-        for name in group.get("coveredResources") or []
-    }
+    return Problem(
+        f"{what} is inactive: {active.get('reason')}: {active.get('message')}",
+        "fix what Kueue names (a missing ResourceFlavor or ClusterQueue): it admits nothing until then",
+    )
 
 
 def check_queues(reads: Reads, config) -> Outcome:
     try:
-        version = served_version(reads)
+        kind = reads.kube.kueue("localqueues")
     except KueueNotServed as error:
         return Outcome("Kueue is not served", [Problem(str(error), INSTALL)])
+    namespace, local = config.training_namespace, config.local_queue
     problems = []
-    cq_name, lq_name, namespace = config.cluster_queue, config.local_queue, config.training_namespace
-    cluster_queue = reads.get(path(GROUP, version, "clusterqueues", name=cq_name), f"ClusterQueue {cq_name}")
-    if cluster_queue is None:
-        problems.append(
-            Problem(f"ClusterQueue {cq_name} does not exist: the claim has no quota to raise", QUEUES)
+    try:
+        check_queue(
+            reads.kube, namespace, local, [GPU_RESOURCE], reads.deadline, cluster_queue=config.cluster_queue
         )
-    else:
-        problems += [p for p in [_active(cluster_queue, f"ClusterQueue {cq_name}")] if p]
-        if GPU_RESOURCE not in covered(cluster_queue):
-            problems.append(
-                Problem(
-                    f"ClusterQueue {cq_name} does not cover {GPU_RESOURCE} (covers {sorted(covered(cluster_queue))}): "
-                    "Kueue refuses a Workload that asks for a resource its queue does not cover",
-                    f"add {GPU_RESOURCE} to a resource group's coveredResources, with a flavor quota (deploy/kueue-queues.yaml)",
-                )
-            )
-    local_queue = reads.get(
-        path(GROUP, version, "localqueues", namespace, lq_name), f"LocalQueue {namespace}/{lq_name}"
-    )
-    if local_queue is None:
-        problems.append(
-            Problem(f"LocalQueue {namespace}/{lq_name} does not exist: runs cannot be submitted", QUEUES)
-        )
-    else:
-        target = (local_queue.get("spec") or {}).get("clusterQueue")
-        if target != cq_name:
-            problems.append(
-                Problem(
-                    f"LocalQueue {namespace}/{lq_name} feeds ClusterQueue {target}, not {cq_name}: the claim raises "
-                    "the quota of a queue the run is not in",
-                    f"set the LocalQueue's spec.clusterQueue to {cq_name}, or pass --cluster-queue {target}",
-                )
-            )
-        else:
-            problems += [p for p in [_active(local_queue, f"LocalQueue {namespace}/{lq_name}")] if p]
-    priority = config.priority_class
-    if (
-        reads.get(
-            path(GROUP, version, "workloadpriorityclasses", name=priority),
-            f"WorkloadPriorityClass {priority}",
-        )
-        is None
+    except QueueMismatch as mismatch:
+        problems.append(Problem(str(mismatch), QUEUES))
+    queue = cluster_queue(reads, config)
+    for obj, what in (
+        (queue, f"ClusterQueue {config.cluster_queue}"),
+        (reads.get(kind, local, namespace), f"LocalQueue {namespace}/{local}"),
     ):
+        problems += [p for p in [_inactive(obj, what)] if p]
+    priority = config.priority_class
+    if reads.get(reads.kube.kueue("workloadpriorityclasses", namespaced=False), priority) is None:
         problems.append(
             Problem(
                 f"WorkloadPriorityClass {priority} does not exist: Kueue makes no Workload for a run that "
@@ -128,9 +99,9 @@ def check_queues(reads: Reads, config) -> Outcome:
                 f"{QUEUES}; or pass the class your runs use: --priority-class",
             )
         )
-    resources = sorted(covered(cluster_queue or {}))
+    resources = ", ".join(sorted(covered(queue or {}))) or "nothing"
     return Outcome(
-        f"ClusterQueue {cq_name} (covers {', '.join(resources) or 'nothing'}), LocalQueue {namespace}/{lq_name}, "
+        f"LocalQueue {namespace}/{local} -> ClusterQueue {config.cluster_queue} (covers {resources}), "
         f"WorkloadPriorityClass {priority}",
         problems,
     )

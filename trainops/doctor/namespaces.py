@@ -3,17 +3,17 @@
 Pod Security Admission enforces the level in a namespace's ``pod-security.kubernetes.io/enforce``
 label (``privileged`` when unlabelled, unless the API server's admission configuration says
 otherwise).  The training pods trainops builds need ``baseline``; a run that asks for RDMA devices
-adds the capability IPC_LOCK, which only ``privileged`` allows.  The node probe mounts the host's
+adds the capability IPC_LOCK, which only ``privileged`` allows: where GPU nodes offer an ``rdma/``
+resource (an RDMA device plugin runs), runs will ask for it.  The node probe mounts the host's
 ``/sys`` (hostPath): its namespace must be ``privileged``.  ``trainops-system`` holds only reports.
 """
 
 from __future__ import annotations
 
 from trainops.conventions import HEALTH_NAMESPACE
-from trainops.doctor.kueue import covered, served_version
-from trainops.doctor.reads import Reads, path
+from trainops.doctor.node_probe import gpu_nodes
+from trainops.doctor.reads import NAMESPACES, Reads
 from trainops.doctor.result import Outcome, Problem
-from trainops.kube.kueue import GROUP, KueueNotServed
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 LEVELS = ("restricted", "baseline", "privileged")  # each allows more than the one before
@@ -29,18 +29,20 @@ def enforced(namespace: dict) -> str:
     )  # an unknown level: the API server's own default, at worst
 
 
-def _rdma_covered(reads: Reads, config) -> list[str]:
-    """The RDMA resources the training ClusterQueue covers (runs may ask for them)."""
-    try:
-        version = served_version(reads)
-    except KueueNotServed:
-        return []
-    queue = reads.get(path(GROUP, version, "clusterqueues", name=config.cluster_queue), "the ClusterQueue")
-    return sorted(r for r in covered(queue or {}) if r.startswith(RDMA_PREFIX))
+def _rdma_offered(reads: Reads, config) -> list[str]:
+    """The RDMA resources GPU nodes offer (an RDMA device plugin runs: runs will ask for them)."""
+    return sorted(
+        {
+            resource
+            for node in gpu_nodes(reads, config)
+            for resource in ((node.get("status") or {}).get("allocatable") or {})
+            if resource.startswith(RDMA_PREFIX)
+        }
+    )
 
 
 def _needs(reads: Reads, name: str, need: str, why: str) -> tuple[str, Problem | None]:
-    namespace = reads.get(path("", "v1", "namespaces", name=name), f"namespace {name}")
+    namespace = reads.get(NAMESPACES, name)
     if namespace is None:
         return "missing", Problem(f"namespace {name} does not exist", APPLY)
     level = enforced(namespace)
@@ -53,10 +55,10 @@ def _needs(reads: Reads, name: str, need: str, why: str) -> tuple[str, Problem |
 
 
 def check(reads: Reads, config) -> Outcome:
-    rdma = _rdma_covered(reads, config)
+    rdma = _rdma_offered(reads, config)
     training_needs = "privileged" if rdma else "baseline"
     why = (
-        f"ClusterQueue {config.cluster_queue} covers {', '.join(rdma)}: runs that ask for it add IPC_LOCK and"
+        f"GPU nodes offer {', '.join(rdma)}: runs that ask for it add IPC_LOCK and"
         if rdma
         else "the training pods"
     )

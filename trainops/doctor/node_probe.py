@@ -13,10 +13,11 @@ import time
 from trainops.conventions import HEALTH_NAMESPACE
 from trainops.doctor.gpu_operator import probe_daemon_set
 from trainops.doctor.placement import node_taints, selects, untolerated
-from trainops.doctor.reads import Reads, path
+from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
 from trainops.health.policy import DEFAULT_POLICY
 from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
+from trainops.kube.client import CONFIGMAPS, NODES, PODS
 
 APPLY_PROBE = "kubectl apply -f deploy/node-probe.yaml (or name yours: --probe-daemonset NAMESPACE/NAME)"
 REPORT_AGE_S = next(row.threshold for row in DEFAULT_POLICY.rows if row.name == "report_age")
@@ -26,7 +27,7 @@ def gpu_nodes(reads: Reads, config) -> list[dict]:
     """The gate's candidate nodes."""
     return reads.shared(
         "gpu nodes",
-        lambda: reads.list(path("", "v1", "nodes"), f"nodes ({config.selector})", labels=config.selector),
+        lambda: reads.list(NODES, labels=config.selector),
     )
 
 
@@ -91,9 +92,7 @@ def check_daemon_set(reads: Reads, config) -> Outcome:
     uid = daemon_set["metadata"].get("uid")
     pods = [
         p
-        for p in reads.list(
-            path("", "v1", "pods", namespace), f"pods of DaemonSet {namespace}/{name}", labels=match
-        )
+        for p in reads.list(PODS, namespace, labels=match)
         if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])
     ]
     on_node = {(p.get("spec") or {}).get("nodeName"): p for p in pods}
@@ -123,10 +122,7 @@ def check_reports(reads: Reads, config) -> Outcome:
     if not nodes:
         return Outcome("no GPU nodes", [no_gpu_nodes(config)])
     held = {
-        cm["metadata"]["name"]: cm
-        for cm in reads.list(
-            path("", "v1", "configmaps", HEALTH_NAMESPACE), "the probes' reports", labels=REPORT_SELECTOR
-        )
+        cm["metadata"]["name"]: cm for cm in reads.list(CONFIGMAPS, HEALTH_NAMESPACE, labels=REPORT_SELECTOR)
     }
     namespace, name = config.probe
     logs = f"kubectl logs -n {namespace} the {name} pod on that node: it says why it cannot read or publish"

@@ -79,7 +79,7 @@ def run_doctor(kube, config: DoctorConfig, checks: Sequence[Check] | None = None
     server = kube.api_client.configuration.host
     reads = Reads(kube, Deadline(config.check_deadline_s))
     try:
-        version = reads.get("/version", "the API server's version") or {}
+        version = reads.get_path("/version", "the API server's version") or {}
     except Exception as error:
         raise ClusterUnreachable(
             f"cannot read the cluster at {server}: {api_message(error)}; check the kubeconfig, its "
