@@ -46,16 +46,26 @@ def _ready(pod: dict) -> bool:
     return status.get("phase") == "Running" and ready
 
 
-def _why_not_running(name: str, template: dict, node: dict, pod: dict | None) -> str:
-    spec = template.get("spec") or {}
+def _not_running(daemon_set: str, template: dict, node: dict, pod: dict | None) -> Problem:
+    """Why ``node`` has no ready probe, by the DaemonSet's own placement rules, and the fix."""
+    spec, node_name = template.get("spec") or {}, node["metadata"]["name"]
+    namespace, name = daemon_set.split("/")
     if not selects(spec, node):
-        labels = (node["metadata"].get("labels")) or {}
+        labels = node["metadata"].get("labels") or {}
         wanted = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if labels.get(k) != v}
-        want = ", ".join(f"{k}={v}" for k, v in wanted.items()) or "its required node affinity"
-        return f"no probe pod: the node does not match the DaemonSet's {want}"
+        want = " ".join(f"{k}={v}" for k, v in wanted.items())
+        return Problem(
+            f"{node_name}: no probe pod: the node does not match the DaemonSet's {want or 'required node affinity'}",
+            f"kubectl label node {node_name} {want} (GPU Feature Discovery sets it), or widen the DaemonSet's nodeSelector"
+            if want
+            else "widen the DaemonSet's node affinity to GPU nodes",
+        )
     blocked = untolerated(spec.get("tolerations") or [], node_taints(node))
     if blocked:
-        return f"no probe pod: the DaemonSet does not tolerate the node's taint {blocked[0]}"
+        return Problem(
+            f"{node_name}: no probe pod: the DaemonSet does not tolerate the node's taint {blocked[0]}",
+            "tolerate every taint, as deploy/node-probe.yaml does ({operator: Exists})",
+        )
     if pod is not None:
         status = pod.get("status") or {}
         waiting = [
@@ -63,10 +73,16 @@ def _why_not_running(name: str, template: dict, node: dict, pod: dict | None) ->
             for c in status.get("containerStatuses") or []
         ]
         why = ", ".join(w for w in waiting if w)
-        return f"probe pod {pod['metadata']['name']} is {status.get('phase', 'Pending')}, not ready" + (
-            f" ({why})" if why else ""
+        return Problem(
+            f"{node_name}: probe pod {pod['metadata']['name']} is {status.get('phase', 'Pending')}, not ready"
+            + (f" ({why})" if why else ""),
+            f"kubectl describe pod -n {namespace} {pod['metadata']['name']}",
         )
-    return f"no probe pod: the DaemonSet {name} has not created one"
+    return Problem(
+        f"{node_name}: no probe pod: the DaemonSet has not created one",
+        f"kubectl describe daemonset -n {namespace} {name}: its events name the refusal (Pod Security, a "
+        "RuntimeClass, a quota)",
+    )
 
 
 def check_daemon_set(reads: Reads, config) -> Outcome:
@@ -103,14 +119,7 @@ def check_daemon_set(reads: Reads, config) -> Outcome:
         pod = on_node.get(node_name)
         if pod is not None and _ready(pod):
             continue
-        problems.append(
-            Problem(
-                f"{node_name}: {_why_not_running(f'{namespace}/{name}', template, node, pod)}",
-                f"kubectl describe daemonset -n {namespace} {name} (its events name a refused pod: Pod Security, "
-                "a RuntimeClass, a quota); deploy/node-probe.yaml selects nvidia.com/gpu.present=true (GPU "
-                "Feature Discovery sets it) and tolerates every taint",
-            )
-        )
+        problems.append(_not_running(f"{namespace}/{name}", template, node, pod))
     ready = len(nodes) - len(problems)
     return Outcome(
         f"DaemonSet {namespace}/{name}: a ready probe on {ready} of {len(nodes)} GPU node(s)", problems

@@ -69,7 +69,8 @@ class Report:
         lines = [f"trainops doctor: {self.server}"]
         for finding in self.findings:
             lines += finding.lines()
-        counted = ", ".join(f"{n} {s}" for s, n in self.counts().items() if n)
+        said = {OK: "ok", PROBLEM: "with problems", SKIPPED: "skipped", FAILED: "could not finish"}
+        counted = ", ".join(f"{n} {said[s]}" for s, n in self.counts().items() if n)
         lines.append(f"{len(self.findings)} checks: {counted}")
         return "\n".join(lines)
 

@@ -65,4 +65,11 @@ def check(reads: Reads, config) -> Outcome:
                 )
             )
     taints = ", ".join(map(str, TRAINOPS_TAINTS))
-    return Outcome(f"{on_gpu} DaemonSet(s) run on GPU nodes; each must tolerate {taints}", problems)
+    lacking = sum(1 for p in problems if p.what.startswith("DaemonSet "))
+    summary = (
+        f"{lacking} of {on_gpu} DaemonSet(s) on GPU nodes miss a trainops taint"
+        if lacking
+        else f"{on_gpu} DaemonSet(s) on GPU nodes, each tolerating {taints}"
+    )
+    policy_lacks = len(problems) > lacking
+    return Outcome(summary + ("; the ClusterPolicy's tolerations miss one" if policy_lacks else ""), problems)
