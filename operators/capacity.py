@@ -48,6 +48,8 @@ class ClaimNodesOperator(BaseOperator):
         anything is claimed, it must send runs to ``cluster_queue``, which must cover every one of
         ``run_resources``, else the task fails naming the fix and nothing is changed. None: not checked. Templated.
     :param training_namespace: the namespace of ``local_queue`` (and of the run's Jobs).
+    :param priority_class: the run's Kueue WorkloadPriorityClass, checked with ``local_queue`` to exist (Kueue
+        makes no Workload for a job that names a missing one). Templated.
     :param run_resources: the resources each pod of the run requests (``nvidia.com/gpu``; ``cpu``, ``memory``
         when it sets them; ``extra_resources`` such as ``rdma/ib``), checked against the ClusterQueue's
         ``coveredResources``. Templated.
@@ -69,6 +71,7 @@ class ClaimNodesOperator(BaseOperator):
         "count",
         "cluster_queue",
         "local_queue",
+        "priority_class",
         "run_resources",
         "inference_deployments",
         "inference_services",
@@ -82,6 +85,7 @@ class ClaimNodesOperator(BaseOperator):
         cluster_queue: str = "training",
         local_queue: str | None = None,
         training_namespace: str = "training",
+        priority_class: str | None = None,
         run_resources: Sequence[str] = (GPU_RESOURCE,),
         gpus_per_node: int | None = None,
         gpu_flavor: str | None = None,
@@ -100,6 +104,7 @@ class ClaimNodesOperator(BaseOperator):
         self.node_names, self.count = _list_or_template(node_names), count
         self.cluster_queue = cluster_queue
         self.local_queue, self.training_namespace = local_queue, training_namespace
+        self.priority_class = priority_class
         self.run_resources = _list_or_template(run_resources)
         self.gpus_per_node = gpus_per_node
         self.gpu_flavor = gpu_flavor
@@ -138,6 +143,7 @@ class ClaimNodesOperator(BaseOperator):
                 self.run_resources,
                 Deadline(self.deadlines.api_s),
                 cluster_queue=self.cluster_queue,
+                priority_class=self.priority_class,
             )
             self.log.info(
                 "LocalQueue %s/%s -> ClusterQueue %s covers %s",

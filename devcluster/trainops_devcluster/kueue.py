@@ -264,8 +264,9 @@ class KueueController(Controller):
         return self.writer.write(WORKLOADS, workload, lambda w: w["spec"].update(changes))
 
     def _warn_missing_class(self, job: dict, class_name: str) -> None:
+        """A Warning Event, as Kueue's main branch (0.20) records; 0.13 to 0.19 only log it."""
         key = (job["metadata"]["uid"], class_name)
-        if key not in self._warned:
+        if key not in self._warned and self.release.version == "v1beta2":
             self._warned.add(key)
             message = f'WorkloadPriorityClass "{class_name}" not found'
             self.writer.event(job, "Warning", "WorkloadPriorityClassNotFound", message, JOB_COMPONENT)

@@ -116,7 +116,9 @@ def training_lifecycle(
         node_names="{{ ti.xcom_pull(task_ids='health_gate')['node_names'] }}",
         count=NODES_WITH_SPARES,
         cluster_queue="{{ params.cluster_queue }}",
-        local_queue="{{ params.kueue_queue }}",  # train's: checked to lead to cluster_queue and cover its GPUs
+        # train's queue and priority, checked first: the queue leads to cluster_queue and covers its GPUs
+        local_queue="{{ params.kueue_queue }}",
+        priority_class="{{ params.priority_class }}",
         inference_deployments="{{ params.inference_workloads }}",
         kubernetes_conn_id=kubernetes_conn_id,
         retries=2,  # idempotent: a retry finishes the same claim (the nodes it already holds first)

@@ -66,10 +66,11 @@ checks that each node's health report is fresh. Reads `prometheus_conn_id` too w
 """
 
 CLAIM_DOC = """
-Setup task. First, with reads only, checks that `kueue_queue` sends runs to `cluster_queue` and that this
-ClusterQueue covers every resource the run's pods request: a run Kueue could never admit fails here,
-naming the fix, before anything is claimed. Then it takes `nodes + spare_nodes` of the gate's nodes, the least disruptive first (idle ones, then
-those running the fewest inference pods), checks no other run holds them, flips their `trainops.io/mode`
+Setup task. First, with reads only, checks that `kueue_queue` sends runs to `cluster_queue`, that this
+ClusterQueue covers every resource the run's pods request and that `priority_class` exists: a run Kueue
+could never admit fails here, naming the fix, before anything is claimed. Then it takes
+`nodes + spare_nodes` of the gate's nodes, the least disruptive first (idle ones, then those running the
+fewest inference pods), checks no other run holds them, flips their `trainops.io/mode`
 taint to `training`, scales down `inference_workloads` that ran there and evicts what is left through the
 Eviction API (PodDisruptionBudgets honoured), and raises the training ClusterQueue's GPU quota. Every
 change is recorded on the objects so the teardown undoes exactly it.

@@ -39,12 +39,20 @@ def test_the_queue_is_checked_with_reads_only_and_refused_with_the_fix(make_devc
     )
     cluster.server.audit.clear()
 
-    def check(local_queue="training", resources=RDMA_RUN, cluster_queue="training"):
+    def check(local_queue="training", resources=RDMA_RUN, cluster_queue="training", priority_class=None):
         return check_queue(
-            kube, "training", local_queue, resources, Deadline(30), cluster_queue=cluster_queue
+            kube,
+            "training",
+            local_queue,
+            resources,
+            Deadline(30),
+            cluster_queue=cluster_queue,
+            priority_class=priority_class,
         )
 
-    assert check() == "training"  # the README's RDMA run: covered by deploy/kueue-queues.yaml
+    assert (
+        check(priority_class="training-urgent") == "training"
+    )  # the README's RDMA run: covered by deploy/kueue-queues.yaml
     for args, message in [
         (
             {"resources": ["nvidia.com/gpu", "rdma/hca_shared_devices_a"]},
@@ -66,6 +74,10 @@ def test_the_queue_is_checked_with_reads_only_and_refused_with_the_fix(make_devc
         (
             {"local_queue": "other", "cluster_queue": None},
             "ClusterQueue 'elsewhere' of LocalQueue training/other does not exist",
+        ),
+        (
+            {"priority_class": "training-lowest"},
+            "WorkloadPriorityClass 'training-lowest' does not exist: Kueue would make no Workload for the run",
         ),
     ]:
         with pytest.raises(QueueMismatch) as refused:

@@ -265,6 +265,10 @@ def test_workload_is_created_for_a_queued_job_with_owner_labels_podsets_and_prio
 
 
 def test_missing_priority_class_means_no_workload_and_a_warning_event(make_cluster):
+    old = make_cluster(version="v1beta1")  # Kueue 0.13 says so only in its own log
+    old.submit("orphan", priority="urgent")
+    time.sleep(0.2)
+    assert old.workload("orphan") is None and old.events("WorkloadPriorityClassNotFound") == []
     cluster = make_cluster()
     cluster.submit("orphan", priority="urgent")
     event = wait_for(lambda: cluster.events("WorkloadPriorityClassNotFound"), "the Warning Event")[0]

@@ -5,7 +5,9 @@ ClusterQueue's ``coveredResources`` (0.13: ``Pending``, "resource rdma/ib unavai
 ClusterQueue"): the run would wait for its admission timeout with its nodes claimed.  ``check_queue``
 reads the run's LocalQueue and the ClusterQueue behind it, and raises ``QueueMismatch`` naming the
 fix when either is missing, when the LocalQueue sends runs to another ClusterQueue than the one whose
-quota the claim raises, or when a resource the run's pods request is not covered.
+quota the claim raises, or when a resource the run's pods request is not covered.  It also reads the
+run's WorkloadPriorityClass: for a job that names a missing one, Kueue makes no Workload at all (0.13
+to 0.19 say so only in their own log).
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ def check_queue(
     deadline: Deadline,
     *,
     cluster_queue: str | None = None,
+    priority_class: str | None = None,
 ) -> str:
     """The ClusterQueue behind LocalQueue ``namespace/local_queue``, once it is ``cluster_queue`` (when
     given) and covers every one of ``resources`` (the names one pod of the run requests, e.g.
-    ``nvidia.com/gpu``, ``rdma/ib``); else ``QueueMismatch``."""
+    ``nvidia.com/gpu``, ``rdma/ib``), and WorkloadPriorityClass ``priority_class`` (when given)
+    exists; else ``QueueMismatch``."""
     queue = kube.get(kube.kueue("localqueues"), local_queue, namespace, deadline=deadline)
     if queue is None:
         raise QueueMismatch(
@@ -65,5 +69,14 @@ def check_queue(
             f"coveredResources of ClusterQueue {target}, with a nominalQuota in each flavor of that resource "
             f"group (see {QUEUES_MANIFEST}), or exclude it from Kueue's quota in Kueue's configuration "
             "(resources.excludeResourcePrefixes) and from the resources checked here"
+        )
+    if (
+        priority_class
+        and kube.get(kube.kueue("workloadpriorityclasses", namespaced=False), priority_class) is None
+    ):
+        raise QueueMismatch(
+            f"WorkloadPriorityClass {priority_class!r} does not exist: Kueue would make no Workload for the run, "
+            f"which would wait for its admission timeout; create it (see {QUEUES_MANIFEST}) or name another "
+            "priority class"
         )
     return target
