@@ -90,6 +90,28 @@ def label_problems(labels: dict | None, field: str) -> Causes:
     return causes
 
 
+_STANDARD_FINALIZERS = ("kubernetes", "orphan", "foregroundDeletion")
+
+
+def finalizer_problems(finalizers: list | None, field: str, *, builtin: bool) -> Causes:
+    """Finalizer names as kube-apiserver checks them: a qualified name (the cause names the list, as
+    apimachinery does), and on a built-in kind a standard name or one with a ``prefix/``."""
+    causes: Causes = []
+    for i, name in enumerate(finalizers or []):
+        if not isinstance(name, str):
+            continue  # a type error, reported by the structural check
+        causes += qualified_name_problems(name, field)
+        if builtin and "/" not in name and name not in _STANDARD_FINALIZERS:
+            causes.append(
+                _invalid(
+                    f"{field}[{i}]",
+                    name,
+                    "name is neither a standard finalizer name nor is it fully qualified",
+                )
+            )
+    return causes
+
+
 def _meta_problems(meta: dict, field: str) -> Causes:
     causes = label_problems(meta.get("labels"), f"{field}.labels")
     for key in meta.get("annotations") or {}:
@@ -257,6 +279,7 @@ def validate(kind: Kind, obj: dict, *, field_validation: str = "") -> list[str]:
     else:
         causes += name_problems(meta["generateName"] + "x", kind.name_rule, "metadata.generateName")
     causes += _meta_problems(meta, "metadata")
+    causes += finalizer_problems(meta.get("finalizers"), "metadata.finalizers", builtin=not kind.custom)
     causes += _kind_problems(kind, obj)
     if causes:
         raise Invalid(kind.kind, name, causes)

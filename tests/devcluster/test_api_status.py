@@ -97,6 +97,38 @@ def test_invalid_lists_the_causes_under_the_kind(api):
     assert body["details"]["causes"][0]["field"] == "metadata.name"
 
 
+NEITHER = "name is neither a standard finalizer name nor is it fully qualified"
+
+
+@pytest.mark.parametrize(
+    ("finalizers", "causes"),
+    [
+        (["kubernetes", "orphan", "foregroundDeletion", "example.com/x"], None),
+        (["mine"], [("metadata.finalizers[0]", f'Invalid value: "mine": {NEITHER}')]),
+        (["bad_prefix/x"], [("metadata.finalizers", 'Invalid value: "bad_prefix/x": prefix part ')]),
+        (
+            ["-bad"],
+            [
+                ("metadata.finalizers", 'Invalid value: "-bad": name part must consist of alphanumeric'),
+                ("metadata.finalizers[0]", f'Invalid value: "-bad": {NEITHER}'),
+            ],
+        ),
+    ],
+)
+def test_finalizer_names_are_validated_as_kube_apiserver_does(api, finalizers, causes):
+    """As kube-apiserver 1.36 answered: a built-in kind takes a standard finalizer or one with a
+    domain prefix; an unqualified one is refused before admission (a policy never sees it)."""
+    cm = {"metadata": {"name": "f", "finalizers": finalizers}}
+    status, _, body = api.raw("POST", "/api/v1/namespaces/default/configmaps?dryRun=All", cm)
+    if causes is None:
+        assert status == 201 and body["metadata"]["finalizers"] == finalizers
+        return
+    assert (status, body["reason"]) == (422, "Invalid")
+    got = [(c["field"], c["message"]) for c in body["details"]["causes"]]
+    assert [f for f, _ in got] == [f for f, _ in causes]
+    assert all(m.startswith(want) for (_, m), (_, want) in zip(got, causes, strict=True))
+
+
 def test_expired_too_many_requests_and_internal_error(api):
     for i in range(250):  # beyond the 200 events of history the LocalApi keeps
         api.store.create("pods", {**pod(f"w{i}"), "metadata": {"name": f"w{i}", "namespace": "default"}})
