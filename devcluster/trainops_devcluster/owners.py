@@ -86,13 +86,12 @@ class PodOwnerController(InformerController):
 
     def create_pod(self, obj: dict, pod: dict) -> dict | None:
         """Create ``pod`` for ``obj``; ``None`` (and a ``FailedCreate`` event) if refused."""
-        meta = pod["metadata"]
-        if not meta.get("name"):  # named before admission, as the API server names it
-            meta["name"] = meta.get("generateName", "") + uuid.uuid4().hex[:5]
         try:
-            pod = admit_pod(
-                pod, self.store
-            )  # mutating admission (priority, runtime class) runs before validating
+            # mutating admission (priority, runtime class): a refusal names the generateName
+            pod = admit_pod(pod, self.store)
+            meta = pod["metadata"]
+            if not meta.get("name"):  # named then, before validating admission, as the API server names it
+                meta["name"] = meta.get("generateName", "") + uuid.uuid4().hex[:5]
             if self.admission is not None:
                 self.admission.validate(
                     Attributes(self.user, "CREATE", _POD, "", meta["namespace"], meta["name"], pod, None)

@@ -31,12 +31,20 @@ def admit_pod(pod: dict, store: Store) -> dict:
     name = (pod.get("metadata") or {}).get("name") or (pod.get("metadata") or {}).get("generateName", "")
     runtime = spec.get("runtimeClassName")
     if runtime is not None and store.find(RUNTIME_CLASSES, "", runtime) is None:
-        raise Forbidden(f'pods "{name}" is forbidden: pod rejected: RuntimeClass "{runtime}" not found')
+        raise Forbidden(
+            f'pods "{name}" is forbidden: pod rejected: RuntimeClass "{runtime}" not found',
+            resource="pods",
+            name=name,
+        )
     priority_class = spec.get("priorityClassName")
     if priority_class is None:
         return pod
     if priority_class not in BUILT_IN_PRIORITY_CLASSES:
-        raise Forbidden(f'pods "{name}" is forbidden: no PriorityClass with name {priority_class} was found')
+        raise Forbidden(
+            f'pods "{name}" is forbidden: no PriorityClass with name {priority_class} was found',
+            resource="pods",
+            name=name,
+        )
     admitted = copy.deepcopy(pod)
     admitted["spec"]["priority"] = BUILT_IN_PRIORITY_CLASSES[priority_class]
     return admitted

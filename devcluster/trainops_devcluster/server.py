@@ -473,6 +473,11 @@ class ApiServer:
         if obj is not None and call.sub != "eviction":
             for admit in self.admission:
                 obj = admit(call.kind.resource, operation, obj, old)
+        meta = (obj or {}).get("metadata") or {}
+        if operation == "CREATE" and not meta.get("name") and meta.get("generateName"):
+            # named after mutating admission (a refusal there names the generateName) and before
+            # validating admission, as kube-apiserver's BeforeCreate does
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         name = call.name or ((obj or old or {}).get("metadata") or {}).get("name", "")
         options = {"kind": f"{operation.title()}Options", "apiVersion": "meta.k8s.io/v1"}
         if call.query.get("fieldManager"):
@@ -533,8 +538,6 @@ class ApiServer:
             apply.record_update(k, None, obj, manager)
         warnings = validate(k, obj, field_validation=call.query.get("fieldValidation", ""))
         admission_policy.prepare(k, obj)
-        if not meta.get("name") and meta.get("generateName"):  # named before admission, as BeforeCreate does
-            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         obj, admitted = self._admit(call, "CREATE", obj, None)
         warnings += admitted
         if call.dry_run:

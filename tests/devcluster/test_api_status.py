@@ -8,6 +8,7 @@ import json
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from trainops_devcluster.pod_admission import pod_admission
 
 from tests.devcluster.local_api import pod
 
@@ -127,6 +128,30 @@ def test_finalizer_names_are_validated_as_kube_apiserver_does(api, finalizers, c
     got = [(c["field"], c["message"]) for c in body["details"]["causes"]]
     assert [f for f, _ in got] == [f for f, _ in causes]
     assert all(m.startswith(want) for (_, m), (_, want) in zip(got, causes, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"runtimeClassName": "absent"},
+            'pods "gen-" is forbidden: pod rejected: RuntimeClass "absent" not found',
+        ),
+        (
+            {"priorityClassName": "nope"},
+            'pods "gen-" is forbidden: no PriorityClass with name nope was found',
+        ),
+    ],
+)
+def test_a_pod_refused_by_mutating_admission_is_named_by_its_generate_name(api, monkeypatch, spec, message):
+    """As kube-apiserver 1.36 answered: the RuntimeClass and Priority plugins run before the name is
+    generated, so their refusal names the ``generateName`` (Pod Security, later, names the pod)."""
+    monkeypatch.setattr(api.server, "admission", [pod_admission])  # as a DevCluster wires it
+    body = pod("x")
+    body["metadata"] = {"generateName": "gen-"}
+    body["spec"].update(spec)
+    status, _, answer = api.raw("POST", "/api/v1/namespaces/default/pods", body)
+    assert (status, answer["message"], answer["details"]) == (403, message, {"name": "gen-", "kind": "pods"})
 
 
 def test_expired_too_many_requests_and_internal_error(api):
