@@ -146,7 +146,7 @@ def test_finalizer_names_are_validated_as_kube_apiserver_does(api, finalizers, c
 def test_a_pod_refused_by_mutating_admission_is_named_by_its_generate_name(api, monkeypatch, spec, message):
     """As kube-apiserver 1.36 answered: the RuntimeClass and Priority plugins run before the name is
     generated, so their refusal names the ``generateName`` (Pod Security, later, names the pod)."""
-    monkeypatch.setattr(api.server, "admission", [pod_admission])  # as a DevCluster wires it
+    monkeypatch.setattr(api.server, "admission", [pod_admission(api.store)])  # as a DevCluster wires it
     body = pod("x")
     body["metadata"] = {"generateName": "gen-"}
     body["spec"].update(spec)

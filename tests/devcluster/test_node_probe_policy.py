@@ -196,7 +196,13 @@ FORBIDDEN = [
         annotations(**{CLAIMED_BY_ANNOTATION: "me"}),
         ANNOTATIONS,
     ),
-    ("finalizers", "PATCH", f"/api/v1/nodes/{NODE}", {"metadata": {"finalizers": ["trainops.io/mine"]}}, None),
+    (
+        "finalizers",
+        "PATCH",
+        f"/api/v1/nodes/{NODE}",
+        {"metadata": {"finalizers": ["trainops.io/mine"]}},
+        None,
+    ),
     (
         "status allocatable",
         "PATCH",
