@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainops.doctor.placement import TRAINOPS_TAINTS, Taint, selects, tolerates, untolerated
+from trainops.doctor.placement import TRAINOPS_TAINTS, Taint, selects, tolerates, tolerations_for, untolerated
 
 INFERENCE, TRAINING, QUARANTINE = TRAINOPS_TAINTS
 MODE = {"key": "trainops.io/mode", "operator": "Exists", "effect": "NoSchedule"}
@@ -30,6 +30,14 @@ MODE = {"key": "trainops.io/mode", "operator": "Exists", "effect": "NoSchedule"}
 )
 def test_tolerations_against_every_trainops_taint(tolerations, left):
     assert untolerated(tolerations) == left
+
+
+def test_the_tolerations_a_fix_names_cover_every_taint_each_once():
+    """The fix doctor prints for a DaemonSet missing every trainops taint (on a real cluster it named
+    the trainops.io/mode toleration twice, once per mode)."""
+    wanted = tolerations_for(TRAINOPS_TAINTS)
+    assert wanted == [MODE, {"key": "trainops.io/quarantine", "operator": "Exists", "effect": "NoSchedule"}]
+    assert untolerated(wanted) == []
 
 
 def test_an_equal_toleration_matches_the_value():

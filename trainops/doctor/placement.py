@@ -26,6 +26,12 @@ class Taint:
         return {"key": self.key, "operator": "Exists", "effect": self.effect}
 
 
+def tolerations_for(taints) -> list[dict]:
+    """The tolerations that tolerate ``taints`` whatever their values, each once (the inference and
+    training taints share one)."""
+    return list({(t.key, t.effect): t.toleration() for t in taints}.values())
+
+
 #: every taint trainops puts on a GPU node (trainops.conventions): its resting state, while a run
 #: holds it, and after a health failure (the value names the failure, so it varies)
 TRAINOPS_TAINTS = (

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from trainops.doctor.gpu_operator import INSTALL, cluster_policy
 from trainops.doctor.node_probe import gpu_nodes, no_gpu_nodes
-from trainops.doctor.placement import TRAINOPS_TAINTS, selects, untolerated
+from trainops.doctor.placement import TRAINOPS_TAINTS, selects, tolerations_for, untolerated
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
 
@@ -28,7 +28,7 @@ def _fix(daemon_set: dict, missing: list) -> str:
         or labels.get("app.kubernetes.io/name") == "node-feature-discovery"
     ):
         return f"set node-feature-discovery.worker.tolerations as {VALUES} does"
-    wanted = ", ".join(str(t.toleration()) for t in missing)
+    wanted = ", ".join(str(t) for t in tolerations_for(missing))
     return f"add to spec.template.spec.tolerations: {wanted}"
 
 
