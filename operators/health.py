@@ -33,6 +33,13 @@ class NodeHealthGateOperator(BaseOperator):
         an unknown row or field fails the task before anything is changed. Templated.
     :param prometheus_conn_id: ``http`` connection of a Prometheus with dcgm-exporter metrics (optional).
     :param on_prometheus_unavailable: ``fail`` (default) or ``probe-only`` (gate on the probe reports alone).
+    :param fabrics: the cluster's RDMA fabrics, ``{name: {required, link_layer, hcas, rate_gbps, ports}}``
+        over the built-in ``default`` (InfiniBand ports if the node has any, else RoCE, at the rate of its
+        fastest) and ``none`` (a pool that needs no RDMA); a node's ``fabric_label`` picks one. ``hcas`` is
+        an ``NCCL_IB_HCA`` list. Templated.
+    :param fabric_label: the node label naming a node's fabric (default ``trainops.io/fabric``). Templated.
+    :param fault_window_s: how long a burst fault read from Prometheus (XIDs) or a slowdown seen in
+        training keeps a node out after it was last seen (default 7200). Templated.
     :param speed_tiers: give the run nodes of like measured speed (the probe's GEMM speeds; nodes of
         unknown speed form a group of their own, never left out for it). Templated.
     :param wait_timeout_s: with too few healthy nodes, wait (deferred, no worker slot) up to this many
@@ -53,6 +60,9 @@ class NodeHealthGateOperator(BaseOperator):
         "prometheus_conn_id",
         "on_prometheus_unavailable",
         "speed_tiers",
+        "fabrics",
+        "fabric_label",
+        "fault_window_s",
         "wait_timeout_s",
         "poll_interval_s",
     )
@@ -68,6 +78,9 @@ class NodeHealthGateOperator(BaseOperator):
         prometheus_conn_id: str | None = None,
         on_prometheus_unavailable: str = "fail",
         speed_tiers: bool = True,
+        fabrics: dict[str, dict[str, Any]] | None = None,
+        fabric_label: str | None = None,
+        fault_window_s: float | None = None,
         wait_timeout_s: float = 0,
         poll_interval_s: float = 30,
         kubernetes_conn_id: str = "kubernetes_default",
@@ -82,6 +95,7 @@ class NodeHealthGateOperator(BaseOperator):
             on_prometheus_unavailable,
         )
         self.speed_tiers, self.kubernetes_conn_id = speed_tiers, kubernetes_conn_id
+        self.fabrics, self.fabric_label, self.fault_window_s = fabrics, fabric_label, fault_window_s
         self.wait_timeout_s, self.poll_interval_s, self.api_deadline_s = (
             wait_timeout_s,
             poll_interval_s,
@@ -102,6 +116,9 @@ class NodeHealthGateOperator(BaseOperator):
             speed_tiers=self.speed_tiers,
             prometheus_conn_id=self.prometheus_conn_id,
             on_prometheus_unavailable=self.on_prometheus_unavailable,
+            fabrics=self.fabrics or None,
+            fabric_label=self.fabric_label or None,
+            fault_window_s=self.fault_window_s,
         )
         spec.config()  # bad input fails here, before anything is changed
         return spec

@@ -33,6 +33,9 @@ class _SideHealthSensor(BaseSensorOperator):
     :param policy_overrides: policy row overrides (rows of the other side are ignored).
     :param prometheus_conn_id: ``http`` connection of Prometheus (optional). Templated.
     :param on_prometheus_unavailable: ``fail`` or ``probe-only``. Templated.
+    :param fabrics: the cluster's RDMA fabrics (as ``NodeHealthGateOperator`` takes them). Templated.
+    :param fabric_label: the node label naming a node's fabric (default ``trainops.io/fabric``). Templated.
+    :param fault_window_s: how long a burst fault keeps a node out after it was last seen. Templated.
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
     :param deferrable: wait in the triggerer between checks instead of holding a worker slot (default).
     """
@@ -45,6 +48,9 @@ class _SideHealthSensor(BaseSensorOperator):
         "policy_overrides",
         "prometheus_conn_id",
         "on_prometheus_unavailable",
+        "fabrics",
+        "fabric_label",
+        "fault_window_s",
     )
 
     def __init__(
@@ -56,6 +62,9 @@ class _SideHealthSensor(BaseSensorOperator):
         policy_overrides: dict[str, dict[str, Any]] | None = None,
         prometheus_conn_id: str | None = None,
         on_prometheus_unavailable: str = "fail",
+        fabrics: dict[str, dict[str, Any]] | None = None,
+        fabric_label: str | None = None,
+        fault_window_s: float | None = None,
         kubernetes_conn_id: str = "kubernetes_default",
         deferrable: bool = True,
         **kwargs: Any,
@@ -68,6 +77,7 @@ class _SideHealthSensor(BaseSensorOperator):
             on_prometheus_unavailable,
         )
         self.kubernetes_conn_id, self.deferrable = kubernetes_conn_id, deferrable
+        self.fabrics, self.fabric_label, self.fault_window_s = fabrics, fabric_label, fault_window_s
 
     def _spec(self) -> GateSpec:
         spec = GateSpec(
@@ -80,6 +90,9 @@ class _SideHealthSensor(BaseSensorOperator):
             speed_tiers=False,
             prometheus_conn_id=self.prometheus_conn_id,
             on_prometheus_unavailable=self.on_prometheus_unavailable,
+            fabrics=self.fabrics or None,
+            fabric_label=self.fabric_label or None,
+            fault_window_s=self.fault_window_s,
         )
         spec.config()  # bad input fails here
         return spec

@@ -35,6 +35,9 @@ class GateSpec:
     speed_tiers: bool = True
     prometheus_conn_id: str | None = None
     on_prometheus_unavailable: str = "fail"
+    fabrics: dict[str, dict[str, Any]] | None = None
+    fabric_label: str | None = None
+    fault_window_s: float | None = None
 
     def config(self) -> GateConfig:
         """The core's gate config; raises ValueError naming the bad field (an unknown policy row, ...)."""
@@ -48,7 +51,9 @@ class GateSpec:
             raise ValueError(
                 f"policy_overrides: expected a mapping {{row: {{field: value}}}}, got {self.policy_overrides!r}"
             )
-        policy = load_policy(self.policy_overrides or None)
+        policy = load_policy(self.policy_overrides or None).with_settings(
+            self.fabrics or None, self.fabric_label or None, _seconds(self.fault_window_s)
+        )
         return GateConfig(
             selector=self.selector,
             node_names=tuple(self.node_names),
@@ -73,6 +78,16 @@ class GateSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _seconds(value: Any) -> float | None:
+    """A rendered template's seconds (``"7200"`` or ``7200.0``); None stays None."""
+    if value is None or value == "":
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"fault_window_s must be seconds, got {value!r}") from None
 
 
 class HealthGateTrigger(BaseTrigger):

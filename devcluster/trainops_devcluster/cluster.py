@@ -34,7 +34,7 @@ from trainops_devcluster.probe_daemon import ProbeDaemon
 from trainops_devcluster.prometheus import Prometheus, ScrapeTargets, target_groups
 from trainops_devcluster.server import ApiServer
 from trainops_devcluster.store import Store
-from trainops_devcluster.telemetry import NodeTelemetry, render_dcgm
+from trainops_devcluster.telemetry import COUNTER_SETS, NodeTelemetry, render_dcgm
 
 TOKEN = authn.ADMIN_TOKEN
 
@@ -68,11 +68,20 @@ class DevCluster:
         fresh: bool = False,
         fleet: list[NodeProfile] | str | None = None,
         exporter_node_label: str = "Hostname",
+        exporter_counters: str = "trainops",
+        exporter_node_name: bool = True,
     ) -> None:
         """``fleet``: each GPU node's hardware (a list of ``hardware.NodeProfile`` or a fleet spec such
         as ``hardware.DEMO_FLEET``); it replaces ``nodes`` and ``gpus_per_node`` (default: ``nodes``
         HGX H100 nodes of ``gpus_per_node`` GPUs). ``exporter_node_label``: the label naming the node in
-        the simulated dcgm-exporter's series (``Hostname`` in its 4.x releases, ``hostname`` on main)."""
+        the simulated dcgm-exporter's series (``Hostname`` in its 4.x releases, ``hostname`` on main).
+        ``exporter_counters``: ``trainops`` (deploy/dcgm-exporter-counters.csv) or ``default``
+        (dcgm-exporter's own default counters). ``exporter_node_name`` False: dcgm-exporter runs without
+        ``NODE_NAME``, so its node label holds its pod's name."""
+        if exporter_counters not in COUNTER_SETS:
+            raise ValueError(
+                f"exporter_counters must be one of {', '.join(COUNTER_SETS)}, got {exporter_counters!r}"
+            )
         if nodes < 1 or gpus_per_node < 1:
             raise ValueError("nodes and gpus_per_node must be at least 1")
         if not 0 <= system_nodes <= 100:
@@ -99,6 +108,10 @@ class DevCluster:
             topology.node_name(i): NodeTelemetry.from_profile(topology.node_name(i), profile, seed + i)
             for i, profile in enumerate(self.fleet)
         }
+        for index, telemetry in enumerate(self.telemetry.values()):
+            telemetry.exported = set(COUNTER_SETS[exporter_counters])
+            if not exporter_node_name:
+                telemetry.exporter_hostname = f"nvidia-dcgm-exporter-{index:05x}"
         self._tmp = None if kubeconfig else tempfile.TemporaryDirectory(prefix="devcluster-")
         self.kubeconfig = kubeconfig or Path(self._tmp.name) / "kubeconfig"
         self._kueue_config = kueue_config or KueueConfig()

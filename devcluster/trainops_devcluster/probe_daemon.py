@@ -23,6 +23,7 @@ from trainops.conventions import HEALTH_SUMMARY_ANNOTATION
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, Policy
 from trainops.health.probe import (
+    FAULT_WINDOW_S,
     LEGACY_REPORT_ANNOTATION,
     NODE_HEARTBEAT_S,
     REPORT_HEARTBEAT_S,
@@ -58,6 +59,7 @@ class ProbeDaemon(Controller):
         node_heartbeat_s: float = NODE_HEARTBEAT_S,
         policy: Policy = DEFAULT_POLICY,
         gemm: bool = True,
+        fault_window_s: float = FAULT_WINDOW_S,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -68,6 +70,7 @@ class ProbeDaemon(Controller):
         self.interval_s = interval_s
         self.policy = policy
         self.gemm = gemm  # False: probe as deploy/node-probe.yaml runs it (no --gemm, speed unknown)
+        self.fault_window_s = fault_window_s  # the probe's --fault-window
         self._probes: dict[str, _NodeProbe] = {}
         self._rounds = 0
         self._round_done = threading.Condition()
@@ -105,7 +108,9 @@ class ProbeDaemon(Controller):
             if probe:
                 _close(probe.reader)
             probe = self._probes[name] = _NodeProbe(
-                telemetry.boot_id, NvmlReader(FakeNvml(telemetry)), Publisher(self.policy, **self.heartbeats)
+                telemetry.boot_id,
+                NvmlReader(FakeNvml(telemetry), xid_lookback_s=self.fault_window_s),
+                Publisher(self.policy, **self.heartbeats),
             )
             probe.reader.start()
         report = collect_report(
@@ -115,6 +120,7 @@ class ProbeDaemon(Controller):
             speed_probe=telemetry.measure_speed if self.gemm else None,
             previous=probe.previous,
             now=now,
+            window_s=self.fault_window_s,
         )
         probe.previous = report
         writes = probe.publisher.plan(report)

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from trainops.health.ib_reader import IbUnavailable, port_signals
-from trainops.health.prometheus import XID_COUNT, XID_LAST
+from trainops.health.prometheus import DEFAULT_COUNTERS, GAUGES, RECOVERY_ACTION, XID_COUNT, XID_LAST
 from trainops.health.report import Signal, Signals
 from trainops_devcluster.hardware import NodeProfile, PortSpec
 
@@ -42,9 +42,11 @@ XID_WINDOW_S = 300.0  # dcgm-exporter's default --xid-count-window-size
 GPU_IDLE, SW_POWER_CAP, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL = 0x1, 0x4, 0x8, 0x20, 0x40
 IDLE_SM_CLOCK_MHZ = 345
 GPU_COUNTERS = ("nvlink_replay", "nvlink_recovery", "nvlink_crc_flit", "nvlink_crc_data", "pcie_replay")
-RECOVERY_ACTION = (
-    "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"  # released go-dcgm's name (dcgm-exporter >= 4.5.1-4.8.0)
-)
+# What the simulated dcgm-exporter exports: the fields of deploy/dcgm-exporter-counters.csv that it
+# simulates, with the recovery action uncommented (a 4.5.1-4.8.0 or later exporter); or, with
+# DevCluster(exporter_counters="default"), dcgm-exporter's own default counters.
+TRAINOPS_COUNTERS = frozenset({*GAUGES, XID_LAST, XID_COUNT})
+COUNTER_SETS = {"trainops": TRAINOPS_COUNTERS, "default": DEFAULT_COUNTERS}
 
 
 @dataclass
@@ -134,7 +136,10 @@ class NodeTelemetry:
         self.missing = False
         self.training_active = False
         self.stale_since: float | None = None
-        self.disabled_metrics: set[str] = set()  # not in the exporter's counters CSV
+        self.exported: set[str] = set(TRAINOPS_COUNTERS)  # the fields the exporter's counters file names
+        # what the exporter puts in its node label: the node's name when it has NODE_NAME (GPU
+        # Operator sets it), else its own pod's name
+        self.exporter_hostname = node_name
         self.boot_id = 0  # bumped by repair(): a node probe restarts (and re-opens NVML) after a reboot
         self.nvml_init_error: int | None = None  # NVML_ERROR_* that nvmlInit raises (driver or runtime)
         self.xid_events_supported = True
@@ -417,7 +422,7 @@ class NodeTelemetry:
             "pci_bus_id": state.pci_bus_id,
             "device": f"nvidia{state.index}",
             "modelName": self.profile.spec.nvml_name,
-            node_label: self.node_name,
+            node_label: self.exporter_hostname,
             "DCGM_FI_DRIVER_VERSION": DRIVER_VERSION,
         }
 
@@ -821,13 +826,13 @@ def render_dcgm(telemetry: NodeTelemetry, node_label: str = "Hostname") -> str:
     values read at ``stale_since``, stamped with that time, while the exporter is stale).
     ``node_label``: ``Hostname`` as released dcgm-exporter 4.x names it, ``hostname`` on its main branch."""
     with telemetry.lock:
-        stale_since, disabled = telemetry.stale_since, set(telemetry.disabled_metrics)
+        stale_since, exported = telemetry.stale_since, set(telemetry.exported)
     at = telemetry.clock() if stale_since is None else stale_since
     stamp = "" if stale_since is None else f" {int(stale_since * 1000)}"
     lines: list[str] = []
     seen: set[str] = set()
     for metric, labels, value in sorted(_series(telemetry, at, node_label), key=lambda s: s[0]):
-        if metric in disabled:
+        if metric not in exported:
             continue
         if metric not in seen:
             seen.add(metric)

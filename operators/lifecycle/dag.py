@@ -82,6 +82,8 @@ def training_lifecycle(
         "policy_overrides": POLICY_OVERRIDES,
         "prometheus_conn_id": "{{ params.prometheus_conn_id }}",
         "on_prometheus_unavailable": "{{ params.on_prometheus_unavailable }}",
+        "fabrics": "{{ params.fabrics }}",
+        "fault_window_s": "{{ params.fault_window_s }}",
         "kubernetes_conn_id": kubernetes_conn_id,
     }
     preflight = ClusterDoctorOperator(

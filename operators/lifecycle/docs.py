@@ -50,7 +50,10 @@ Reads the health report the node probe published on each GPU node (NVML, XIDs, E
 and, with `prometheus_conn_id`, DCGM metrics from Prometheus,
 applies the health policy (plus `health_policy_overrides`), quarantines failing nodes with the evidence
 on the node, and chooses at least `nodes + spare_nodes` healthy nodes of like speed, each with
-`gpus_per_node` allocatable GPUs. When the cluster cannot ever hold the run (fewer GPU nodes than asked
+`gpus_per_node` allocatable GPUs. What a node's hardware does not have (NVLink on a PCIe card, ECC with
+ECC off, row remapping under MIG) is shown as not applicable, never held against it; RDMA ports are
+judged by each node's fabric (`fabrics`, picked by its `trainops.io/fabric` label); XIDs from
+Prometheus and slowdowns seen in training keep a node out for `fault_window_s`. When the cluster cannot ever hold the run (fewer GPU nodes than asked
 for, or none with `gpus_per_node` GPUs) it fails at once and writes nothing.
 
 **When it fails:** the log has one line per node with its verdict and reason. Too few healthy nodes:
@@ -59,7 +62,7 @@ A quarantined node is released with `trainops health release <node>` after repai
 """
 
 FABRIC_DOC = """
-Checks the InfiniBand ports of the claimed nodes once more right before training (links flap while
+Checks the RDMA ports of the claimed nodes' fabrics (`fabrics`) once more right before training (links flap while
 nodes are drained, and a bad link shows up as an NCCL hang hours later), and hands the nodes that pass
 to **train**; waits (deferred) up to 10 minutes for `nodes` of them. With `fabric_gate` off it only
 checks that each node's health report is fresh. Reads `prometheus_conn_id` too when set.

@@ -212,6 +212,38 @@ PARAM_SPECS: dict[str, tuple[Any, dict[str, Any]]] = {
             "again right before training (fabric_ready). Off for clusters without InfiniBand.",
         },
     ),
+    "fabrics": (
+        {},
+        {
+            "type": "object",
+            "additionalProperties": {
+                "type": "object",
+                "properties": {
+                    "required": {"type": "boolean"},
+                    "link_layer": {"type": "string", "enum": ["auto", "InfiniBand", "Ethernet"]},
+                    "hcas": {"type": "string"},
+                    "rate_gbps": {"type": ["null", "number"], "exclusiveMinimum": 0},
+                    "ports": {"type": ["null", "integer"], "minimum": 1},
+                },
+                "additionalProperties": False,
+            },
+            "title": "RDMA fabrics",
+            "description": "The cluster's fabrics by name, picked per node by its trainops.io/fabric label "
+            '(unlabelled: "default"; "none": a pool that needs no RDMA), e.g. {"default": {"rate_gbps": 400}, '
+            '"roce": {"link_layer": "Ethernet", "hcas": "mlx5_0,mlx5_1", "rate_gbps": 200}}. '
+            "hcas is an NCCL_IB_HCA list; only those ports are judged.",
+        },
+    ),
+    "fault_window_s": (
+        7200,
+        {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "title": "Fault window (s)",
+            "description": "How long an XID seen in Prometheus, or a slowdown seen in a training run, keeps a "
+            "node out after it was last seen.",
+        },
+    ),
     "speed_tiers": (
         True,
         {

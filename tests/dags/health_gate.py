@@ -1,7 +1,7 @@
 """The health gate in a DAG: choose nodes, then hand them on (the return value a claim task would read).
 
 conf: min_nodes, wait_timeout_s, poll_interval_s, prometheus_conn_id, on_prometheus_unavailable,
-policy_overrides, speed_tiers.
+policy_overrides, speed_tiers, fabrics, fault_window_s.
 """
 
 from airflow.sdk import dag, task
@@ -18,6 +18,8 @@ def health_gate():
         prometheus_conn_id="{{ dag_run.conf.get('prometheus_conn_id') }}",
         on_prometheus_unavailable="{{ dag_run.conf.get('on_prometheus_unavailable', 'fail') }}",
         policy_overrides="{{ dag_run.conf.get('policy_overrides', {}) }}",
+        fabrics="{{ dag_run.conf.get('fabrics') }}",
+        fault_window_s="{{ dag_run.conf.get('fault_window_s') }}",
     )
 
     @task

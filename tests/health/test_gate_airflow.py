@@ -87,6 +87,24 @@ def test_unknown_policy_row_fails_the_gate_before_anything_changes(devcluster, r
     assert [e for e in devcluster.server.audit.entries() if e["verb"] in WRITES] == []
 
 
+def test_the_clusters_fabrics_reach_the_gate_and_a_bad_setting_fails_before_any_write(devcluster, run_dag):
+    devcluster.probe_daemon.wait_rounds(1)
+    devcluster.server.audit.clear()
+    run = run_dag("health_gate", {"fabrics": {"default": {"rate": 400}}})  # no such setting
+    assert task_state(run, "gate") == "failed"
+    assert [e for e in devcluster.server.audit.entries() if e["verb"] in WRITES] == []
+
+    ndr = run_dag(
+        "health_gate", {"min_nodes": 16, "fabrics": {"default": {"rate_gbps": 400}}, "fault_window_s": 600}
+    )
+    assert ndr.state == "success" and len(xcom_value(ndr, "chosen")) == 16
+    xdr = run_dag(
+        "health_gate", {"min_nodes": 1, "fabrics": {"default": {"rate_gbps": 800}}}
+    )  # every port short
+    assert task_state(xdr, "gate") == "failed"
+    assert not any(e["verb"] in WRITES and "/nodes/" in e["path"] for e in devcluster.server.audit.entries())
+
+
 def test_sensors_wait_on_their_own_side(devcluster, run_dag):
     devcluster.inject("xid", A, code=79)
     devcluster.inject("ib-down", B)

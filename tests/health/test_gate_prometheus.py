@@ -13,8 +13,8 @@ from kubernetes import client, config
 from trainops_devcluster.airflow_home import xcom_value
 
 from trainops.cli import main
-from trainops.health.gate import GateConfig, GateError, run_gate
-from trainops.health.prometheus import PrometheusClient
+from trainops.health.gate import GateConfig, GateError, GateResult, run_gate
+from trainops.health.prometheus import COUNTERS, GAUGES, PrometheusClient
 
 WRITES = ("create", "update", "patch", "delete")
 
@@ -53,20 +53,69 @@ def test_prometheus_fills_what_the_probe_lacks_with_a_few_fleet_queries(scraped)
     report = result.nodes[0].report
     assert report.gpus["0"]["tensor_active"].known  # only dcgm-exporter has it
     queries = len(scraped.prometheus.query_log.read_text().splitlines()) - before
-    assert 0 < queries <= 30  # for 16 nodes, as for 4,096
+    assert queries == len(GAUGES) + 4 + len(COUNTERS)  # for 16 nodes, as for 4,096
 
 
-def test_a_node_label_that_holds_no_node_names_is_named_in_the_result(scraped):
-    """A connection whose node_label is not where the exporter puts the node's name: every node is
-    without series, and the result says which label was read and how to change it."""
-    api_client = config.new_client_from_config(config_file=str(scraped.kubeconfig))
-    prometheus = PrometheusClient(scraped.prometheus_url, node_label="instance")
-    result = run_gate(client.CoreV1Api(api_client), GateConfig(speed_tiers=False), prometheus=prometheus)
-    api_client.close()
+def gate(cluster, **client_options) -> GateResult:
+    api_client = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    try:
+        prometheus = PrometheusClient(cluster.prometheus_url, **client_options)
+        return run_gate(client.CoreV1Api(api_client), GateConfig(speed_tiers=False), prometheus=prometheus)
+    finally:
+        api_client.close()
+
+
+def test_the_node_label_is_found_among_dcgm_exporters_names(scraped):
+    """A connection whose node_label holds no node names (here the scrape target's instance) is
+    read through dcgm-exporter's own label that does, and the result says which."""
+    result = gate(scraped, node_label="instance")
+    assert result.warnings == [] and len(result.selected) == 16
+    assert result.signal_sources["prometheus"]["node_label"] == "Hostname"
+    assert "Prometheus (node label 'Hostname') filled what the probe lacked" in result.table()
+
+
+def test_dcgm_exporter_main_branch_hostname_label_is_read(make_devcluster):
+    cluster = make_devcluster(nodes=4, prometheus=True, exporter_node_label="hostname")
+    cluster.wait_until_scraped()
+    result = gate(cluster)  # the connection's default, Hostname, is absent from the series
+    assert result.warnings == [] and result.signal_sources["prometheus"]["node_label"] == "hostname"
+    assert result.signal_sources["prometheus"]["nodes"] == 4
+
+
+def test_an_exporter_without_node_name_is_named_in_a_warning(make_devcluster):
+    cluster = make_devcluster(nodes=4, prometheus=True, exporter_node_name=False)
+    cluster.wait_until_scraped()
+    result = gate(cluster)
     [warning] = result.warnings
-    assert "dcgm-exporter series for 16 values of label 'instance'" in warning
-    assert "set the Prometheus connection's node_label (CLI: --prometheus-node-label)" in warning
+    assert "dcgm-exporter series for 32 GPUs" in warning
+    assert "'Hostname' holds e.g. 'nvidia-dcgm-exporter-00000'" in warning and "NODE_NAME" in warning
     assert f"WARNING: {warning}" in result.table()
+
+
+def test_a_fatal_last_xid_is_fatal_when_the_probe_cannot_watch_xids(make_devcluster):
+    """dcgm-exporter's default counters: the last XID is the only XID series. The node's probe cannot
+    register for XID events; the gate quarantines on the gauge's value, and says what is not exported."""
+    cluster = make_devcluster(nodes=4, prometheus=True, exporter_counters="default")
+    node = "gpu-node-002"
+    cluster.telemetry[node].set_xid_events_supported(False)
+    cluster.telemetry[node].boot_id += 1  # the probe restarts and meets it
+    cluster.probe_daemon.wait_rounds(2)
+    cluster.inject("xid", node, code=48, gpu=5)
+    cluster.wait_until_scraped()
+    cluster.probe_daemon.wait_rounds(1)
+    result = gate(cluster)
+    verdicts = {n.name: n for n in result.nodes}
+    assert verdicts[node].verdict == "quarantine", verdicts[node].reasons
+    assert any(r.startswith("xid_fatal [gpu 5]") for r in verdicts[node].reasons)
+    assert verdicts[node].report.gpus["5"]["xid_events"].value == [48]
+    prometheus = result.signal_sources["prometheus"]
+    assert prometheus["filled"]["xid_events"] == 8  # every GPU of the node whose probe cannot watch
+    assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" in prometheus["not_exported"]
+    assert (
+        "deploy/dcgm-exporter-counters.csv enables it"
+        in prometheus["not_exported"]["DCGM_FI_DEV_ROW_REMAP_PENDING"]
+    )
+    assert "NOT EXPORTED by dcgm-exporter: " in result.table()
 
 
 def test_unreachable_prometheus_fails_the_gate_with_a_clear_error(devcluster, core_v1, dead_url, capsys):

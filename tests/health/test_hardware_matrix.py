@@ -134,6 +134,13 @@ FAULTS = {
         "exclude",
         lambda p: {"ib_symbol_errors"},
     ),
+    "busy-healthy": Fault(lambda t: t.set_training_active(True), ALWAYS, "usable", lambda p: set()),
+    "slowed-under-load": Fault(
+        lambda t: (t.set_training_active(True), t.slow_gpu(0.7, gpu=1)),
+        ALWAYS,
+        "exclude",
+        lambda p: {"clock_slowdown"},
+    ),
     "storage-port-down": Fault(
         lambda t: t.ib_down(port=1, device="mlx5_8"), lambda p: p.storage_nic, "usable", lambda p: set()
     ),

@@ -28,6 +28,8 @@ ROW_CASES = {
     "retired_pages": (62, 63),
     "retired_pending": (False, True),
     "throttling": (0x1 | 0x4, 0x40),
+    "clock_slowdown": (100.0, 68.0),  # % of the max SM clock while busy and held down
+    "slowed_in_training": (0.0, 43.0),  # % slower than the run's median step
     "thermal_warn": (84, 85),
     "thermal_critical": (84, 95),
     "pcie_link": (False, True),
@@ -74,6 +76,15 @@ def with_value(report: HealthReport, row_name: str, value) -> tuple[HealthReport
     elif row.signal == "fabric_ports":
         report.ib_ports = dict(list(report.ib_ports.items())[:value])
         report.signals["ib_port_count"] = Signal(value)
+    elif row.signal == "slowdown_pct":  # a training run kept it on the node ten minutes ago
+        slow = {
+            "node": "gpu-node-a",
+            "step_s": 1.43,
+            "median_s": 1.0,
+            "pct_slower": value,
+            "at": report.collected_at - 600,
+        }
+        node["metadata"]["annotations"] = {"trainops.io/slowdown": json.dumps(slow)}
     elif row.signal == "nvlink_links_down":  # an H100 SXM has 18 links
         report.gpus["3"]["nvlink_active_links"] = Signal(18 - value)
     elif row.signal == "ib_rate_shortfall_gbps":  # the other ports run at NDR's 400

@@ -48,17 +48,20 @@ def logged_queries(cluster: DevCluster) -> list[str]:
 def test_healthy_fleet_in_a_fixed_number_of_queries(start_fleet):
     cluster = start_fleet()
     before = len(logged_queries(cluster))
-    reports = fleet_reports(PrometheusClient(cluster.prometheus_url))
-    assert sorted(reports) == NODES
-    queries = len(GAUGES) + 2 + 1 + len(COUNTERS)  # each metric, the freshness, each counter's increase()
+    fleet = fleet_reports(PrometheusClient(cluster.prometheus_url))
+    assert sorted(fleet.reports) == NODES and fleet.label == "Hostname"
+    # each metric and the last XID, the freshness, the XID counts, the recent last XIDs, each counter's increase()
+    queries = len(GAUGES) + 1 + 1 + 2 + len(COUNTERS)
     assert len(logged_queries(cluster)) - before == queries  # whatever the fleet size
-    report = reports["gpu-node-000"]
+    report = fleet.reports["gpu-node-000"]
     assert report.signals["gpu_count"].value == 8
     assert sorted(report.gpus, key=int) == [str(i) for i in range(8)]
     gpu = report.gpus["0"]
     assert gpu["xid_events"].value == [] and gpu["ecc_uncorrected_volatile"].value == 0
     assert gpu["recovery_action"].value == "NONE" and gpu["tensor_active"].value == 0.0
     assert gpu["nvlink_replay_per_min"].value == 0.0 and gpu["row_remap_failure"].value is False
+    assert gpu["model"].value == "NVIDIA H100 80GB HBM3" and gpu["slowdown_clock_pct"].na  # idle
+    assert fleet.missing() == {}  # the devcluster's exporter runs deploy/dcgm-exporter-counters.csv
 
 
 def test_the_node_label_names_which_label_keys_the_reports(start_fleet):
@@ -69,10 +72,14 @@ def test_the_node_label_names_which_label_keys_the_reports(start_fleet):
     cluster.inject("xid", "gpu-node-001", code=79, gpu=3)
     cluster.wait_until_scraped()
 
-    relabeled = fleet_reports(PrometheusClient(cluster.prometheus_url, node_label="node"), NODES)
-    assert sorted(relabeled) == NODES and relabeled["gpu-node-001"].gpus["3"]["xid_events"].value == [79]
-    by_instance = fleet_reports(PrometheusClient(cluster.prometheus_url, node_label="instance"), NODES)
-    assert all(not by_instance[node].gpus for node in NODES)  # keyed "gpu-node-000:9400": no node matched
+    relabeled = fleet_reports(PrometheusClient(cluster.prometheus_url, node_label="node"))
+    assert relabeled.label == "node" and sorted(relabeled.reports) == NODES
+    assert relabeled.reports["gpu-node-001"].gpus["3"]["xid_events"].value == [79]
+    by_instance = fleet_reports(PrometheusClient(cluster.prometheus_url, node_label="instance"))
+    assert by_instance.label == "instance" and not set(by_instance.reports) & set(
+        NODES
+    )  # "gpu-node-000:9400"
+    assert by_instance.label_for(NODES) == "Hostname"  # dcgm-exporter's own label holds the names
 
 
 def test_a_node_label_that_is_no_label_name_is_refused_before_any_query():
@@ -86,7 +93,7 @@ def test_faults_show_up_per_node(start_fleet):
     cluster.inject("nvlink-errors", "gpu-node-002", replay=10, gpu=0)
     cluster.telemetry["gpu-node-003"].set_training_active(True)
     cluster.wait_until_scraped()
-    reports = fleet_reports(PrometheusClient(cluster.prometheus_url))
+    reports = fleet_reports(PrometheusClient(cluster.prometheus_url)).reports
 
     lost = reports["gpu-node-001"]
     assert lost.signals["gpu_count"].value == 7 and lost.gpus["3"]["xid_events"].value == [79]
@@ -111,9 +118,8 @@ def test_stale_and_missing_nodes_are_unknown(start_fleet):
         telemetry["gpu-node-003"].set_missing()
 
     cluster = start_fleet(prepare)
-    reports = fleet_reports(
-        PrometheusClient(cluster.prometheus_url), nodes=[*NODES, "gpu-node-099"], max_age_s=120
-    )
+    fleet = fleet_reports(PrometheusClient(cluster.prometheus_url), max_age_s=120)
+    reports = {node: fleet.report(node) for node in [*NODES, "gpu-node-099"]}
     reason = reports["gpu-node-001"].signals["gpu_count"].reason
     assert reason.startswith("dcgm-exporter data stale: last sample 2") and reason.endswith(
         "s old (bound 120s)"
@@ -126,8 +132,8 @@ def test_stale_and_missing_nodes_are_unknown(start_fleet):
 
 
 def test_missing_metric_is_unknown_per_signal(start_fleet):
-    cluster = start_fleet(lambda t: t["gpu-node-000"].disabled_metrics.add("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"))
-    reports = fleet_reports(PrometheusClient(cluster.prometheus_url))
+    cluster = start_fleet(lambda t: t["gpu-node-000"].exported.discard("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"))
+    reports = fleet_reports(PrometheusClient(cluster.prometheus_url)).reports
     gpu = reports["gpu-node-000"].gpus["2"]
     assert gpu["ecc_uncorrected_volatile"].reason == "no DCGM_FI_DEV_ECC_DBE_VOL_TOTAL series"
     verdict = evaluate(reports["gpu-node-000"])
@@ -141,7 +147,7 @@ def test_probe_report_filled_from_prometheus(start_fleet):
     cluster = start_fleet()
     clock = Clock(time.time() - 60)  # the probe's second sample lands now
     probe = two_sample_report(NodeTelemetry.healthy("gpu-node-000", 8, seed=0, clock=clock), clock)
-    prom = fleet_reports(PrometheusClient(cluster.prometheus_url))["gpu-node-000"]
+    prom = fleet_reports(PrometheusClient(cluster.prometheus_url)).reports["gpu-node-000"]
     merged = merge_reports(probe, prom)
     assert merged.gpus["0"]["tensor_active"].value == 0.0  # only Prometheus has it
     assert merged.gpus["0"]["nvlink_active_links"].value == 18  # only the probe has it

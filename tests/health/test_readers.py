@@ -49,7 +49,8 @@ def test_xid_events_arrive_only_after_registration(node, clock):
         _, gpus = reader.read()
     assert gpus["1"]["xid_events"].value == [13]
     assert gpus["4"]["gpu_lost"].value is True and gpus["4"]["xid_events"].value == [79]
-    assert set(gpus["4"]) == {"gpu_lost", "xid_events"}
+    assert set(gpus["4"]) == {"gpu_lost", "xid_events", "xid_events_at"}
+    assert gpus["4"]["xid_events_at"].value == clock.now  # when the probe saw it
 
 
 def test_xid_lookback_forgets_old_events(node, clock):

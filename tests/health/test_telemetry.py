@@ -52,7 +52,7 @@ def test_stale_exporter_stamps_the_values_it_last_read(clock):
 
 def test_disabled_metrics_are_not_exported(clock):
     node = NodeTelemetry.healthy("n1", 2, seed=0, clock=clock)
-    node.disabled_metrics.add("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
+    node.exported.discard("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
     text = render_dcgm(node)
     assert "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL" not in text and "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{" in text
 

@@ -7,6 +7,7 @@ Importable in a training image with only boto3 installed (no Airflow)::
     start = resume_from()                      # None on a fresh start
     ...
     heartbeat(step, ranks=world_size)          # every few steps
+    heartbeat(step, ranks=world_size, node_step_s=gather_step_seconds(compute_s))  # and how fast each node was
     heartbeat(step, ranks=world_size, saving=True, phase="checkpoint")
     save_checkpoint(f"{run_uri}step-{step}/")  # the framework's own save
     commit(f"{run_uri}step-{step}/", step=step)
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -128,11 +130,15 @@ def heartbeat(
     run_uri: str | None = None,
     extra: dict[str, Any] | None = None,
     store: CheckpointStore | None = None,
+    node_step_s: Mapping[int | str, float] | None = None,
 ) -> dict[str, Any]:
     """Write ``heartbeat.json`` under the run path and return what was written.
 
     ``saving=True`` (with e.g. ``phase="checkpoint"``) tells a watcher a save is in progress,
     so it pauses hang detection until the next heartbeat with ``saving=False``.
+    ``node_step_s``: per node rank (``NODE_RANK``), the seconds its GPUs spent computing a step
+    (:func:`gather_step_seconds` collects it); trainops keeps a node that is much slower than the
+    run's others out of the run's next resume and of the next run (``trainops.health.slowdown``).
     """
     run = S3Uri.parse(run_uri or _require_env(RUN_URI_ENV), field="run_uri")
     now = time.time()
@@ -143,10 +149,31 @@ def heartbeat(
         "ranks": ranks,
         "saving": saving,
         "phase": phase,
+        **({"node_step_s": {str(rank): float(s) for rank, s in node_step_s.items()}} if node_step_s else {}),
         **(extra or {}),
     }
     (store or CheckpointStore()).put(run.bucket, run.key(HEARTBEAT_FILE), json.dumps(document).encode())
     return document
+
+
+def gather_step_seconds(seconds: float) -> dict[str, float]:
+    """Each node's compute seconds for its last step, from every rank's ``seconds``: call it on every
+    rank (with torch.distributed initialised it is a collective); returns ``{node rank: seconds}``, a
+    node as slow as its slowest rank. Time only the compute (forward and backward up to the
+    gradients' all-reduce): a synchronous step's wall time is the slowest rank's on every rank."""
+    node = os.environ.get("NODE_RANK") or os.environ.get("GROUP_RANK") or "0"
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return {node: float(seconds)}
+    if not (dist.is_available() and dist.is_initialized()):
+        return {node: float(seconds)}
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (node, float(seconds)))
+    per_node: dict[str, float] = {}
+    for rank_node, rank_seconds in everyone:
+        per_node[rank_node] = max(per_node.get(rank_node, 0.0), rank_seconds)
+    return per_node
 
 
 def parse_heartbeat(body: bytes, where: str, now: float | None = None) -> dict[str, Any]:

@@ -15,14 +15,24 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from trainops.health.gate import DEFAULT_SELECTOR, GateConfig, GateError, run_gate
 from trainops.health.gemm import measure_gemm_tflops, once_per_boot
 from trainops.health.ib_reader import SysfsIbReader
 from trainops.health.nvml_reader import NvmlReader, load_pynvml
-from trainops.health.policy import evaluate, load_policy
-from trainops.health.probe import NODE_HEARTBEAT_S, REPORT_HEARTBEAT_S, Publisher, collect_report, publish
+from trainops.health.policy import Policy, evaluate, load_policy
+from trainops.health.probe import (
+    FAULT_WINDOW_S,
+    NODE_HEARTBEAT_S,
+    REPORT_HEARTBEAT_S,
+    Publisher,
+    collect_report,
+    publish,
+)
 from trainops.health.prometheus import DEFAULT_NODE_LABEL, PrometheusClient
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.health.report import HealthReport
@@ -69,7 +79,18 @@ def _register_probe(subparsers: Any) -> None:
         help="--publish: rewrite an unchanged GPUHealthy condition this often, seconds",
     )
     parser.add_argument("--kubeconfig", help="--publish: kubeconfig file (default: in-cluster, then ~/.kube)")
-    parser.add_argument("--ib-sysfs", default="/sys/class/infiniband", help="InfiniBand sysfs root")
+    parser.add_argument(
+        "--ib-sysfs",
+        default="/sys/class/infiniband",
+        help="RDMA sysfs root (deploy/node-probe.yaml mounts the host's /sys at /host/sys)",
+    )
+    parser.add_argument(
+        "--fault-window",
+        type=float,
+        default=FAULT_WINDOW_S,
+        help=f"seconds a burst fault (XIDs, error counters, clocks held down) keeps showing after it was "
+        f"last seen (default {FAULT_WINDOW_S:g})",
+    )
     parser.add_argument(
         "--gemm",
         action="store_true",
@@ -85,19 +106,25 @@ def run_probe(args: argparse.Namespace) -> int:
     if args.window < 0 or args.interval <= 0 or args.iterations < 0:
         print("error: --window must be >= 0, --interval > 0 and --iterations >= 0", file=sys.stderr)
         return 2
+    if args.fault_window <= 0:
+        print("error: --fault-window must be > 0 seconds", file=sys.stderr)
+        return 2
     if not 0 < args.report_heartbeat <= args.node_heartbeat:
         print("error: --report-heartbeat must be > 0 and <= --node-heartbeat", file=sys.stderr)
         return 2
     ib_reader = SysfsIbReader(args.ib_sysfs)
     speed_probe = once_per_boot(measure_gemm_tflops) if args.gemm else None
-    with NvmlReader(load_pynvml()) as nvml:
+    window = args.fault_window
+    with NvmlReader(load_pynvml(), xid_lookback_s=window) as nvml:
         if args.once:
             node = args.node or socket.gethostname()
             previous = None
             if args.window:
-                previous = collect_report(nvml, ib_reader, node)
+                previous = collect_report(nvml, ib_reader, node, window_s=window)
                 time.sleep(args.window)
-            report = collect_report(nvml, ib_reader, node, speed_probe=speed_probe, previous=previous)
+            report = collect_report(
+                nvml, ib_reader, node, speed_probe=speed_probe, previous=previous, window_s=window
+            )
             return _print_once(report, args.json)
         return _publish_loop(args, nvml, ib_reader, speed_probe)
 
@@ -124,7 +151,9 @@ def _publish_loop(args: argparse.Namespace, nvml: NvmlReader, ib_reader: SysfsIb
     published = 0
     failed = False
     while True:
-        report = collect_report(nvml, ib_reader, args.node, speed_probe=speed_probe, previous=previous)
+        report = collect_report(
+            nvml, ib_reader, args.node, speed_probe=speed_probe, previous=previous, window_s=args.fault_window
+        )
         try:
             writes = publish(report, core_api, publisher)
             wrote = [what for what in ("configmap", "condition") if getattr(writes, what) is not None]
@@ -172,6 +201,23 @@ def _register_health(subparsers: Any) -> None:
             help="if Prometheus is unreachable, use the node probe's reports alone (default: fail)",
         )
         sub.add_argument("--policy", metavar="FILE", help="policy row overrides (JSON or YAML mapping)")
+        sub.add_argument(
+            "--fabrics",
+            metavar="FILE|JSON",
+            help='the cluster\'s RDMA fabrics, e.g. \'{"default": {"rate_gbps": 400}, "roce": {"link_layer": '
+            '"Ethernet", "hcas": "mlx5_0,mlx5_1"}}\' or a JSON/YAML file of that mapping',
+        )
+        sub.add_argument(
+            "--fabric-label",
+            metavar="LABEL",
+            help="node label naming a node's fabric (default trainops.io/fabric)",
+        )
+        sub.add_argument(
+            "--fault-window",
+            type=float,
+            metavar="S",
+            help="seconds an XID from Prometheus or a slowdown seen in training keeps a node out (default 7200)",
+        )
 
     gate = commands.add_parser(
         "gate", help="evaluate candidate nodes, quarantine failing ones, choose a tier"
@@ -198,6 +244,18 @@ def _register_health(subparsers: Any) -> None:
     rel.set_defaults(func=run_health_release)
 
 
+def _policy(args: argparse.Namespace) -> Policy:
+    """The policy with ``--policy`` overrides and the cluster's ``--fabrics``/``--fabric-label``/``--fault-window``."""
+    fabrics = None
+    if args.fabrics:
+        text = args.fabrics if args.fabrics.lstrip().startswith("{") else Path(args.fabrics).read_text()
+        try:
+            fabrics = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ValueError(f"--fabrics: not a JSON or YAML mapping: {err}") from None
+    return load_policy(args.policy).with_settings(fabrics, args.fabric_label, args.fault_window)
+
+
 def _on_unavailable(args: argparse.Namespace) -> str:
     return "probe-only" if args.prometheus_optional else "fail"
 
@@ -213,7 +271,7 @@ def run_health_gate(args: argparse.Namespace) -> int:
         config = GateConfig(
             selector=args.selector,
             min_nodes=args.min_nodes,
-            policy=load_policy(args.policy),
+            policy=_policy(args),
             speed_tiers=not args.no_speed_tiers,
             unknown_speed=args.unknown_speed,
             on_unavailable=_on_unavailable(args),
@@ -241,7 +299,7 @@ def run_health_gate(args: argparse.Namespace) -> int:
 
 def run_health_release(args: argparse.Namespace) -> int:
     try:
-        policy = load_policy(args.policy)
+        policy = _policy(args)
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -28,7 +28,12 @@ from trainops.conventions import GPU_COUNT_LABEL, GPU_RESOURCE, IB_PORT_COUNT_LA
 from trainops.health.fabric import Fabric, Fabrics
 from trainops.health.hardware import GPU_PRODUCT_LABEL, MIG_STRATEGY_LABEL, GpuFamily, family_of
 from trainops.health.report import HealthReport, Signal, Signals, get_signal
+from trainops.health.slowdown import recorded
 
+# nvmlClocksEventReasons that mean the hardware holds the clocks down: HwSlowdown, SwThermal,
+# HwThermal, HwPowerBrake (NVML API reference; SwPowerCap, 0x4, is a busy GPU at its power limit).
+THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80
+BUSY_UTILIZATION_PCT = 50
 MIG_RESOURCE = re.compile(r"nvidia\.com/mig-[0-9a-z.]+")
 COUNT = re.compile(r"[0-9]{1,5}")
 NVLINK_RATES = (
@@ -71,11 +76,13 @@ class Derived:
     ports: dict[str, Signals]
 
 
-def derive(report: HealthReport, node: Mapping[str, Any] | None, fabrics: Fabrics) -> Derived:
+def derive(
+    report: HealthReport, node: Mapping[str, Any] | None, fabrics: Fabrics, now: float, window_s: float
+) -> Derived:
     """The derived signals of ``report`` for the Node object ``node`` (None: only what the report says)."""
     labels = _labels(node)
     gpus = {key: _gpu(signals, labels) for key, signals in report.gpus.items()}
-    node_signals = {"gpus_missing": _gpus_missing(report, node, gpus)}
+    node_signals = {"gpus_missing": _gpus_missing(report, node, gpus), **_slowdown(node, now, window_s)}
     fabric, why = fabrics.of(labels)
     ports, fabric_node = _fabric(report, labels, fabric, why)
     node_signals.update(fabric_node)
@@ -184,6 +191,17 @@ def _links_down(signals: Signals, family: GpuFamily | None, what: str) -> Signal
     return Signal(max(0, family.nvlink_links - active.value))
 
 
+def _slowdown(node: Mapping[str, Any] | None, now: float, window_s: float) -> Signals:
+    """``slowdown_pct``: how much slower than its run's median a training run last saw the node, while
+    that was within the fault window (``slowdown.record`` keeps it on the node); else 0."""
+    if node is None:
+        return {"slowdown_pct": Signal.not_applicable("no Node object (the probe judging itself)")}
+    found = recorded((node.get("metadata") or {}).get("annotations"))
+    if found is None or found.at < now - window_s:
+        return {"slowdown_pct": Signal(0.0)}
+    return {"slowdown_pct": Signal(found.pct_slower), "slowdown_pct_at": Signal(found.at)}
+
+
 # -- GPU count ----------------------------------------------------------------------------------------
 
 
@@ -250,6 +268,30 @@ def family(report: HealthReport, node: Mapping[str, Any] | None) -> str:
         if found := family_of(name):
             return found.key
     return next((name for name in names if isinstance(name, str) and name), "")
+
+
+def clock_under_load(signals: Signals) -> Signal:
+    """The SM clock as a percentage of its maximum while the GPU is busy and the hardware holds it
+    down (``THROTTLE_BITS``); 100 while busy and not held down. Not applicable while idle: clocks
+    drop at idle by design, so they are judged only under load (inference or training)."""
+    utilization, processes = get_signal(signals, "utilization_pct"), get_signal(signals, "running_processes")
+    if utilization.known:
+        busy = utilization.value >= BUSY_UTILIZATION_PCT
+    elif processes.known:  # MIG: no utilization on the parent GPU; its MIG devices' processes instead
+        busy = processes.value > 0
+    else:
+        return utilization
+    if not busy:
+        return Signal.not_applicable("GPU idle: its clocks are judged under load")
+    reasons = get_signal(signals, "clock_event_reasons")
+    if not reasons.known:
+        return reasons
+    if not int(reasons.value) & THROTTLE_BITS:
+        return Signal(100.0)
+    clock, ceiling = get_signal(signals, "sm_clock_mhz"), get_signal(signals, "sm_clock_max_mhz")
+    if not (clock.known and ceiling.known and ceiling.value > 0):
+        return clock if not clock.known else ceiling
+    return Signal(round(100.0 * clock.value / ceiling.value, 1))
 
 
 def compared_with_node(report: HealthReport) -> list[Any]:

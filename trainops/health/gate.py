@@ -20,7 +20,8 @@ import contextlib
 import functools
 import gc
 import time
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,11 +35,11 @@ from trainops.errors import TemporaryError
 from trainops.health.expect import family
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.prometheus import (
+    FleetMetrics,
     PrometheusClient,
     PrometheusError,
     fleet_reports,
     label_mismatch,
-    no_series,
 )
 from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
 from trainops.health.report import HealthReport, merge_reports
@@ -138,6 +139,9 @@ class GateResult:
     selector: str
     sources: list[str]
     warnings: list[str] = field(default_factory=list)
+    # which source gave what: {"probe": {"nodes": n}, "prometheus": {"node_label", "nodes",
+    # "filled": {signal: GPUs or ports it filled}, "not_exported": {metric: how to enable it}}}
+    signal_sources: dict[str, Any] = field(default_factory=dict)
 
     @property
     def selected(self) -> list[str]:
@@ -186,6 +190,7 @@ class GateResult:
             "group": self.selection.group,
             "speed_unknown": self.selection.speed_unknown,
             "sources": self.sources,
+            "signal_sources": self.signal_sources,
             "warnings": self.warnings,
         }
 
@@ -213,8 +218,25 @@ class GateResult:
             + f"; sources: {'+'.join(self.sources)}"
         )
         lines.append(summary if self.enough else f"NOT ENOUGH: {self.missing()}")
+        lines += self._source_lines()
         lines += [f"WARNING: {w}" for w in self.warnings]
         return "\n".join(line.rstrip() for line in lines)
+
+    def _source_lines(self) -> list[str]:
+        """What Prometheus gave, and what dcgm-exporter does not export and how to enable it."""
+        prometheus = self.signal_sources.get("prometheus")
+        if not prometheus:
+            return []
+        filled = ", ".join(f"{name} x{n}" for name, n in prometheus["filled"].items()) or "nothing"
+        label = prometheus["node_label"]
+        lines = [f"Prometheus (node label {label!r}) filled what the probe lacked: {filled}"]
+        by_hint: dict[str, list[str]] = {}
+        for metric, hint in prometheus["not_exported"].items():
+            by_hint.setdefault(hint, []).append(metric)
+        lines += [
+            f"NOT EXPORTED by dcgm-exporter: {', '.join(names)} ({hint})" for hint, names in by_hint.items()
+        ]
+        return lines
 
 
 def run_gate(
@@ -224,12 +246,16 @@ def run_gate(
     now = time.time() if now is None else now
     deadline = Deadline(config.api_deadline_s)
     pool = ThreadPoolExecutor(1, thread_name_prefix="gate-prometheus")
+    read = None
+    if prometheus is not None:
+        read = functools.partial(
+            fleet_reports, prometheus, now=now, fault_window_s=config.policy.fault_window_s
+        )
     try:
         with gc_paused():
             # The fleet-wide queries run while the nodes and their reports are read and decoded.
-            metrics = pool.submit(fleet_reports, prometheus, now=now) if prometheus is not None else None
-            node_label = prometheus.node_label if prometheus is not None else ""
-            return _run_gate(core_v1, config, metrics, node_label, now, deadline)
+            metrics = pool.submit(read) if read is not None else None
+            return _run_gate(core_v1, config, metrics, read, now, deadline)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
@@ -237,8 +263,8 @@ def run_gate(
 def _run_gate(
     core_v1: Any,
     config: GateConfig,
-    metrics: Future[dict[str, HealthReport]] | None,
-    node_label: str,
+    metrics: Future[FleetMetrics] | None,
+    read: Callable[..., FleetMetrics] | None,
     now: float,
     deadline: Deadline,
 ) -> GateResult:
@@ -249,15 +275,25 @@ def _run_gate(
     held = published_configmaps(core_v1, config, names, deadline)
     reports = {name: read_report(held.get(configmap_name(name)), name, now) for name in names}
     sources, warnings = ["probe"], []
-    if metrics is not None:
+    signal_sources: dict[str, Any] = {
+        "probe": {"nodes": sum(1 for r in reports.values() if r.signals["gpu_count"].known)}
+    }
+    if metrics is not None and read is not None:
         try:
-            seen = metrics.result()
-            reports = {
-                name: merge_reports(reports[name], seen.get(name) or no_series(name, now, node_label))
-                for name in names
-            }
+            fleet = metrics.result()
+            better = fleet.label_for(names)
+            if better is not None and better != fleet.label:  # dcgm-exporter names nodes in another label
+                fleet = read(label=better)
+            filled: Counter = Counter()
+            reports = {name: merge_reports(reports[name], fleet.report(name), filled) for name in names}
             sources.append("prometheus")
-            if mismatch := label_mismatch(seen, names, node_label):
+            signal_sources["prometheus"] = {
+                "node_label": fleet.label,
+                "nodes": sum(1 for name in names if name in fleet.reports),
+                "filled": dict(sorted(filled.items())),
+                "not_exported": fleet.missing(),
+            }
+            if mismatch := label_mismatch(fleet, names, read.args[0].node_label):
                 warnings.append(mismatch)
         except PrometheusError as err:
             if config.on_unavailable == "fail":
@@ -277,7 +313,9 @@ def _run_gate(
         if r.verdict in USABLE and r.name in selection.excluded:
             r.verdict = "exclude"
             r.reasons = [selection.excluded[r.name].removeprefix("exclude: "), *r.reasons]
-    return GateResult(results, selection, config.min_nodes, config.selector, sources, warnings)
+    return GateResult(
+        results, selection, config.min_nodes, config.selector, sources, warnings, signal_sources
+    )
 
 
 def check_fleet(nodes: list[dict], config: GateConfig) -> None:

@@ -157,7 +157,7 @@ class NvmlReader:
         except self.nvml.NVMLError as err:
             lost = err.value == self._const("NVML_ERROR_GPU_IS_LOST")
             state = Signal(True) if lost else Signal.unknown(f"nvmlDeviceGetHandleByIndex: {err}")
-            return {"gpu_lost": state, "xid_events": self._xid_signal(index)}
+            return {"gpu_lost": state, **self._xid_signals(index)}
         enabled = self._const("NVML_FEATURE_ENABLED")
         signals: Signals = {
             "gpu_lost": Signal(False),
@@ -186,7 +186,7 @@ class NvmlReader:
                 "nvmlDeviceGetRetiredPagesPendingStatus", handle, convert=lambda v: v == enabled
             ),
             "recovery_action": self._read_recovery_action(handle),
-            "xid_events": self._xid_signal(index),
+            **self._xid_signals(index),
         }
         for name, threshold in TEMPERATURE_THRESHOLDS.items():
             signals[name] = self._read("nvmlDeviceGetTemperatureThreshold", handle, self._const(threshold))
@@ -334,11 +334,17 @@ class NvmlReader:
             self._xids.append((now, index, int(event.eventData)))
             wait_ms = 0
 
-    def _xid_signal(self, index: int) -> Signal:
+    def _xid_signals(self, index: int) -> Signals:
+        """``xid_events``: the XIDs seen on the GPU within ``xid_lookback_s``; ``xid_events_at``: when
+        the newest of them was seen (absent when none)."""
         reason = self._xid_unknown.get(index) or self._xid_unknown.get(-1)
         if reason:
-            return Signal.unknown(reason)
-        return Signal(sorted({xid for _, gpu, xid in self._xids if gpu == index}))
+            return {"xid_events": Signal.unknown(reason)}
+        seen = [(at, xid) for at, gpu, xid in self._xids if gpu == index]
+        signals = {"xid_events": Signal(sorted({xid for _, xid in seen}))}
+        if seen:
+            signals["xid_events_at"] = Signal(max(at for at, _ in seen))
+        return signals
 
 
 def _below(current: Signal, maximum: Signal) -> Signal:

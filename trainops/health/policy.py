@@ -29,11 +29,12 @@ import operator
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from trainops.health import xids
-from trainops.health.expect import derive
+from trainops.health.expect import THROTTLE_BITS, derive
 from trainops.health.fabric import Fabrics
 from trainops.health.report import HealthReport, Signal, get_signal
 
@@ -53,8 +54,6 @@ TESTS: dict[str, Callable[[Any, Any], bool]] = {
     "any_not_in": lambda values, listed: any(v not in listed for v in values),
     "any_bit": lambda value, mask: bool(int(value) & int(mask)),
 }
-
-THROTTLE_BITS = 0x8 | 0x20 | 0x40 | 0x80  # HwSlowdown, SwThermal, HwThermal, HwPowerBrake
 
 
 @dataclass(frozen=True)
@@ -79,6 +78,7 @@ DEFAULT_ROWS = (
     #   name                   scope      signal                         test      threshold      verdict       reason
     Row("report_age",          "node",    "report_age_s",                ">",      300,           "exclude",    "health report is stale", **MUST),
     Row("gpu_count",           "node",    "gpu_count",                   "<",      1,             "quarantine", "NVML sees no GPU (reboot)", **MUST),
+    Row("slowed_in_training",  "node",    "slowdown_pct",                ">",      0,             "exclude",    "slowed down in a training run (% slower than the run's median step)"),
     Row("gpus_missing",        "node",    "gpus_missing",                ">",      0,             "quarantine", "fewer GPUs (or MIG devices) than the node advertises (reboot)"),
     Row("gpu_lost",            "gpu",     "gpu_lost",                    "==",     True,          "quarantine", "GPU is lost to NVML (fallen off the bus)"),
     Row("xid_fatal",           "gpu",     "xid_events",                  "any_in", xids.FATAL,    "quarantine", "fatal XID (NVIDIA catalog: reset/reboot)", **MUST),
@@ -94,6 +94,7 @@ DEFAULT_ROWS = (
     Row("retired_pages",       "gpu",     "retired_pages",               ">=",     63,            "quarantine", "too many retired pages", **MUST),
     Row("retired_pending",     "gpu",     "retired_pages_pending",       "==",     True,          "quarantine", "page retirement pending (reload the driver)", **MUST),
     Row("throttling",          "gpu",     "clock_event_reasons",         "any_bit", THROTTLE_BITS, "warn",      "hardware clock slowdown"),
+    Row("clock_slowdown",      "gpu",     "slowdown_clock_pct",          "<",      90,            "exclude",    "hardware held the SM clock down under load (% of max)"),
     Row("thermal_warn",        "gpu",     "temperature_c",               ">=",     85,            "warn",       "GPU running hot"),
     Row("thermal_critical",    "gpu",     "temperature_c",               ">=",     95,            "exclude",    "GPU too hot", **MUST),
     Row("pcie_link",           "gpu",     "pcie_link_width_degraded",    "==",     True,          "exclude",    "PCIe link narrower than max"),
@@ -120,10 +121,17 @@ DEFAULT_ROWS = (
 # fmt: on
 
 
+FAULT_WINDOW_S = 7200.0  # 2 h: the XID lookback of Azure's health checks (reference/health.md §4)
+
+
 @dataclass(frozen=True)
 class Policy:
+    """The rows, the cluster's fabrics, and ``fault_window_s``: how long a fault seen in a burst (XIDs,
+    a slowdown in training) keeps a node out after it was last seen."""
+
     rows: tuple[Row, ...]
     fabrics: Fabrics = field(default_factory=Fabrics)
+    fault_window_s: float = FAULT_WINDOW_S
 
     @property
     def names(self) -> list[str]:
@@ -140,9 +148,20 @@ class Policy:
             by_name[name] = _override(by_name[name], changes)
         return replace(self, rows=tuple(by_name[row.name] for row in self.rows))
 
-    def with_fabrics(self, specs: Mapping[str, Any] | None, label: str | None = None) -> Policy:
-        """A copy with the cluster's fabrics (see ``fabric.Fabrics.from_mapping``); bad settings raise ValueError."""
-        return replace(self, fabrics=Fabrics.from_mapping(specs, label or self.fabrics.label))
+    def with_settings(
+        self,
+        fabrics: Mapping[str, Any] | None = None,
+        fabric_label: str | None = None,
+        fault_window_s: float | None = None,
+    ) -> Policy:
+        """A copy with the cluster's fabrics (see ``fabric.Fabrics.from_mapping``) and fault window;
+        bad settings raise ValueError naming them."""
+        window = self.fault_window_s if fault_window_s is None else fault_window_s
+        if isinstance(window, bool) or not isinstance(window, int | float) or not 0 < window <= 30 * 86400:
+            raise ValueError(f"fault_window_s must be seconds in (0, 30 days], got {window!r}")
+        label = fabric_label or self.fabrics.label
+        chosen = Fabrics.from_mapping(fabrics, label) if fabrics is not None or fabric_label else self.fabrics
+        return replace(self, fabrics=chosen, fault_window_s=float(window))
 
 
 DEFAULT_POLICY = Policy(DEFAULT_ROWS)
@@ -218,7 +237,7 @@ def evaluate(
     """Apply every row of ``policy`` to ``report``; ``now`` (default: the clock) ages the report;
     ``node``: the Node object as read (the gate's), what the node says it has."""
     now = time.time() if now is None else now
-    derived = derive(report, node, policy.fabrics)
+    derived = derive(report, node, policy.fabrics, now, policy.fault_window_s)
     node_signals = {
         **report.signals,
         "report_age_s": Signal(round(now - report.collected_at, 3)),
@@ -245,10 +264,18 @@ def evaluate(
                 evidence.append({**base, "kind": "unknown", "verdict": row.if_unknown, "reason": reason})
             elif row.trips(signal.value):
                 reason = f"{row.reason}: {row.signal}={signal.value!r} ({row.test} {_shown(row.threshold)})"
+                reason += _seen(get_signal(signals, f"{row.signal}_at"))
                 found = {"kind": "tripped", "verdict": row.verdict, "value": signal.value, "reason": reason}
                 evidence.append({**base, **found})
     verdict = max((e["verdict"] for e in evidence), key=VERDICTS.index, default="ok")
     return NodeVerdict(report.node, verdict, _reasons(evidence, verdict), evidence)
+
+
+def _seen(at: Signal) -> str:
+    """`` (last seen <UTC time>)`` for a burst signal that says when it was last seen."""
+    if not at.known or not isinstance(at.value, int | float):
+        return ""
+    return f" (last seen {datetime.fromtimestamp(at.value, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')})"
 
 
 def _shown(threshold: Any) -> str:

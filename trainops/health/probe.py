@@ -16,7 +16,7 @@ from typing import Any
 
 from trainops.conventions import HEALTH_SUMMARY_ANNOTATION as SUMMARY_ANNOTATION
 from trainops.errors import TemporaryError
-from trainops.health.expect import compared_with_node
+from trainops.health.expect import clock_under_load, compared_with_node
 from trainops.health.ib_reader import IbReader, IbUnavailable
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
@@ -34,6 +34,9 @@ from trainops.kube.client import MERGE_PATCH
 LEGACY_REPORT_ANNOTATION = "trainops.io/health-report"  # where probes before 0.2 put the report; removed
 CONDITION_TYPE = "GPUHealthy"
 REPORT_HEARTBEAT_S = 120.0
+# How long a burst fault (error counters, clocks held down under load, XIDs) keeps showing after it
+# was last seen: two hours, the XID lookback of Azure's health checks (reference/health.md §4).
+FAULT_WINDOW_S = 7200.0
 NODE_HEARTBEAT_S = 600.0
 MAX_CONFLICTS = 5
 
@@ -49,11 +52,13 @@ def collect_report(
     previous: HealthReport | None = None,
     now: float | None = None,
     xid_wait_ms: int = 0,
+    window_s: float = FAULT_WINDOW_S,
 ) -> HealthReport:
     """One report. ``nvml`` is an open :class:`NvmlReader` or a pynvml-like module (opened for this call).
 
-    With ``previous`` (an earlier report of this node), cumulative ``counter_*`` signals also
-    become ``*_per_min`` rates; without it the rates are unknown.
+    With ``previous`` (this node's last report), cumulative ``counter_*`` signals also become
+    ``*_per_min`` rates, held for ``window_s`` after a burst (see ``add_window_signals``); without it
+    the rates are unknown.
     """
     node, gpus = _read_gpus(nvml, xid_wait_ms)
     try:
@@ -66,7 +71,7 @@ def collect_report(
     for key, speed in zip(sorted(gpus, key=int), speeds, strict=True):
         gpus[key]["gemm_tflops"] = speed
     report = HealthReport(node_name, time.time() if now is None else now, "probe", node, gpus, ib_ports)
-    add_counter_rates(report, previous)
+    add_window_signals(report, previous, window_s)
     return report
 
 
@@ -95,9 +100,18 @@ def _read_gpus(nvml: Any, xid_wait_ms: int) -> tuple[Signals, dict[str, Signals]
         return reader.read(xid_wait_ms)
 
 
-def add_counter_rates(report: HealthReport, previous: HealthReport | None) -> None:
-    """Add ``<name>_per_min`` for every ``counter_<name>`` signal, from the change since ``previous``."""
+def add_window_signals(report: HealthReport, previous: HealthReport | None, window_s: float) -> None:
+    """Add what ``previous`` (the last report) and ``report`` show together, kept for ``window_s``:
+
+    * ``<name>_per_min`` for every ``counter_<name>``: the per-minute rate since ``previous``, or, for
+      ``window_s`` after errors were last counted, the highest such rate (a burst keeps showing after
+      it ended, so a gate that runs later still sees it);
+    * ``slowdown_clock_pct``: the SM clock held down under load (``expect.clock_under_load``), the
+      lowest seen within ``window_s``.
+
+    Each carries ``<signal>_at``, when it was last seen, while it holds a value from the window."""
     elapsed = report.collected_at - previous.collected_at if previous else 0.0
+    at = report.collected_at
     for kind in ("gpus", "ib_ports"):
         before_all = getattr(previous, kind) if previous else {}
         for key, signals in getattr(report, kind).items():
@@ -105,7 +119,26 @@ def add_counter_rates(report: HealthReport, previous: HealthReport | None) -> No
             for name, signal in list(signals.items()):
                 if name.startswith("counter_"):
                     rate_name = name.removeprefix("counter_") + "_per_min"
-                    signals[rate_name] = _rate(signal, before.get(name), elapsed)
+                    rate = _rate(signal, before.get(name), elapsed)
+                    signals.update(_held(rate_name, rate, before, at, window_s, max, healthy=0))
+            if kind == "gpus":
+                clock = clock_under_load(signals)
+                signals.update(_held("slowdown_clock_pct", clock, before, at, window_s, min, healthy=100.0))
+
+
+def _held(
+    name: str, current: Signal, before: Signals, now: float, window_s: float, worse, healthy
+) -> Signals:
+    """``name`` now: ``current`` when healthy and nothing worse was seen within the window, else the
+    worse of ``current`` and what ``before`` held, with when it was last seen."""
+    held, held_at = get_signal(before, name), get_signal(before, f"{name}_at")
+    recent = held.known and held_at.known and held_at.value >= now - window_s
+    if current.known and current.value != healthy:
+        value = worse(current.value, held.value) if recent else current.value
+        return {name: Signal(value), f"{name}_at": Signal(now)}
+    if recent:
+        return {name: held, f"{name}_at": held_at}
+    return {name: current}
 
 
 def _rate(current: Signal, before: Signal | None, elapsed: float) -> Signal:

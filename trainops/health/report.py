@@ -9,6 +9,7 @@ absent from a report reads as unknown.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -151,15 +152,19 @@ class HealthReport:
         return cls.from_dict(data)
 
 
-def merge_reports(primary: HealthReport, secondary: HealthReport) -> HealthReport:
+def merge_reports(
+    primary: HealthReport, secondary: HealthReport, filled: Counter | None = None
+) -> HealthReport:
     """``primary`` with its unknown or absent signals filled from ``secondary`` (e.g. probe + Prometheus).
-    A signal ``primary`` knows not to apply stays so."""
+    A signal ``primary`` knows not to apply stays so. ``filled`` counts, per signal, the targets
+    (node, GPU, port) ``secondary`` filled with a value."""
 
     def fill(first: Signals, second: Signals) -> Signals:
         merged = dict(second)
-        merged.update(
-            {name: s for name, s in first.items() if s.reason is None or s.na or name not in second}
-        )
+        kept = {name: s for name, s in first.items() if s.reason is None or s.na or name not in second}
+        merged.update(kept)
+        if filled is not None:
+            filled.update(name for name in second.keys() - kept.keys() if second[name].reason is None)
         return merged
 
     def fill_each(first: dict[str, Signals], second: dict[str, Signals]) -> dict[str, Signals]:

@@ -29,6 +29,7 @@ from trainops.kube.nodes import NodeState, edit_node
 from trainops.kube.retry import Deadline
 
 SLOWDOWN_ANNOTATION = "trainops.io/slowdown"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"  # an Indexed Job's pod: its node rank
 MAX_NODES = 100_000  # node ranks one heartbeat may list
 MAX_ANNOTATION_CHARS = 2048
 
@@ -101,6 +102,26 @@ def slow_nodes(
         if z_scores[node] < z_threshold and slower > min_pct_slower:
             found[node] = Slowdown(node, round(step_s, 4), round(median_s, 4), round(slower, 1), at, run)
     return found
+
+
+def nodes_by_rank(pods: list[dict]) -> dict[str, str]:
+    """Node rank (the Indexed Job pod's completion index) -> the node its pod ran on."""
+    found = {}
+    for pod in pods:
+        index = ((pod.get("metadata") or {}).get("annotations") or {}).get(INDEX_ANNOTATION)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if isinstance(index, str) and index.isdigit() and node:
+            found[index] = node
+    return found
+
+
+def slowed_in_run(heartbeat: Mapping[str, Any] | None, pods: list[dict], run: str) -> dict[str, Slowdown]:
+    """The nodes an attempt's last heartbeat shows slow, from its pods' placement; a malformed
+    heartbeat (the trainer's to write) shows none."""
+    try:
+        return slow_nodes(heartbeat or {}, nodes_by_rank(pods), run=run)
+    except ValueError:
+        return {}
 
 
 def record(core_v1: Any, slowdown: Slowdown, deadline: Deadline) -> bool:

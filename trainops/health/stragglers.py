@@ -18,9 +18,12 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from trainops.health.policy import NodeVerdict
 from trainops.health.report import HealthReport, Signal, get_signal
+
+if TYPE_CHECKING:
+    from trainops.health.policy import NodeVerdict
 
 MAD_SCALE = 0.6745  # makes the MAD-based score comparable to a normal z-score
 MEAN_AD_SCALE = 1.253314  # Iglewicz & Hoaglin fallback when the MAD is zero
