@@ -58,6 +58,7 @@ class DevCluster:
         inference: list[topology.InferenceWorkload] | None = None,
         process_env: dict[str, str] | None = None,
         kueue_config: KueueConfig | None = None,
+        kueue: bool = True,
         probe_interval_s: float = 1.0,
         probe_gemm: bool = True,
         system_nodes: int = 2,
@@ -77,7 +78,8 @@ class DevCluster:
         the simulated dcgm-exporter's series (``Hostname`` in its 4.x releases, ``hostname`` on main).
         ``exporter_counters``: ``trainops`` (deploy/dcgm-exporter-counters.csv) or ``default``
         (dcgm-exporter's own default counters). ``exporter_node_name`` False: dcgm-exporter runs without
-        ``NODE_NAME``, so its node label holds its pod's name."""
+        ``NODE_NAME``, so its node label holds its pod's name.
+        ``kueue=False``: a cluster without Kueue (no ``kueue.x-k8s.io`` API, controller or webhook)."""
         if exporter_counters not in COUNTER_SETS:
             raise ValueError(
                 f"exporter_counters must be one of {', '.join(COUNTER_SETS)}, got {exporter_counters!r}"
@@ -114,15 +116,15 @@ class DevCluster:
                 telemetry.exporter_hostname = f"nvidia-dcgm-exporter-{index:05x}"
         self._tmp = None if kubeconfig else tempfile.TemporaryDirectory(prefix="devcluster-")
         self.kubeconfig = kubeconfig or Path(self._tmp.name) / "kubeconfig"
-        self._kueue_config = kueue_config or KueueConfig()
+        self._kueue_config = (kueue_config or KueueConfig()) if kueue else None
         self.server = ApiServer(
             self.store,
             logs=self.logs,
             host=host,
             port=port,
-            admission=[kueue_admission, pod_admission(self.store)],
+            admission=[kueue_admission, pod_admission(self.store)] if kueue else [pod_admission(self.store)],
             extension=self._extension,
-            kueue_version=self._kueue_config.version,
+            kueue_version=self._kueue_config.version if kueue else None,
         )
         self._process_env = dict(process_env or {})
         self._controllers = None
@@ -154,8 +156,9 @@ class DevCluster:
         self._controllers = start_controllers(
             self.store, self.logs, self.telemetry, self._process_env, self.server.validating
         )
-        self._kueue = KueueController(self.store, self._kueue_config)
-        self._kueue.start()
+        if self._kueue_config is not None:
+            self._kueue = KueueController(self.store, self._kueue_config)
+            self._kueue.start()
 
         self.probe_daemon.start()
         self.url = self.server.start()
@@ -241,7 +244,8 @@ class DevCluster:
             create("poddisruptionbudgets.policy", topology.pod_disruption_budget(workload))
         for resource, obj in topology.gpu_operator_objects():
             create(resource, obj)
-        for resource, obj in () if self.fresh else topology.kueue_objects(self._kueue_config.version):
+        queues = self._kueue_config is not None and not self.fresh
+        for resource, obj in topology.kueue_objects(self._kueue_config.version) if queues else ():
             create(resource, obj)
 
     def create_from_file(self, manifest: Path) -> None:

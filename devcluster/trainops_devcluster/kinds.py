@@ -301,16 +301,19 @@ def by_resource(resource: str) -> Kind:
 
 
 class Served:
-    """The kinds one API server serves: ``KINDS`` with the Kueue kinds at ``kueue_version``, their
-    routes and discovery documents.  ``served(version)`` gives one per version."""
+    """The kinds one API server serves: ``KINDS`` with the Kueue kinds at ``kueue_version`` (None: none
+    of them, a cluster without Kueue), their routes and discovery documents.  ``served(version)`` gives
+    one per version."""
 
-    def __init__(self, kueue_version: str) -> None:
-        if kueue_version not in KUEUE_VERSIONS:
+    def __init__(self, kueue_version: str | None) -> None:
+        if kueue_version is not None and kueue_version not in KUEUE_VERSIONS:
             raise ValueError(
                 f"kueue_version must be one of {', '.join(KUEUE_VERSIONS)}, got {kueue_version!r}"
             )
         self.kueue_version = kueue_version
-        self.kinds = tuple(_at_kueue_version(k, kueue_version) for k in KINDS)
+        self.kinds = tuple(
+            _at_kueue_version(k, kueue_version) for k in KINDS if kueue_version or k.group != KUEUE
+        )
         self._by_path = {(k.group, k.version, k.plural): k for k in self.kinds}
 
     def by_path(self, group: str, version: str, plural: str) -> Kind | None:
@@ -357,7 +360,7 @@ class Served:
 
 
 @functools.cache
-def served(kueue_version: str = KUEUE_VERSIONS[0]) -> Served:
+def served(kueue_version: str | None = KUEUE_VERSIONS[0]) -> Served:
     return Served(kueue_version)
 
 

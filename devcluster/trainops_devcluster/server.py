@@ -121,7 +121,7 @@ class ApiServer:
         port: int = 0,
         admission: Iterable[Admission] = (),
         extension: Extension | None = None,
-        kueue_version: str = kinds.KUEUE_VERSIONS[0],
+        kueue_version: str | None = kinds.KUEUE_VERSIONS[0],
     ) -> None:
         self.store, self.logs = store, logs
         self.served = kinds.served(kueue_version)
