@@ -394,3 +394,14 @@ def test_set_up_wrong_in_one_way_the_check_for_it_names_the_problem_and_its_fix(
     problems = only_problem(findings, check)
     assert any(what in p["what"] and fix in p["fix"] for p in problems), problems
     assert doctor(cluster, capsys)[0] == 0, "the case undid what it broke"
+
+
+def test_without_kueue_the_kueue_checks_say_to_install_it(make_devcluster, capsys):
+    cluster = make_devcluster(nodes=1, inference=[], kueue=False)
+    capsys.readouterr()
+    assert main(["doctor", "--kubeconfig", str(cluster.kubeconfig), "--json"]) == 1
+    findings = {c["check"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    for check in ("kueue", "kueue-queues"):
+        (problem,) = findings[check]["problems"]
+        assert "the cluster serves kueue.x-k8s.io versions none" in problem["what"]
+        assert problem["fix"].startswith("install Kueue 0.13 or newer (its CRDs and controller)")
