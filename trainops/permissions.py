@@ -63,6 +63,7 @@ PERMISSIONS: tuple[Permission, ...] = tuple(
         _grant("watch", "kueue.x-k8s.io", "workloads", TRAINING, _RUN, "following a run"),
         _grant("list watch", "", "events", TRAINING, _RUN, "following a run: its Job's FailedCreate events"),
         _grant("get", "kueue.x-k8s.io", "localqueues", TRAINING, (WORKER,), "the claim's queue check"),
+        _grant("get", "kueue.x-k8s.io", "workloadpriorityclasses", CLUSTER, (WORKER,), "the claim's queue check: the run's priority class"),
         _grant("create", "batch", "jobs", TRAINING, _RUN, "submitting an attempt"),
         _grant("get", "", "pods/log", TRAINING, _RUN, "a failed pod's log tail"),
         _grant("create delete", "", "services", TRAINING, _RUN, "each attempt's headless Service"),

@@ -374,7 +374,7 @@ WRONG = {
     "stale-report": (probe_stopped_an_hour_ago, ("--prometheus", ""), "probe-reports", "gpu-node-002: its report is 3600s old", "kubectl logs -n kube-system"),
     "metric-not-exported": (lambda c: exporter_without(c, "DCGM_FI_DEV_ROW_REMAP_PENDING"), (), "dcgm-exporter", "no DCGM_FI_DEV_ROW_REMAP_PENDING series", "counters CSV"),
     "wrong-node-label": (nothing_changed, ("--prometheus-node-label", "UUID"), "dcgm-exporter", "label 'UUID' of dcgm-exporter's series names no GPU node", "--prometheus-node-label) to Hostname"),
-    "priority-class-missing": (priority_class_deleted, (), "kueue-queues", "WorkloadPriorityClass training-standard does not exist", "deploy/kueue-queues.yaml"),
+    "priority-class-missing": (priority_class_deleted, (), "kueue-queues", "WorkloadPriorityClass 'training-standard' does not exist: Kueue would make no Workload", "deploy/kueue-queues.yaml"),
     "local-queue-elsewhere": (lambda c: local_queue_feeding(c, "other"), (), "kueue-queues", "LocalQueue training/training sends runs to ClusterQueue 'other', but the claim raises", "deploy/kueue-queues.yaml"),
     "operand-without-trainops-tolerations": (operand_with_chart_tolerations, (), "daemonset-tolerations", "DaemonSet gpu-operator/nvidia-driver-daemonset does not tolerate trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
     "cluster-policy-without-trainops-tolerations": (cluster_policy_with_chart_tolerations, (), "daemonset-tolerations", "ClusterPolicy cluster-policy spec.daemonsets.tolerations lacks trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),

@@ -3,8 +3,8 @@ the lifecycle submits to exist, lead to each other, are active and cover the GPU
 
 A real Kueue 0.13 serves only ``v1beta1``; 0.15 and later also ``v1beta2`` (trainops.kube.kueue).
 A Workload that names a WorkloadPriorityClass that does not exist is never created, and Kueue says
-so only in its own log; an inactive ClusterQueue admits nothing.  The queues are judged by the
-claim's own check (``trainops.capacity.coverage``).
+so only in its own log; an inactive ClusterQueue admits nothing.  The queues and the priority class
+are judged by the claim's own check (``trainops.capacity.coverage``).
 """
 
 from __future__ import annotations
@@ -80,7 +80,13 @@ def check_queues(reads: Reads, config) -> Outcome:
     problems = []
     try:
         check_queue(
-            reads.kube, namespace, local, [GPU_RESOURCE], reads.deadline, cluster_queue=config.cluster_queue
+            reads.kube,
+            namespace,
+            local,
+            [GPU_RESOURCE],
+            reads.deadline,
+            cluster_queue=config.cluster_queue,
+            priority_class=config.priority_class,
         )
     except QueueMismatch as mismatch:
         problems.append(Problem(str(mismatch), QUEUES))
@@ -91,14 +97,6 @@ def check_queues(reads: Reads, config) -> Outcome:
     ):
         problems += [p for p in [_inactive(obj, what)] if p]
     priority = config.priority_class
-    if reads.get(reads.kube.kueue("workloadpriorityclasses", namespaced=False), priority) is None:
-        problems.append(
-            Problem(
-                f"WorkloadPriorityClass {priority} does not exist: Kueue makes no Workload for a run that "
-                "names it, and says so only in its own log",
-                f"{QUEUES}; or pass the class your runs use: --priority-class",
-            )
-        )
     resources = ", ".join(sorted(covered(queue or {}))) or "nothing"
     return Outcome(
         f"LocalQueue {namespace}/{local} -> ClusterQueue {config.cluster_queue} (covers {resources}), "
