@@ -258,11 +258,11 @@ def probe_stopped_an_hour_ago(cluster):
 def exporter_without(cluster, metric: str):
     """dcgm-exporter's counters CSV without ``metric``, on every node."""
     for node in GPU_NODES:
-        cluster.telemetry[node].disabled_metrics.add(metric)
+        cluster.telemetry[node].exported.discard(metric)
     cluster.wait_until_scraped()
     yield
     for node in GPU_NODES:
-        cluster.telemetry[node].disabled_metrics.discard(metric)
+        cluster.telemetry[node].exported.add(metric)
     cluster.wait_until_scraped()
 
 
@@ -372,8 +372,8 @@ WRONG = {
     "probe-without-runtime-class-under-cdi": (probe_without_runtime_class, (), "gpu-operator", "CDI is on, and the probe DaemonSet kube-system/trainops-node-probe runs with the default runtime", "runtimeClassName: nvidia"),
     "probe-not-on-a-gpu-node": (node_without_gpu_present_label, (), "node-probe", "gpu-node-001: no probe pod: the node does not match the DaemonSet's nvidia.com/gpu.present=true", "GPU Feature Discovery"),
     "stale-report": (probe_stopped_an_hour_ago, ("--prometheus", ""), "probe-reports", "gpu-node-002: its report is 3600s old", "kubectl logs -n kube-system"),
-    "metric-not-exported": (lambda c: exporter_without(c, "DCGM_FI_DEV_ROW_REMAP_PENDING"), (), "dcgm-exporter", "no DCGM_FI_DEV_ROW_REMAP_PENDING series", "counters CSV"),
-    "wrong-node-label": (nothing_changed, ("--prometheus-node-label", "UUID"), "dcgm-exporter", "label 'UUID' of dcgm-exporter's series names no GPU node", "--prometheus-node-label) to Hostname"),
+    "metric-not-exported": (lambda c: exporter_without(c, "DCGM_FI_DEV_ROW_REMAP_PENDING"), (), "dcgm-exporter", "no DCGM_FI_DEV_ROW_REMAP_PENDING series: the gate reads row_remap_pending", "deploy/dcgm-exporter-counters.csv enables it"),
+    "wrong-node-label": (nothing_changed, ("--prometheus-node-label", "UUID"), "dcgm-exporter", "the gate keys dcgm-exporter's series by label 'UUID', which names no GPU node; 'Hostname' does", "--prometheus-node-label) to Hostname"),
     "priority-class-missing": (priority_class_deleted, (), "kueue-queues", "WorkloadPriorityClass 'training-standard' does not exist: Kueue would make no Workload", "deploy/kueue-queues.yaml"),
     "local-queue-elsewhere": (lambda c: local_queue_feeding(c, "other"), (), "kueue-queues", "LocalQueue training/training sends runs to ClusterQueue 'other', but the claim raises", "deploy/kueue-queues.yaml"),
     "operand-without-trainops-tolerations": (operand_with_chart_tolerations, (), "daemonset-tolerations", "DaemonSet gpu-operator/nvidia-driver-daemonset does not tolerate trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),

@@ -1,9 +1,6 @@
-"""dcgm-exporter in Prometheus: a series for every metric the gate reads (trainops.health.prometheus),
-and the node label it keys them by naming the GPU nodes.
-
-A handful of instant queries, whatever the fleet's size: one count per metric name, one per
-value of the node label, and, when that label names no node, a few whole series to find the label
-that does.
+"""dcgm-exporter in Prometheus, read as the gate reads it (``trainops.health.prometheus.fleet_reports``):
+a series for every metric the gate reads, the node label the gate keys them by naming the GPU
+nodes, and a fresh sample of every GPU node.
 """
 
 from __future__ import annotations
@@ -11,80 +8,70 @@ from __future__ import annotations
 from trainops.doctor.node_probe import gpu_nodes, no_gpu_nodes
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem, Skip
-from trainops.health.prometheus import FRESHNESS, GAUGES, XID_COUNT, XID_LAST
+from trainops.health.prometheus import GAUGES, fleet_reports
 
-#: every series the gate reads; XID_COUNT has series only for XIDs seen lately, so none is no fault
-GATE_METRICS = (*GAUGES, XID_LAST)
-SAMPLE_SERIES = 5
-COUNTERS_FIX = (
-    "add it to dcgm-exporter's counters CSV (GPU Operator: the ConfigMap named by "
-    "dcgmExporter.config.name; ECC, row-remap pending, clock events and NVLink errors are off by default)"
+LABEL_FIX = (
+    "give dcgm-exporter NODE_NAME (GPU Operator and its Helm chart do), or relabel "
+    "__meta_kubernetes_pod_node_name into a label and name it (--prometheus-node-label)"
 )
-
-
-def _values(result: list[dict], label: str) -> set[str]:
-    return {item["metric"][label] for item in result if item.get("metric", {}).get(label)}
 
 
 def check(reads: Reads, config) -> Outcome:
     prometheus = config.prometheus
     if prometheus is None:
         raise Skip("no Prometheus named (--prometheus URL): the gate then reads the probes' reports alone")
-    label = prometheus.node_label
-    names = "|".join(GATE_METRICS)
-    present = _values(prometheus.query(f'count by (__name__) ({{__name__=~"{names}"}})'), "__name__")
+    nodes = {n["metadata"]["name"] for n in gpu_nodes(reads, config)}
+    fleet = fleet_reports(prometheus)
     problems = [
         Problem(
             f"no {metric} series: the gate reads {GAUGES[metric][0] if metric in GAUGES else 'XIDs'} from it",
-            COUNTERS_FIX,
+            hint,
         )
-        for metric in GATE_METRICS
-        if metric not in present
+        for metric, hint in fleet.missing().items()
     ]
-    nodes = {n["metadata"]["name"] for n in gpu_nodes(reads, config)}
     if not nodes:
         return Outcome("no GPU nodes", [no_gpu_nodes(config), *problems])
-    if FRESHNESS not in present:
+    if not fleet.series:
         return Outcome(f"Prometheus at {prometheus.base_url} has no dcgm-exporter series", problems)
-    seen = _values(prometheus.query(f"count by ({label}) ({FRESHNESS})"), label)
-    covered = nodes & seen
-    if not covered:
-        problems.append(_label_problem(prometheus, label, seen, nodes))
-    else:
-        problems += [
+    naming = fleet.label_for(nodes)
+    if naming is None:
+        held = "; ".join(f"{label!r} holds e.g. {min(v)!r}" for label, v in fleet.values.items() if v)
+        problems.append(
             Problem(
-                f'{node}: no dcgm-exporter series with {label}="{node}"',
-                "is dcgm-exporter running on it, and scraped? (its pod on that node; Prometheus' targets page)",
+                f"no label of dcgm-exporter's series names a GPU node ({held or 'none is set'})", LABEL_FIX
             )
-            for node in sorted(nodes - covered)
-        ]
-    xid_window = (
-        "on"
-        if XID_COUNT in _values(prometheus.query(f"count by (__name__) ({XID_COUNT})"), "__name__")
-        else "no XIDs lately"
+        )
+    elif naming != fleet.label:
+        problems.append(
+            Problem(
+                f"the gate keys dcgm-exporter's series by label {fleet.label!r}, which names no GPU node; "
+                f"{naming!r} does",
+                f"set the Prometheus connection's node_label (CLI: --prometheus-node-label) to {naming}",
+            )
+        )
+    else:
+        for node in sorted(nodes):
+            if not _fresh(fleet, node):
+                reason = fleet.report(node).signals["gpu_count"].reason
+                problems.append(
+                    Problem(
+                        f"{node}: {reason}",
+                        "is dcgm-exporter running on it, and scraped? (its pod on that node; Prometheus' targets page)",
+                    )
+                )
+    fresh = sum(1 for node in nodes if _fresh(fleet, node))
+    missing = len(fleet.missing())
+    exported = (
+        f"{missing} metric(s) the gate reads not exported"
+        if missing
+        else "every metric the gate reads exported"
     )
     return Outcome(
-        f"{len(present)} of {len(GATE_METRICS)} metrics the gate reads; label {label} names "
-        f"{len(covered)} of {len(nodes)} GPU node(s); XID counts: {xid_window}",
+        f"{exported}; label {fleet.label} names {fresh} of {len(nodes)} GPU node(s) with fresh samples",
         problems,
     )
 
 
-def _label_problem(prometheus, label: str, seen: set[str], nodes: set[str]) -> Problem:
-    """The node label names no GPU node: which label of the series does, if one does."""
-    sample = prometheus.query(f"topk({SAMPLE_SERIES}, {FRESHNESS})")
-    holding = sorted(
-        {name for item in sample for name, value in item.get("metric", {}).items() if value in nodes}
-    )
-    shown = f"values such as {min(seen)!r}" if seen else "no values"
-    if holding:
-        fix = (
-            f"set the Prometheus connection's node_label (CLI: --prometheus-node-label) to {holding[0]}: "
-            "that label holds the node names"
-        )
-    else:
-        fix = (
-            "no label of dcgm-exporter's series holds the node name: give dcgm-exporter NODE_NAME (GPU "
-            "Operator and its Helm chart do), or relabel __meta_kubernetes_pod_node_name into a label and name it"
-        )
-    return Problem(f"label {label!r} of dcgm-exporter's series names no GPU node ({shown})", fix)
+def _fresh(fleet, node: str) -> bool:
+    count = fleet.report(node).signals.get("gpu_count")
+    return count is not None and count.known
