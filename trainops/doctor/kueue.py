@@ -36,9 +36,8 @@ def check_api(reads: Reads, config) -> Outcome:
         for plural in RESOURCES
         if plural not in served
     ]
-    return Outcome(
-        f"Kueue serves {', '.join(versions)}; trainops speaks {version}; its CRDs are installed", problems
-    )
+    crds = "some of its CRDs missing" if problems else "its CRDs are installed"
+    return Outcome(f"Kueue serves {', '.join(versions)}; trainops speaks {version}; {crds}", problems)
 
 
 def cluster_queue(reads: Reads, config) -> dict | None:

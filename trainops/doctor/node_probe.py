@@ -46,10 +46,9 @@ def _ready(pod: dict) -> bool:
     return status.get("phase") == "Running" and ready
 
 
-def _not_running(daemon_set: str, template: dict, node: dict, pod: dict | None) -> Problem:
+def _not_running(namespace: str, name: str, template: dict, node: dict, pod: dict | None) -> Problem:
     """Why ``node`` has no ready probe, by the DaemonSet's own placement rules, and the fix."""
     spec, node_name = template.get("spec") or {}, node["metadata"]["name"]
-    namespace, name = daemon_set.split("/")
     if not selects(spec, node):
         labels = node["metadata"].get("labels") or {}
         wanted = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if labels.get(k) != v}
@@ -111,7 +110,7 @@ def check_daemon_set(reads: Reads, config) -> Outcome:
         for p in reads.list(PODS, namespace, labels=match)
         if any(o.get("uid") == uid for o in p["metadata"].get("ownerReferences") or [])
     ]
-    on_node = {(p.get("spec") or {}).get("nodeName"): p for p in pods}
+    on_node = {(p.get("spec") or {}).get("nodeName"): p for p in sorted(pods, key=_ready)}  # a ready one wins
     template = daemon_set["spec"].get("template") or {}
     problems = []
     for node in nodes:
@@ -119,7 +118,7 @@ def check_daemon_set(reads: Reads, config) -> Outcome:
         pod = on_node.get(node_name)
         if pod is not None and _ready(pod):
             continue
-        problems.append(_not_running(f"{namespace}/{name}", template, node, pod))
+        problems.append(_not_running(namespace, name, template, node, pod))
     ready = len(nodes) - len(problems)
     return Outcome(
         f"DaemonSet {namespace}/{name}: a ready probe on {ready} of {len(nodes)} GPU node(s)", problems
