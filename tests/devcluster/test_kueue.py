@@ -558,8 +558,10 @@ def test_higher_priority_preempts_lower_and_the_preempted_run_is_requeued(make_c
         f"(UID: {high_uid}, JobUID: {cluster.job('high')['metadata']['uid']})"
         in cond(victim, "Preempted")["message"]
     )
-    waiting = cluster.workload("high")
-    assert has(waiting, "QuotaReserved", "False", "WaitingForPreemptedWorkloads")
+    wait_for(  # written just after the victim's eviction
+        lambda: has(cluster.workload("high"), "QuotaReserved", "False", "WaitingForPreemptedWorkloads"),
+        "the preemptor waiting",
+    )
 
     cluster.stopped("low")  # its pods are gone: the quota moves to the preemptor
     cluster.admitted("high")
