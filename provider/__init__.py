@@ -11,6 +11,7 @@ CAPACITY = "GPU capacity from inference (trainops)"
 TRAINING = "Kueue gang training (trainops)"
 CHECKPOINTS = "Verified S3 checkpoints (trainops)"
 PROMETHEUS = "Prometheus (trainops)"
+DOCTOR = "Cluster setup check (trainops)"
 
 INTEGRATIONS = {
     HEALTH: ("https://docs.nvidia.com/datacenter/dcgm/latest/user-guide/feature-overview.html", ["gpu"]),
@@ -21,6 +22,10 @@ INTEGRATIONS = {
     TRAINING: ("https://kueue.sigs.k8s.io/docs/overview/", ["kubernetes", "ml"]),
     CHECKPOINTS: ("https://docs.aws.amazon.com/AmazonS3/latest/userguide/conditional-requests.html", ["aws"]),
     PROMETHEUS: ("https://prometheus.io/docs/prometheus/latest/querying/api/", ["monitoring"]),
+    DOCTOR: (
+        "https://kubernetes.io/docs/reference/access-authn-authz/authorization/#checking-api-access",
+        ["kubernetes"],
+    ),
 }
 # kind -> integration -> the modules (under ``trainops.<kind>``) that serve it
 MODULES = {
@@ -34,6 +39,7 @@ MODULES = {
         CAPACITY: ["capacity"],
         TRAINING: ["training"],
         CHECKPOINTS: ["checkpoint"],
+        DOCTOR: ["doctor"],
     },
     "sensors": {HEALTH: ["health"], CHECKPOINTS: ["checkpoint"]},
     "triggers": {
