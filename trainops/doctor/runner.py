@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import FAILED, OK, PROBLEM, SKIPPED, Finding, Outcome, Problem, Report, Skip
@@ -125,7 +125,7 @@ def _run_one(check: Check, reads: Reads, config: DoctorConfig, findings: dict[st
     except Exception as error:
         problem = _failure(error, config)
         finding = Finding(check.name, FAILED, problem.what, (problem,))
-    findings[check.name] = Finding(**{**finding.__dict__, "seconds": time.monotonic() - started})
+    findings[check.name] = replace(finding, seconds=time.monotonic() - started)
 
 
 def _failure(error: Exception, config: DoctorConfig) -> Problem:
