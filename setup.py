@@ -19,5 +19,5 @@ setup(
         for name, folder in FOLDERS.items()
         for sub in ["", *find_packages(where=folder)]
     ],
-    package_data={"trainops.plugins": ["static/*"]},  # the UI's pages, shipped (no CDN)
+    package_data={"trainops.plugins": ["static/*"]},  # the UI views' modules and icon, shipped (no CDN)
 )

@@ -1,4 +1,4 @@
-"""The FastAPI app mounted at ``/trainops``: the pages, and the JSON API they call.
+"""The FastAPI app mounted at ``/trainops``: the views' modules, and the JSON API they call.
 
 Settings (``[trainops]`` in airflow.cfg, or ``AIRFLOW__TRAINOPS__<KEY>``): ``kubernetes_conn_id``
 (default ``kubernetes_default``), ``aws_conn_id`` (``aws_default``), ``cluster_queue``
@@ -16,14 +16,21 @@ from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import Body, Depends, FastAPI, HTTPException, status
-from fastapi.responses import HTMLResponse, Response
+from fastapi.responses import RedirectResponse, Response
 from trainops.plugins.auth import current_user, require_dag_run
+from trainops.plugins.links import FLEET_ROUTE, run_path
 
 User = Annotated[Any, Depends(current_user)]
 JOBS_DEADLINE_S = (
     15.0  # the run view waits this long for the attempts' Jobs, then shows it without their times
 )
-STATIC = {"fleet.js": "text/javascript", "run.js": "text/javascript", "trainops.css": "text/css"}
+# The two React apps (ES modules the Airflow UI imports) and what they share
+STATIC = {
+    "fleet.js": "text/javascript",
+    "run.js": "text/javascript",
+    "common.js": "text/javascript",
+    "gpu.svg": "image/svg+xml",
+}
 
 app = FastAPI(title="trainops", description="GPU fleet and training runs", docs_url=None, redoc_url=None)
 
@@ -98,14 +105,16 @@ def _asset(name: str) -> str:
     return resources.files("trainops.plugins").joinpath("static", name).read_text()
 
 
-@app.get("/fleet", response_class=HTMLResponse, include_in_schema=False)
-def fleet_page() -> str:
-    return _asset("fleet.html")
+@app.get("/fleet", include_in_schema=False)
+def fleet_page() -> RedirectResponse:
+    """The fleet view is a page of the Airflow UI (``plugin.py``); relative, so any base URL works."""
+    return RedirectResponse(f"../plugin/{FLEET_ROUTE}")
 
 
-@app.get("/runs/{dag_id}/{run_id}", response_class=HTMLResponse, include_in_schema=False)
-def run_page(dag_id: str, run_id: str) -> str:
-    return _asset("run.html")
+@app.get("/runs/{dag_id}/{run_id}", include_in_schema=False)
+def run_page(dag_id: str, run_id: str) -> RedirectResponse:
+    """The run view is a tab of the DAG run in the Airflow UI."""
+    return RedirectResponse("../../.." + run_path(dag_id, run_id))
 
 
 @app.get("/static/{name}", include_in_schema=False)

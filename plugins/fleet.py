@@ -1,25 +1,38 @@
-"""The fleet view's data: every GPU node's mode, holder, health and quarantine, from one paginated
-node list (the health verdict is the node probe's summary annotation on the node itself); and,
-answered apart so that a slow or absent Prometheus never holds the fleet back, every node's
-tensor-core activity from one Prometheus query for the whole fleet."""
+"""The fleet view's data: every GPU node's mode, holder, health and quarantine, GPU model and pool,
+from one paginated node list (the health verdict is the node probe's summary annotation on the node
+itself); and, answered apart so that a slow or absent Prometheus never holds the fleet back, every
+node's tensor-core activity from one Prometheus query for the whole fleet.
+
+Each row has a ``status`` that reads the verdict against the node's mode: an inference node whose
+GPUs run the inference server is ``serving``, a training node whose GPUs train is ``training`` (the
+policy warns of busy GPUs because the gate will drain them, not because anything is wrong). What is
+left, ``attention``, is what needs a person: a quarantine, a failing or excluded node, a warning the
+mode does not explain, a node without a report. Its ``findings`` are the summary's reasons, one per
+policy row with every GPU or port it applies to, each marked ``expected`` when the mode explains it.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import queue
+import re
 import threading
 from collections import Counter
 from typing import Any
 
 from trainops.capacity.claims import holder_of, is_quarantined
 from trainops.conventions import (
+    FABRIC_LABEL,
     GPU_HEALTHY_CONDITION,
     GPU_POOL_LABEL,
+    MODE_INFERENCE,
     MODE_TAINT,
+    MODE_TRAINING,
     QUARANTINE_EVIDENCE_ANNOTATION,
     QUARANTINE_TAINT,
 )
+from trainops.health.hardware import GPU_PRODUCT_LABEL
 from trainops.health.prometheus import PrometheusClient
 from trainops.health.published import read_summary
 from trainops.kube.client import Kube, json_of
@@ -28,6 +41,13 @@ from trainops.kube.nodes import NodeState, allocatable_gpus
 from trainops.kube.retry import Deadline
 
 LIST_DEADLINE_S = 60.0
+# Policy rows that describe a node doing its mode's work (busy GPUs), not a fault: the gate drains them.
+MODE_WORK = {MODE_INFERENCE: {"gpu_in_use", "tensor_busy"}, MODE_TRAINING: {"gpu_in_use", "tensor_busy"}}
+HEALTHY_STATUS = {MODE_INFERENCE: "serving", MODE_TRAINING: "training"}  # other modes: "idle"
+ATTENTION = ("quarantined", "failing", "excluded", "warn", "unknown")  # what needs a person
+# The summary's reason lines: "<row>, <row> [<target>, <target>] <reason>" (trainops.health.policy)
+FINDING = re.compile(r"^(?P<rows>[a-z0-9_]+(?:, [a-z0-9_]+)*) \[(?P<targets>[^\]]*)\] (?P<text>.*)$", re.S)
+DEFAULT_POOL = "default"  # a node without the pool label (trainops.health.fabric)
 # dcgm-exporter's profiling metric: the fraction of cycles the GPU's tensor pipes were busy
 TENSOR_ACTIVE = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"
 
@@ -105,30 +125,71 @@ def node_row(node: dict) -> dict[str, Any] | None:
     if not gpus and GPU_POOL_LABEL not in labels:
         return None
     state = NodeState(meta.get("name"), labels, annotations, (node.get("spec") or {}).get("taints") or [])
-    mode = (state.taint(MODE_TAINT) or {}).get("value")
+    mode = (state.taint(MODE_TAINT) or {}).get("value") or "none"
     summary = read_summary(annotations)
+    health = summary["verdict"] if summary else "unknown"
+    reasons = (
+        summary["reasons"] if summary else ["no health summary on the node (is the node probe running?)"]
+    )
+    found = findings(reasons, mode)
+    quarantine = _quarantine(state)
+    status = node_status(health, mode, found, quarantine is not None)
     return {
         "name": meta.get("name"),
-        "mode": mode or "none",
-        "health": summary["verdict"] if summary else "unknown",
-        "reasons": summary["reasons"]
-        if summary
-        else ["no health summary on the node (is the node probe running?)"],
-        "quarantine": _quarantine(state),
+        "mode": mode,
+        "status": status,
+        "attention": status in ATTENTION,
+        "health": health,
+        "reasons": reasons,
+        "findings": found,
+        "quarantine": quarantine,
         "claimed_by": holder_of(annotations),
         "gpus": gpus,
+        "gpu_model": labels.get(GPU_PRODUCT_LABEL),
+        "pool": labels.get(FABRIC_LABEL) or DEFAULT_POOL,
         "report": summary.get("report") if summary else None,
         "reported_at": _reported_at(node),
     }
 
 
+def node_status(health: str, mode: str, found: list[dict], quarantined: bool) -> str:
+    """What the node is doing, or why it needs a person (one of ``ATTENTION``)."""
+    if quarantined:
+        return "quarantined"
+    if health in ("quarantine", "exclude", "unknown"):
+        return {"quarantine": "failing", "exclude": "excluded", "unknown": "unknown"}[health]
+    if health != "ok" and not all(f["expected"] for f in found):
+        return "warn"
+    return HEALTHY_STATUS.get(mode, "idle")
+
+
+def findings(reasons: list[str], mode: str) -> list[dict[str, Any]]:
+    """The summary's reason lines as ``{"rows", "targets", "text", "expected"}``: ``targets`` lists every GPU
+    or port the line applies to, once; ``expected`` when every row is the work of the node's mode.  A
+    line in no known form (a report's own words, "(+2 more in the report)") is never expected."""
+    work = MODE_WORK.get(mode, set())
+    found = []
+    for reason in reasons:
+        match = FINDING.match(reason)
+        if match is None:
+            found.append({"rows": [], "targets": [], "text": reason, "expected": False})
+            continue
+        rows = match["rows"].split(", ")
+        targets = [t for t in match["targets"].split(", ") if t]
+        found.append({"rows": rows, "targets": targets, "text": match["text"], "expected": set(rows) <= work})
+    return found
+
+
 def fleet_rows(rows: list[dict]) -> dict[str, Any]:
-    """``{"nodes": [...rows by name], "counts": {"total", "mode": {...}, "health": {...}, "quarantined", "claimed"}}``."""
+    """``{"nodes": [...rows by name], "counts": {"total", "attention", "status", "mode", "health",
+    "quarantined", "claimed"}}``."""
     rows.sort(key=lambda r: r["name"])
     return {
         "nodes": rows,
         "counts": {
             "total": len(rows),
+            "attention": sum(1 for r in rows if r["attention"]),
+            "status": dict(Counter(r["status"] for r in rows)),
             "mode": dict(Counter(r["mode"] for r in rows)),
             "health": dict(Counter(r["health"] for r in rows)),
             "quarantined": sum(1 for r in rows if r["quarantine"]),

@@ -156,7 +156,7 @@ def heartbeat_rate(
     # the attempt's own commits: past the step it resumed from (its Job's creation time has whole seconds,
     # and a resume within a second of the crash starts in the second of the last commits before it)
     earlier = [
-        {"step": c["step"], "at": c["at"], "what": f"checkpoint step {c['step']} committed"}
+        {"step": c["step"], "at": c["at"], "what": f"the step-{c['step']} checkpoint"}
         for c in commits
         if resumed < c["step"] < heartbeat["step"]
         and c["at"] < heartbeat["at"]
@@ -167,7 +167,9 @@ def heartbeat_rate(
             {
                 "step": resumed,
                 "at": start,
-                "what": f"attempt {attempt.get('number')} started at step {resumed}",
+                "what": f"attempt {attempt.get('number')} resumed at step {resumed}"
+                if resumed
+                else f"attempt {attempt.get('number')} started",
             }
         ]
     if not earlier:

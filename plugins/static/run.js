@@ -1,133 +1,185 @@
-"use strict";
-// The run view: /trainops/runs/<dag_id>/<run_id> shows /trainops/api/runs/<dag_id>/<run_id>.
-const parts = location.pathname.split("/").filter(Boolean);  // ["trainops", "runs", dag, run]
-const dagId = decodeURIComponent(parts[2]), runId = decodeURIComponent(parts[3]);
-const base = `/trainops/api/runs/${encodeURIComponent(dagId)}/${encodeURIComponent(runId)}`;
-const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
-const $ = (id) => document.getElementById(id);
+// The Training run tab of a DAG run in the Airflow UI: the attempt ledger (where each attempt resumed from,
+// how it ended, the culprit), the heartbeat and its rate, a plot of step against time with crash and resume
+// markers, the checkpoints as verified now, the capacity claimed and returned, and "Return this run's GPUs".
+import {C, ConfirmDialog, ErrorText, React, ago, formatTime, h, post, useApi, useTimezone} from "./common.js";
 
-function showError(response, text) {
-  $("error").innerHTML = response.status === 401 || response.status === 403
-    ? `Not allowed (${response.status}). <a href="/auth/login/?next=${encodeURIComponent(location.href)}">Log in</a>`
-    : esc(`${response.status}: ${text}`);
+const {useState} = React;
+const ENDED = {succeeded: "success", infrastructure: "failed", user: "failed", hang: "failed", stopped: "skipped"};
+const quota = (r) => (r.quota_returned ? `${r.quota_returned} GPUs of quota taken back` : "no quota was granted");
+
+function Section({title, children}) {
+  return h(C.Box, {as: "section", mt: 6},
+    h(C.Heading, {as: "h3", size: "md", mb: 2}, title),
+    children);
 }
 
-function render(d) {
-  $("title").textContent = `Training run ${d.dag_id} / ${d.run_id}`;
-  const train = d.tasks.train || {};
-  $("summary").textContent = `run ${d.state}; train ${train.state ?? "not started"} (try ${train.try_number ?? 0}); ` +
-    `${d.ledger.preemptions ?? 0} preemption(s)`;
-  const times = Object.fromEntries(d.progress.attempts.map((a) => [a.number, a]));
-  const span = (a) => a && a.started_at != null ? `${clock(a.started_at)}–${a.ended_at != null ? clock(a.ended_at) : ""}` : "";
-  $("attempts").querySelector("tbody").innerHTML = (d.ledger.attempts || []).map((a) =>
-    `<tr><td>${a.number}</td><td>${esc(a.job)}<br><span class="muted">${span(times[a.number])}</span></td>` +
-    `<td>${a.resume_from ? esc(a.resume_from) + (a.resume_step != null ? ` (step ${a.resume_step})` : "") : '<span class="muted">fresh start</span>'}</td>` +
-    `<td class="${a.kind === "succeeded" ? "ok" : a.kind ? "bad" : ""}">${esc(a.kind ?? a.phase)}</td><td>${esc(a.ended)}</td>` +
-    `<td>${esc(((times[a.number] || {}).culprits || []).join(", "))}</td><td>${esc((a.hints || []).join("; "))}</td></tr>`).join("");
-  if (d.ledger.error) $("error").textContent = d.ledger.error;
-  renderProgress(d.progress);
-  const excluded = Object.entries(d.ledger.excluded || {});
-  $("excluded").innerHTML = excluded.length
-    ? "Nodes kept out (culprits): " + excluded.map(([n, why]) => `<b>${esc(n)}</b>: ${esc(why)}`).join("; ") : "";
-  const c = d.checkpoints;
-  $("latest").innerHTML = c.error ? `<span class="bad">${esc(c.error)}</span>`
-    : c.checkpoint ? `Latest verified: <b>${esc(c.checkpoint.uri)}</b> (step ${esc(c.checkpoint.step)})`
-    : c.run_uri ? `No verified checkpoint under ${esc(c.run_uri)} yet` : "The run has no run path yet";
-  $("skipped").querySelector("tbody").innerHTML = (c.skipped || []).map((s) =>
-    `<tr><td>${esc(s.uri)}</td><td>${esc(s.step)}</td><td class="bad">${esc((s.reasons || []).join("; "))}</td></tr>`).join("");
-  const claimed = d.capacity.claimed, returned = d.capacity.returned;
-  $("capacity").innerHTML = (claimed ? `Claimed: ${esc((claimed.node_names || []).join(", "))}. ` : "Nothing claimed yet. ") +
-    (returned ? `Returned: ${esc((returned.node_names || []).join(", "))} (${esc(returned.gpus_returned)} GPUs; ${quota(returned)}).` : "Not returned yet.");
+function Attempts({ledger, times, zone}) {
+  const span = (a) => (a && a.started_at != null
+    ? `${formatTime(a.started_at, zone, {date: false})} – ${a.ended_at != null ? formatTime(a.ended_at, zone, {date: false}) : "now"}` : "");
+  return h(C.Table.Root, {id: "attempts", size: "sm", striped: true},
+    h(C.Table.Header, null, h(C.Table.Row, null,
+      ...["#", "Job", "Resumed from", "How it ended", "Why", "Culprit", "Hints"].map((t) => h(C.Table.ColumnHeader, {key: t}, t)))),
+    h(C.Table.Body, null, (ledger.attempts || []).map((a) => h(C.Table.Row, {key: a.number},
+      h(C.Table.Cell, null, a.number),
+      h(C.Table.Cell, null, h(C.Text, {fontSize: "sm"}, a.job), h(C.Text, {fontSize: "xs", color: "fg.muted"}, span(times[a.number]))),
+      h(C.Table.Cell, {fontSize: "sm"}, a.resume_from
+        ? `${a.resume_from}${a.resume_step != null ? ` (step ${a.resume_step})` : ""}` : h(C.Text, {as: "span", color: "fg.muted"}, "fresh start")),
+      h(C.Table.Cell, null, h(C.Badge, {colorPalette: ENDED[a.kind] || "running"}, a.kind ?? a.phase)),
+      h(C.Table.Cell, {fontSize: "sm"}, a.ended),
+      h(C.Table.Cell, {fontSize: "sm"}, ((times[a.number] || {}).culprits || []).join(", ")),
+      h(C.Table.Cell, {fontSize: "sm"}, (a.hints || []).join("; "))))));
 }
 
-const quota = (r) => r.quota_returned ? `${esc(r.quota_returned)} GPUs of quota taken back` : "no quota was granted";
-const clock = (t) => new Date(t * 1000).toISOString().slice(11, 19);
-const ago = (t) => { const s = Math.max(0, Math.round(Date.now() / 1000 - t)); return s < 120 ? `${s}s ago` : s < 7200 ? `${Math.round(s / 60)}m ago` : `${Math.round(s / 3600)}h ago`; };
-
-function renderHeartbeat(p) {
-  const h = p.heartbeat, r = p.rate;
-  if (!h) {
-    $("heartbeat").innerHTML = p.errors.heartbeat ? "" : '<span class="muted">No heartbeat: the trainer writes none through the helper (progress is judged by new checkpoints)</span>';
-    return;
+// "Step 200 at 14:30:05 CET (12 s ago), 17.2 steps/s since the step-20 checkpoint"
+function Heartbeat({progress, zone}) {
+  const beat = progress.heartbeat, rate = progress.rate;
+  if (!beat) {
+    return progress.errors.heartbeat ? null : h(C.Text, {id: "heartbeat", color: "fg.muted"},
+      "No heartbeat: the trainer writes none through the helper (progress is judged by new checkpoints)");
   }
-  const rate = r ? `<b>${r.steps_per_s.toFixed(2)} steps/s</b> since ${esc(r.what)} (${clock(r.at)} UTC)` : '<span class="muted">rate n/a (no earlier progress of this attempt)</span>';
-  $("heartbeat").innerHTML = `Heartbeat: <b>step ${h.step}</b> at ${clock(h.at)} UTC (${ago(h.at)}${h.saving ? ", saving a checkpoint" : ""}); ${rate}`;
+  const pace = rate
+    ? `, ${rate.steps_per_s.toFixed(1)} steps/s since ${rate.what} (${formatTime(rate.at, zone, {date: false})})`
+    : ", no rate yet (no earlier progress of this attempt)";
+  return h(C.Text, {id: "heartbeat"},
+    "Heartbeat: ", h("b", null, `step ${beat.step}`),
+    ` at ${formatTime(beat.at, zone)} (${ago(beat.at)}${beat.saving ? ", saving a checkpoint" : ""})${pace}`);
 }
 
 // Step against time: one line per attempt (from where it resumed, through its commits and the heartbeat),
-// a triangle where each resume started, a cross where an attempt failed.
-function plotSvg(p) {
-  const W = 860, H = 260, L = 56, R = 16, T = 12, B = 30;
-  const timed = p.attempts.filter((a) => a.started_at != null);
+// a triangle where each resume started, a cross where an attempt failed. Colours are the UI's tokens.
+function Plot({progress, zone}) {
+  const W = 860, HT = 260, L = 56, R = 16, T = 12, B = 30;
+  const clock = (t) => formatTime(t, zone, {date: false});
+  const timed = progress.attempts.filter((a) => a.started_at != null);
   const lines = timed.map((a, i) => {
-    const last = i === timed.length - 1;
-    const end = a.ended_at ?? (last ? Infinity : timed[i + 1].started_at);
+    const end = a.ended_at ?? (i === timed.length - 1 ? Infinity : timed[i + 1].started_at);
     const inside = (t) => t >= a.started_at && t <= end;
-    const pts = [{t: a.started_at, step: a.resume_step ?? 0}, ...p.commits.filter((c) => inside(c.at)).map((c) => ({t: c.at, step: c.step}))];
-    if (p.heartbeat && inside(p.heartbeat.at)) pts.push({t: p.heartbeat.at, step: p.heartbeat.step});
+    const pts = [{t: a.started_at, step: a.resume_step ?? 0},
+      ...progress.commits.filter((c) => inside(c.at)).map((c) => ({t: c.at, step: c.step}))];
+    if (progress.heartbeat && inside(progress.heartbeat.at)) pts.push({t: progress.heartbeat.at, step: progress.heartbeat.step});
     pts.sort((x, y) => x.t - y.t);
     if (a.ended_at != null) pts.push({t: a.ended_at, step: pts[pts.length - 1].step});
     return {a, pts};
   });
-  const all = [...lines.flatMap((l) => l.pts), ...(timed.length ? [] : p.commits.map((c) => ({t: c.at, step: c.step})))];
-  if (p.heartbeat && !timed.length) all.push({t: p.heartbeat.at, step: p.heartbeat.step});
-  if (!all.length) return "";
+  const all = [...lines.flatMap((l) => l.pts), ...(timed.length ? [] : progress.commits.map((c) => ({t: c.at, step: c.step})))];
+  if (progress.heartbeat && !timed.length) all.push({t: progress.heartbeat.at, step: progress.heartbeat.step});
+  if (!all.length) return null;
   const t0 = Math.min(...all.map((q) => q.t)), t1 = Math.max(...all.map((q) => q.t), t0 + 1);
   const s1 = Math.max(...all.map((q) => q.step), 1);
-  const x = (t) => (L + (t - t0) / (t1 - t0) * (W - L - R)).toFixed(1), y = (s) => (H - B - s / s1 * (H - T - B)).toFixed(1);
-  const path = (pts) => pts.map((q) => `${x(q.t)},${y(q.step)}`).join(" ");
+  const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R), y = (s) => HT - B - (s / s1) * (HT - T - B);
+  const points = (pts) => pts.map((q) => `${x(q.t).toFixed(1)},${y(q.step).toFixed(1)}`).join(" ");
+  const ink = {axis: "var(--chakra-colors-fg-muted)", series: "var(--chakra-colors-blue-solid)",
+    resume: "var(--chakra-colors-green-solid)", crash: "var(--chakra-colors-red-solid)", text: "var(--chakra-colors-fg)"};
   const parts = [
-    `<line x1="${L}" y1="${H - B}" x2="${W - R}" y2="${H - B}" class="axis"/><line x1="${L}" y1="${T}" x2="${L}" y2="${H - B}" class="axis"/>`,
-    `<text x="${L - 6}" y="${y(s1)}" text-anchor="end" dy="4">${s1}</text><text x="${L - 6}" y="${H - B}" text-anchor="end">0</text>`,
-    `<text x="${L}" y="${H - 8}">${clock(t0)}</text><text x="${W - R}" y="${H - 8}" text-anchor="end">${clock(t1)} UTC</text>`,
-    `<text x="12" y="${(H - B) / 2}" transform="rotate(-90 12 ${(H - B) / 2})" text-anchor="middle">step</text>`,
+    h("line", {key: "xa", x1: L, y1: HT - B, x2: W - R, y2: HT - B, className: "axis", stroke: ink.axis}),
+    h("line", {key: "ya", x1: L, y1: T, x2: L, y2: HT - B, className: "axis", stroke: ink.axis}),
+    h("text", {key: "top", x: L - 6, y: y(s1), textAnchor: "end", dy: 4, fill: ink.text}, s1),
+    h("text", {key: "zero", x: L - 6, y: HT - B, textAnchor: "end", fill: ink.text}, 0),
+    h("text", {key: "t0", x: L, y: HT - 8, fill: ink.text}, clock(t0)),
+    h("text", {key: "t1", x: W - R, y: HT - 8, textAnchor: "end", fill: ink.text}, clock(t1)),
+    h("text", {key: "label", x: 12, y: (HT - B) / 2, transform: `rotate(-90 12 ${(HT - B) / 2})`, textAnchor: "middle", fill: ink.text}, "step"),
   ];
-  if (!timed.length) parts.push(`<polyline class="series" points="${path(all.sort((p1, p2) => p1.t - p2.t))}"/>`);
+  if (!timed.length) {
+    parts.push(h("polyline", {key: "all", className: "series", fill: "none", stroke: ink.series, strokeWidth: 1.5,
+      points: points([...all].sort((p, q) => p.t - q.t))}));
+  }
   for (const {a, pts} of lines) {
-    parts.push(`<polyline class="series" data-attempt="${a.number}" points="${path(pts)}"/>`);
-    for (const c of pts.slice(1)) parts.push(`<circle class="point" cx="${x(c.t)}" cy="${y(c.step)}" r="2.5"/>`);
+    parts.push(h("polyline", {key: `s${a.number}`, className: "series", "data-attempt": a.number, fill: "none",
+      stroke: ink.series, strokeWidth: 1.5, points: points(pts)}));
+    pts.slice(1).forEach((c, i) => parts.push(h("circle", {key: `p${a.number}-${i}`, className: "point", cx: x(c.t), cy: y(c.step), r: 2.5, fill: ink.series})));
     if (a.number > 1) {
       const [cx, cy] = [x(a.started_at), y(a.resume_step ?? 0)];
-      parts.push(`<path class="marker resume" data-attempt="${a.number}" d="M${cx},${cy - 7} l6,11 h-12 z"><title>attempt ${a.number} resumed from step ${a.resume_step ?? 0} at ${clock(a.started_at)} UTC</title></path>`);
+      parts.push(h("path", {key: `r${a.number}`, className: "marker resume", "data-attempt": a.number, fill: ink.resume,
+        d: `M${cx},${cy - 7} l6,11 h-12 z`},
+      h("title", null, `attempt ${a.number} resumed from step ${a.resume_step ?? 0} at ${clock(a.started_at)}`)));
     }
     if (a.ended_at != null && a.kind !== "succeeded") {
       const end = pts[pts.length - 1], [cx, cy] = [x(end.t), y(end.step)];
-      const why = `attempt ${a.number} ended at ${clock(a.ended_at)} UTC: ${a.kind}: ${a.ended ?? ""}` + (a.culprits && a.culprits.length ? ` (culprit ${a.culprits.join(", ")})` : "");
-      parts.push(`<path class="marker crash" data-attempt="${a.number}" d="M${cx - 5},${cy - 5} l10,10 m0,-10 l-10,10"><title>${esc(why)}</title></path>`);
+      const culprit = a.culprits && a.culprits.length ? ` (culprit ${a.culprits.join(", ")})` : "";
+      parts.push(h("path", {key: `c${a.number}`, className: "marker crash", "data-attempt": a.number, fill: "none",
+        stroke: ink.crash, strokeWidth: 2.5, d: `M${cx - 5},${cy - 5} l10,10 m0,-10 l-10,10`},
+      h("title", null, `attempt ${a.number} ended at ${clock(a.ended_at)}: ${a.kind}: ${a.ended ?? ""}${culprit}`)));
     }
   }
-  return `<svg xmlns="http://www.w3.org/2000/svg" id="progress-plot" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" role="img" aria-label="step against time">${parts.join("")}</svg>`;
+  return h(C.Box, {id: "plot", mt: 2},
+    h("svg", {id: "progress-plot", width: W, height: HT, viewBox: `0 0 ${W} ${HT}`, role: "img", "aria-label": "step against time",
+      style: {font: "11px var(--chakra-fonts-body)", border: "1px solid var(--chakra-colors-border)", borderRadius: 4}}, parts),
+    progress.checkpoints_unread ? h(C.Text, {color: "fg.muted", fontSize: "sm"}, `${progress.checkpoints_unread} older checkpoints not plotted`) : null);
 }
 
-function renderProgress(p) {
-  renderHeartbeat(p);
-  $("plot").innerHTML = plotSvg(p);
-  const errors = Object.entries(p.errors).filter(([, why]) => why);
-  $("progress-errors").textContent = errors.map(([part, why]) => `${part}: ${why}`).join("\n");
-  if (p.checkpoints_unread) $("plot").insertAdjacentHTML("beforeend", `<p class="muted">${p.checkpoints_unread} older checkpoints not plotted</p>`);
+function Checkpoints({checkpoints}) {
+  const c = checkpoints;
+  const latest = c.error ? h(C.Text, {as: "span", color: "fg.error"}, c.error)
+    : c.checkpoint ? ["Latest verified: ", h("b", {key: "u"}, c.checkpoint.uri), ` (step ${c.checkpoint.step})`]
+      : c.run_uri ? `No verified checkpoint under ${c.run_uri} yet` : "The run has no run path yet";
+  return [
+    h(C.Text, {key: "latest", id: "latest"}, latest),
+    (c.skipped || []).length > 0 && h(C.Table.Root, {key: "skipped", id: "skipped", size: "sm", mt: 2},
+      h(C.Table.Header, null, h(C.Table.Row, null,
+        ...["Skipped (newer)", "Step", "Reasons"].map((t) => h(C.Table.ColumnHeader, {key: t}, t)))),
+      h(C.Table.Body, null, c.skipped.map((s) => h(C.Table.Row, {key: s.uri},
+        h(C.Table.Cell, null, s.uri), h(C.Table.Cell, null, s.step),
+        h(C.Table.Cell, {color: "fg.error"}, (s.reasons || []).join("; ")))))),
+  ];
 }
 
-async function load() {
-  const response = await fetch(base, {credentials: "same-origin"});
-  const text = await response.text();
-  if (!response.ok) return showError(response, text);
-  render(JSON.parse(text));
-}
-
-$("return").addEventListener("click", async () => {
-  const run = `${dagId}/${runId}`;
-  const typed = prompt(`Return every GPU node and inference loan of ${run}? Type ${run} to confirm.`);
-  if (typed === null) return;
-  const response = await fetch(`${base}/return`, {
-    method: "POST", credentials: "same-origin", headers: {"Content-Type": "application/json"}, body: JSON.stringify({confirm: typed}),
-  });
-  const text = await response.text();
-  if (!response.ok) return showError(response, text);
-  const r = JSON.parse(text);
-  $("error").textContent = "";
-  $("returned").textContent = `You returned ${r.node_names.length ? r.node_names.join(", ") : "nothing (the run held no nodes)"}` +
+function returnedText(r) {
+  return `You returned ${r.node_names.length ? r.node_names.join(", ") : "nothing (the run held no nodes)"}` +
     ` (${r.gpus_returned} GPUs; ${quota(r)})` + (r.quarantined.length ? `; still quarantined: ${r.quarantined.join(", ")}` : "") +
     (r.workloads_restored.length ? `; inference restored: ${r.workloads_restored.join(", ")}` : "");
-  await load();
-});
-load();
+}
+
+function TrainingRun({dagId, runId}) {
+  const zone = useTimezone();
+  const path = `runs/${encodeURIComponent(dagId)}/${encodeURIComponent(runId)}`;
+  const [view, reload] = useApi(path);
+  const [asking, setAsking] = useState(false);
+  const [returned, setReturned] = useState(null);
+  const [actionError, setActionError] = useState(null);
+  const run = `${dagId}/${runId}`;
+  const d = view.data;
+
+  async function giveBack(typed) {
+    setAsking(false);
+    const answer = await post(`${path}/return`, {confirm: typed});
+    setActionError(answer.error || null);
+    if (answer.data) { setReturned(answer.data); reload(); }
+  }
+
+  if (!d) return h(C.Box, {p: 2}, h(ErrorText, {error: view.error}), view.loading && h(C.Spinner, {size: "sm"}));
+  const train = d.tasks.train || {};
+  const times = Object.fromEntries(d.progress.attempts.map((a) => [a.number, a]));
+  const excluded = Object.entries(d.ledger.excluded || {});
+  const progressErrors = Object.entries(d.progress.errors).filter(([, why]) => why);
+  const claimed = d.capacity.claimed, given = d.capacity.returned;
+  return h(C.Box, {p: 2},
+    h(ErrorText, {error: actionError || (d.ledger.error ? {status: "ledger", detail: d.ledger.error} : null)}),
+    h(C.HStack, {id: "summary", gap: 2, wrap: "wrap"},
+      h(C.Badge, {colorPalette: d.state, size: "lg"}, `run ${d.state}`),
+      h(C.Badge, {colorPalette: train.state || "gray", size: "lg"}, `train ${train.state ?? "not started"} (try ${train.try_number ?? 0})`),
+      h(C.Badge, {variant: "outline", size: "lg"}, `${(d.ledger.attempts || []).length} attempt(s), ${d.ledger.preemptions ?? 0} preemption(s)`)),
+    h(Section, {title: "Attempts"},
+      h(Attempts, {ledger: d.ledger, times, zone}),
+      excluded.length > 0 && h(C.Text, {id: "excluded", mt: 2},
+        "Nodes kept out (culprits): ", excluded.map(([n, why]) => `${n}: ${why}`).join("; "))),
+    h(Section, {title: "Progress"},
+      h(Heartbeat, {progress: d.progress, zone}),
+      h(Plot, {progress: d.progress, zone}),
+      progressErrors.length > 0 && h(C.Text, {id: "progress-errors", color: "fg.error", whiteSpace: "pre-wrap"},
+        progressErrors.map(([part, why]) => `${part}: ${why}`).join("\n"))),
+    h(Section, {title: "Checkpoints"}, h(Checkpoints, {checkpoints: d.checkpoints})),
+    h(Section, {title: "Capacity"},
+      h(C.Text, {id: "capacity"},
+        (claimed ? `Claimed: ${(claimed.node_names || []).join(", ")}. ` : "Nothing claimed yet. ") +
+        (given ? `Returned: ${(given.node_names || []).join(", ")} (${given.gpus_returned} GPUs; ${quota(given)}).` : "Not returned yet.")),
+      h(C.Button, {id: "return", mt: 2, size: "sm", variant: "outline", colorPalette: "red", onClick: () => setAsking(true)},
+        "Return this run's GPUs…"),
+      returned && h(C.Text, {id: "returned", mt: 2}, returnedText(returned))),
+    h(ConfirmDialog, {open: asking, expected: run, action: "Return the GPUs", title: "Return this run's GPUs",
+      message: `Return every GPU node and inference loan of ${run}? Type ${run} to confirm.`,
+      onConfirm: giveBack, onClose: () => setAsking(false)}));
+}
+
+globalThis["Training run"] = TrainingRun;
+globalThis.AirflowPlugin = TrainingRun;
+export default TrainingRun;

@@ -1,8 +1,8 @@
 """Headless Debian ``chromium`` driven over the Chrome DevTools protocol (websocket-client).
 
 ``Browser(artifacts)`` starts it with a throw-away profile; ``open(url)``, ``eval(js)``,
-``wait_for(js)``, ``type_into(selector, text)``,
-``click_and_answer_prompt(selector, text)`` and ``screenshot(name)`` (PNG under ``artifacts``) drive one page.
+``wait_for(js)``, ``type_into(selector, text)``, ``fill(selector, text)``, ``click(selector)`` and
+``screenshot(name)`` (PNG under ``artifacts``) drive one page.
 """
 
 from __future__ import annotations
@@ -84,27 +84,20 @@ class Browser:
         assert "exceptionDetails" not in result, f"{expression}: {result['exceptionDetails']}"
         return result["result"].get("value")
 
-    def click_and_answer_prompt(self, selector: str, text: str) -> str:
-        """Click ``selector`` and type ``text`` into the ``prompt()`` it opens; returns the prompt's message."""
-        click = next(self.ids)
-        script = f"document.querySelector({json.dumps(selector)}).click()"
-        self.socket.send(
-            json.dumps({"id": click, "method": "Runtime.evaluate", "params": {"expression": script}})
+    def click(self, selector: str) -> None:
+        """Click the element ``selector`` (as a person does: React's handlers run)."""
+        assert self.eval(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e && e.click(); return !!e; }})()"
+        ), f"no {selector} to click"
+
+    def fill(self, selector: str, text: str) -> None:
+        """Replace the value of the input ``selector`` with ``text`` the way typing does, so that React sees it."""
+        script = (
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); if (!e) return false;"
+            " Object.getOwnPropertyDescriptor(HTMLInputElement.prototype, 'value').set.call(e, "
+            f"{json.dumps(text)}); e.dispatchEvent(new Event('input', {{bubbles: true}})); return true; }})()"
         )
-        message, pending = None, {click}
-        while pending:
-            event = json.loads(self.socket.recv())
-            if event.get("method") == "Page.javascriptDialogOpening":
-                message = event["params"]["message"]
-                answer = next(self.ids)
-                pending.add(answer)
-                params = {"accept": True, "promptText": text}
-                self.socket.send(
-                    json.dumps({"id": answer, "method": "Page.handleJavaScriptDialog", "params": params})
-                )
-            pending.discard(event.get("id"))
-        assert message is not None, f"clicking {selector} opened no prompt"
-        return message
+        assert self.eval(script), f"no input {selector}"
 
     def type_into(self, selector: str, text: str) -> None:
         """Focus the element ``selector`` and type ``text`` into it (DevTools input events)."""

@@ -82,21 +82,28 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
     assert bad["health"] == "quarantine" and any("xid" in r.lower() for r in bad["reasons"])
     assert bad["quarantine"]["reason"] == "gpu_lost.xid_fatal" and bad["quarantine"]["since"] > 0
     assert rows["gpu-node-010"]["claimed_by"] == RUN and rows["gpu-node-010"]["mode"] == "training"
-    assert rows["gpu-node-001"] | {"reasons": None, "reported_at": None} == {
+    varying = {"health": None, "reasons": None, "findings": None, "reported_at": None}
+    assert rows["gpu-node-001"] | varying == {
         "name": "gpu-node-001",
         "mode": "inference",
-        "health": rows["gpu-node-001"]["health"],
-        "reasons": None,
+        "status": "serving",  # busy or idle, an inference node doing its job needs nobody
+        "attention": False,
+        **varying,
         "quarantine": None,
         "claimed_by": None,
         "gpus": 8,
+        "gpu_model": "NVIDIA-H100-80GB-HBM3",
+        "pool": "default",
         "report": "trainops-system/node-health-gpu-node-001",
-        "reported_at": None,
     }
     assert rows["gpu-node-001"]["reported_at"].endswith("Z")
     assert rows["gpu-node-001"]["health"] in ("ok", "warn")
+    assert bad["status"] == "quarantined" and bad["attention"]
+    assert rows["gpu-node-010"]["status"] == "training" and not rows["gpu-node-010"]["attention"]
     assert fleet["counts"] == {
         "total": 16,
+        "attention": 1,  # the quarantined node alone
+        "status": {"serving": 13, "training": 2, "quarantined": 1},
         "mode": {"inference": 14, "training": 2},
         "health": fleet["counts"]["health"],
         "quarantined": 1,
@@ -170,16 +177,19 @@ def test_return_gives_the_run_nodes_back_and_records_it_on_each(ui, devcluster, 
         assert record["who"] == "carol" and record["what"] == f"capacity of run {RUN} returned"
 
 
-def test_pages_and_their_scripts_are_served_from_the_package(ui):
+def test_the_views_modules_are_served_from_the_package_and_the_old_pages_lead_into_the_ui(ui):
     http, _ = ui
-    page = http.get("/trainops/fleet")
-    assert page.status_code == 200 and '<script src="/trainops/static/fleet.js">' in page.text
-    assert "http" not in page.text.replace("http-equiv", "")  # nothing from a CDN
-    script = http.get("/trainops/static/fleet.js")
-    assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
-    assert "/trainops/api/fleet" in script.text
+    for name in ("fleet.js", "run.js", "common.js"):
+        script = http.get(f"/trainops/static/{name}")
+        assert script.status_code == 200 and script.headers["content-type"].startswith("text/javascript")
+        assert "http" not in script.text.replace("https://", "")  # nothing from a CDN: the UI's own React
+    assert 'useApi("fleet")' in http.get("/trainops/static/fleet.js").text
+    assert http.get("/trainops/static/gpu.svg").headers["content-type"] == "image/svg+xml"
     assert http.get("/trainops/static/..%2Fapp.py").status_code == 404
-    assert "/trainops/api/runs/" in http.get("/trainops/static/run.js").text
+    fleet = http.get("/trainops/fleet", follow_redirects=False)
+    assert fleet.status_code == 307 and fleet.headers["location"] == "../plugin/trainops-fleet"
+    run = http.get("/trainops/runs/train_llm/manual__1", follow_redirects=False)
+    assert run.headers["location"] == "../../../dags/train_llm/runs/manual__1/plugin/trainops-run"
 
 
 def test_a_missing_cluster_connection_is_named_with_its_fix(ui, monkeypatch):

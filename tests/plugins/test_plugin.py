@@ -1,5 +1,6 @@
-"""The plugin as Airflow finds it: through the ``airflow.plugins`` entry point, with its app, views
-and the extra link that ``train`` and ``verify_checkpoint`` carry."""
+"""The plugin as Airflow finds it: through the ``airflow.plugins`` entry point, with its app, its two
+React apps (a Browse page and a DAG run tab) and the extra link that ``train`` and ``verify_checkpoint``
+carry to the run's tab."""
 
 from __future__ import annotations
 
@@ -15,9 +16,21 @@ def test_airflow_loads_the_plugin_from_its_entry_point(airflow_db):
 
     apps, _ = plugins_manager.get_fastapi_plugins()
     assert {"app": app, "url_prefix": "/trainops", "name": "trainops"} in apps
-    views = {v["name"]: v for v in plugins_manager._get_ui_plugins()[0]}
-    assert views["GPU fleet"]["destination"] == "nav" and views["GPU fleet"]["href"] == "/trainops/fleet"
-    assert views["Training run"]["href"] == "/trainops/runs/{DAG_ID}/{RUN_ID}"
+    external_views, react_apps = plugins_manager._get_ui_plugins()
+    assert not any(v["name"] in ("GPU fleet", "Training run") for v in external_views)  # no iframes
+    views = {v["name"]: v for v in react_apps}
+    assert views["GPU fleet"] | {"icon": None} == {
+        "name": "GPU fleet",
+        "bundle_url": "trainops/static/fleet.js",
+        "destination": "nav",
+        "category": "browse",
+        "url_route": "trainops-fleet",
+        "icon": None,
+    }
+    assert (
+        views["Training run"]["destination"] == "dag_run"
+        and views["Training run"]["url_route"] == "trainops-run"
+    )
     assert any(isinstance(link, TrainingRunLink) for link in plugins_manager.get_operator_extra_links())
 
 
@@ -32,6 +45,6 @@ def test_train_and_verify_link_to_the_run_view(airflow_db):
         assert link.name == "Training run"
         assert (
             link.get_link(dag.get_task(task_id), ti_key=key)
-            == "/trainops/runs/training_lifecycle/manual__2026-11-30T17%3A00%3A00%2B00%3A00"
+            == "/dags/training_lifecycle/runs/manual__2026-11-30T17%3A00%3A00%2B00%3A00/plugin/trainops-run"
         )
     assert not dag.get_task("claim_nodes").operator_extra_links
