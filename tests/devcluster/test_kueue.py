@@ -559,9 +559,9 @@ def test_higher_priority_preempts_lower_and_the_preempted_run_is_requeued(make_c
     )
     high_uid = cluster.workload("high")["metadata"]["uid"]
     assert has(victim, "Preempted", "True", "InClusterQueue")
-    assert (
-        f"(UID: {high_uid}, JobUID: {cluster.job('high')['metadata']['uid']})"
-        in cond(victim, "Preempted")["message"]
+    assert cond(victim, "Preempted")["message"] == (
+        f"Preempted to accommodate a workload (UID: {high_uid}, JobUID: {cluster.job('high')['metadata']['uid']}) "
+        f"due to prioritization in the ClusterQueue; preemptor path: /{CQ}; preemptee path: /{CQ}"
     )
     wait_for(  # written just after the victim's eviction
         lambda: has(cluster.workload("high"), "QuotaReserved", "False", "WaitingForPreemptedWorkloads"),
@@ -656,6 +656,9 @@ def test_kueue_0_13_names_the_priority_class_its_way_and_says_only_pending_or_in
         "gpu-shared, 8 more needed. Pending the preemption of 1 workload(s)",
     )
     assert has(cluster.workload("low"), "Evicted", "True", "Preempted")
+    assert cond(cluster.workload("low"), "Preempted")["message"].endswith(
+        "due to prioritization in the ClusterQueue"
+    )
 
 
 @pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
