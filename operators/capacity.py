@@ -58,6 +58,10 @@ class ClaimNodesOperator(BaseOperator):
     :param inference_deployments: ``namespace/name`` of inference Deployments to scale down (their HPA
         when one targets them). Templated.
     :param inference_services: ``namespace/name`` of KServe InferenceServices to scale down. Templated.
+    :param overflow_pool: where the Deployments' displaced replicas keep serving while the run holds
+        their nodes, for those without a ``trainops.io/overflow-pool`` annotation of their own, e.g.
+        ``{"node_label": "type=virtual-kubelet", "taint": "virtual-kubelet.io/provider"}`` (optional
+        ``min_ready``); None: they shrink. Templated.
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
     :param wait_for_nodes_s: when other runs hold some of the nodes: 0 fails at once naming the holders;
         > 0 waits (deferred, no worker slot) up to this many seconds for them to be returned.
@@ -75,6 +79,7 @@ class ClaimNodesOperator(BaseOperator):
         "run_resources",
         "inference_deployments",
         "inference_services",
+        "overflow_pool",
     )
 
     def __init__(
@@ -91,6 +96,7 @@ class ClaimNodesOperator(BaseOperator):
         gpu_flavor: str | None = None,
         inference_deployments: Sequence[str] = (),
         inference_services: Sequence[str] = (),
+        overflow_pool: dict | str | None = None,
         kubernetes_conn_id: str = DEFAULT_CONN_ID,
         wait_for_nodes_s: float = 0,
         poll_interval_s: float = 10,
@@ -111,6 +117,7 @@ class ClaimNodesOperator(BaseOperator):
         # a template string (e.g. "{{ params.workloads }}") stays whole until it is rendered
         self.inference_deployments = _list_or_template(inference_deployments)
         self.inference_services = _list_or_template(inference_services)
+        self.overflow_pool = overflow_pool
         self.kubernetes_conn_id = kubernetes_conn_id
         self.wait_for_nodes_s = wait_for_nodes_s
         self.poll_interval_s = poll_interval_s
@@ -163,6 +170,7 @@ class ClaimNodesOperator(BaseOperator):
                 deployments=self.inference_deployments,
                 inference_services=self.inference_services,
                 gpu_flavor=self.gpu_flavor,
+                overflow_pool=self.overflow_pool,
                 deadlines=self.deadlines,
                 log=self.log,
             )
@@ -181,6 +189,8 @@ class ClaimNodesOperator(BaseOperator):
             self._give_back_partial_claim()
             raise
         self.log.info("claimed %d node(s), %d GPUs, for %s", len(summary.node_names), summary.gpus, run)
+        for workload, replicas in summary.offloaded.items():
+            self.log.info("%s: %d replica(s) serve from its overflow pool meanwhile", workload, replicas)
         return asdict(summary)
 
     def on_kill(self) -> None:
@@ -205,7 +215,8 @@ class ReturnCapacityOperator(BaseOperator):
     """Give back everything this DAG run claimed (use as the teardown of ``ClaimNodesOperator``).
 
     Works from what the cluster records (node and object annotations), so it needs no XCom and is
-    right after a claim that died halfway.  Returns a summary (nodes, quarantined nodes, workloads).
+    right after a claim that died halfway, and a retry resumes a return that stopped halfway (replicas
+    coming back from an overflow pool in waves).  Returns a summary (nodes, quarantined nodes, workloads).
     First it stops the DAG run's training Jobs that are still running and waits for their pods to
     go: when the run or ``train`` is marked failed, the trigger's stop may come after this task, or
     never (a triggerer that was down).
@@ -213,11 +224,14 @@ class ReturnCapacityOperator(BaseOperator):
     :param cluster_queue: the training ClusterQueue the claim raised.
     :param training_namespace: the namespace of the run's ``GangTrainingOperator`` Jobs (None: none).
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
+    :param wave_nodes: nodes given back per wave when replicas come back from an overflow pool
+        (after each wave they are Ready on the returned nodes before the overflow shrinks); None: a
+        quarter of the run's nodes. Templated.
     :param api_deadline_s: seconds each API step may keep retrying conflicts and 429/5xx answers.
-    :param ready_deadline_s: seconds for the inference workloads to be Ready again.
+    :param ready_deadline_s: seconds for the inference workloads to be Ready again (per wave).
     """
 
-    template_fields: Sequence[str] = ("cluster_queue",)
+    template_fields: Sequence[str] = ("cluster_queue", "wave_nodes")
 
     def __init__(
         self,
@@ -225,6 +239,7 @@ class ReturnCapacityOperator(BaseOperator):
         cluster_queue: str = "training",
         training_namespace: str | None = "training",
         kubernetes_conn_id: str = DEFAULT_CONN_ID,
+        wave_nodes: int | str | None = None,
         api_deadline_s: float = 120,
         ready_deadline_s: float = 600,
         **kwargs,
@@ -232,6 +247,7 @@ class ReturnCapacityOperator(BaseOperator):
         super().__init__(**kwargs)
         self.cluster_queue = cluster_queue
         self.training_namespace = training_namespace
+        self.wave_nodes = wave_nodes
         self.kubernetes_conn_id = kubernetes_conn_id
         self.deadlines = Deadlines(api_s=api_deadline_s, ready_s=ready_deadline_s)
 
@@ -246,6 +262,7 @@ class ReturnCapacityOperator(BaseOperator):
             run,
             cluster_queue=self.cluster_queue,
             training_namespace=self.training_namespace,
+            wave_nodes=self.wave_nodes,
             deadlines=self.deadlines,
             log=self.log,
         )

@@ -187,6 +187,18 @@ def get_run(dag_id: str, run_id: str, user: User) -> dict:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(error)) from None
 
 
+@app.get("/api/runs/{dag_id}/{run_id}/inference")
+def get_run_inference(dag_id: str, run_id: str, user: User) -> dict:
+    """The inference workloads the run borrows from: Ready replicas by pool (primary and overflow), now."""
+    from trainops.plugins.serving import serving
+
+    from trainops.kube.retry import Deadline
+
+    require_dag_run(user, "GET", dag_id)
+    with cluster_answers():
+        return {"workloads": serving(kube(), f"{dag_id}/{run_id}", Deadline(JOBS_DEADLINE_S))}
+
+
 def attempt_jobs(dag_id: str, run_id: str) -> list[dict]:
     """The Jobs of the run's attempts (labelled with the run), one list in ``[trainops] training_namespace``;
     Unavailable with the cluster's answer when it cannot be read."""

@@ -62,6 +62,7 @@ class DevCluster:
         probe_interval_s: float = 1.0,
         probe_gemm: bool = True,
         system_nodes: int = 2,
+        virtual_nodes: int = 0,
         prometheus: bool = False,
         scrape_interval_s: float = 1.0,
         prometheus_port: int = 0,
@@ -88,6 +89,8 @@ class DevCluster:
             raise ValueError("nodes and gpus_per_node must be at least 1")
         if not 0 <= system_nodes <= 100:
             raise ValueError(f"system_nodes must be in 0..100, got {system_nodes}")
+        if not 0 <= virtual_nodes <= 100:
+            raise ValueError(f"virtual_nodes must be in 0..100, got {virtual_nodes}")
         if host not in ("127.0.0.1", "localhost", "::1"):
             raise ValueError(
                 f"host {host!r}: the devcluster binds loopback only (127.0.0.1, localhost or ::1)"
@@ -100,6 +103,7 @@ class DevCluster:
         self.nodes = nodes = len(self.fleet)
         self.fresh = fresh
         self.system_nodes = system_nodes
+        self.virtual_nodes = virtual_nodes
         self.gpus_per_node = gpus_per_node if fleet is None else min(p.gpu_count for p in self.fleet)
         self.exporter_node_label = exporter_node_label
         self.seed = seed
@@ -239,9 +243,12 @@ class DevCluster:
             create("nodes", topology.gpu_node(index, profile))
         for index in range(self.system_nodes):
             create("nodes", topology.system_node(index))
+        for index in range(self.virtual_nodes):
+            create("nodes", topology.virtual_node(index, self.gpus_per_node))
         for workload in self.inference:
             create("deployments.apps", topology.inference_deployment(workload, self.gpus_per_node))
             create("poddisruptionbudgets.policy", topology.pod_disruption_budget(workload))
+            create("services", topology.inference_service(workload))
         for resource, obj in topology.gpu_operator_objects():
             create(resource, obj)
         queues = self._kueue_config is not None and not self.fresh
@@ -346,6 +353,12 @@ class DevCluster:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config, sort_keys=False))
         return path
+
+    def service_address(self, namespace: str, name: str, port: int) -> str:
+        """``host:port`` on this machine where ``port`` of Service ``namespace/name`` is served,
+        balanced over its Ready endpoints (``proxy``), as its cluster IP is on a cluster."""
+        service = self.store.get("services", namespace, name)
+        return f"127.0.0.1:{self._controllers.runtime.loopback.port(service, port)}"
 
     def wait_until_settled(self, timeout: float = 30.0) -> None:
         """Block until every inference Deployment has all its replicas ready (or raise TimeoutError)."""

@@ -16,6 +16,7 @@ from trainops_devcluster.gc import GarbageCollector
 from trainops_devcluster.jobs import JobController
 from trainops_devcluster.logs import PodLogs
 from trainops_devcluster.nodes import NodeLifecycle
+from trainops_devcluster.proxy import ServiceProxy
 from trainops_devcluster.runtime import PodRuntime
 from trainops_devcluster.scheduler import Scheduler
 from trainops_devcluster.store import Store
@@ -30,6 +31,7 @@ class Controllers:
     daemon_sets: DaemonSetController
     disruption: DisruptionController
     endpoint_slices: EndpointSliceController
+    proxy: ServiceProxy
     nodes: NodeLifecycle
     garbage_collector: GarbageCollector
     faults: Faults
@@ -44,6 +46,7 @@ class Controllers:
             self.daemon_sets,
             self.disruption,
             self.endpoint_slices,
+            self.proxy,
             self.garbage_collector,
         ]
 
@@ -60,7 +63,8 @@ def start_controllers(
     admission: ValidatingAdmission | None = None,
 ) -> Controllers:
     """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, DaemonSet, disruption, EndpointSlice,
-    node lifecycle and garbage-collector controllers on ``store``; ``telemetry`` maps node names to ``NodeTelemetry``;
+    service proxy, node lifecycle and garbage-collector controllers on ``store``; ``telemetry`` maps node names to
+    ``NodeTelemetry``;
     ``process_env`` is laid over this process's environment for process-runtime pods; ``admission``: the API
     server's validating admission, which the pods the Job, Deployment and DaemonSet controllers create meet."""
     telemetry = telemetry if telemetry is not None else {}
@@ -73,6 +77,7 @@ def start_controllers(
         daemon_sets=DaemonSetController(store, admission),
         disruption=DisruptionController(store),
         endpoint_slices=EndpointSliceController(store),
+        proxy=ServiceProxy(store, runtime.loopback),
         nodes=NodeLifecycle(store),
         garbage_collector=GarbageCollector(store),
         faults=Faults(store, telemetry, runtime),

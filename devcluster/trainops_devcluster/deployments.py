@@ -3,7 +3,8 @@
 It keeps ``spec.replicas`` pods of the current pod template, named and labelled as a
 ReplicaSet's would be (``<deployment>-<pod-template-hash>-<random>``, label
 ``pod-template-hash``) but owned by the Deployment itself, which ``kubectl get``/``drain`` accept.
-A template change rolls pods over without losing ready replicas (maxUnavailable 0).  Status:
+A template change rolls pods over without losing ready replicas (maxUnavailable 0).  A scale-down
+removes pods in the ReplicaSet's order, ``controller.kubernetes.io/pod-deletion-cost`` included.  Status:
 replicas, updatedReplicas, readyReplicas, availableReplicas, unavailableReplicas,
 observedGeneration and the ``Available``/``Progressing`` conditions.
 """
@@ -26,6 +27,7 @@ from trainops_devcluster.podutil import (
 )
 
 HASH_LABEL = "pod-template-hash"
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 _SAFE = "bcdfghjklmnpqrstvwxz2456789"  # the alphabet of Kubernetes' generated name suffixes
 
 
@@ -34,11 +36,25 @@ def template_hash(template: dict) -> str:
     return "".join(_SAFE[b % len(_SAFE)] for b in digest[:10])
 
 
+def deletion_cost(pod: dict) -> int:
+    """The pod's ``controller.kubernetes.io/pod-deletion-cost`` (0 when absent or not an int32, as
+    the ReplicaSet controller reads it)."""
+    raw = (pod["metadata"].get("annotations") or {}).get(DELETION_COST, "0")
+    try:
+        cost = int(raw)
+    except ValueError:
+        return 0
+    return cost if -(2**31) <= cost < 2**31 else 0
+
+
 def deletion_order(pods: list[dict]) -> list[dict]:
-    """Pods in the order a ReplicaSet removes them: unbound, then not running, then not ready,
-    then the newest."""
+    """Pods in the order a ReplicaSet removes them: unbound, then not running, then not ready, then
+    the lowest pod-deletion-cost, then the newest."""
     newest_first = sorted(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True)
-    return sorted(newest_first, key=lambda p: (bool(node_of(p)), phase(p) == "Running", is_ready(p)))
+    return sorted(
+        newest_first,
+        key=lambda p: (bool(node_of(p)), phase(p) == "Running", is_ready(p), deletion_cost(p)),
+    )
 
 
 class DeploymentController(PodOwnerController):

@@ -10,6 +10,11 @@ that hostname and subdomain when the Service is headless) becomes ``127.0.0.1``;
 matching ``*_PORT`` variable: ``MASTER_ADDR`` -> ``MASTER_PORT``) becomes a free local port,
 one per Service and port, the same for every pod of that Service.  Other names are left as
 they are and fail to resolve, as they would on a cluster.
+
+A pod's own ports are local ports too: each ``containerPort`` a process container declares gets a
+free local port, handed to the process as ``DEVCLUSTER_PORT_<containerPort>`` (its server binds
+that).  A ClusterIP Service's local port is where ``proxy.ServiceProxy`` listens and balances over
+the Service's Ready endpoints, as kube-proxy does.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class Loopback:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._ports: dict[tuple[str, int], int] = {}
+        self._pod_ports: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
     def service_for(self, name: str, namespace: str) -> dict | None:
@@ -68,13 +74,23 @@ class Loopback:
 
     def port(self, service: dict, port: int) -> int:
         """The local port standing for ``port`` of ``service`` (allocated on first use)."""
-        key = (service["metadata"]["uid"], port)
         with self._lock:
-            if key not in self._ports:
-                with socket.socket() as probe:  # a port free now; rank 0 binds it moments later
-                    probe.bind((LOOPBACK, 0))
-                    self._ports[key] = probe.getsockname()[1]
-            return self._ports[key]
+            return _allocate(self._ports, (service["metadata"]["uid"], port))
+
+    def pod_port(self, uid: str, container_port: int) -> int:
+        """The local port the pod with ``uid`` binds for ``container_port`` (allocated on first use)."""
+        with self._lock:
+            return _allocate(self._pod_ports, (uid, container_port))
+
+    def pod_port_of(self, uid: str, container_port: int) -> int | None:
+        """The local port of a pod's ``container_port``; None when its process was given none."""
+        with self._lock:
+            return self._pod_ports.get((uid, container_port))
+
+    def forget_pod(self, uid: str) -> None:
+        with self._lock:
+            for key in [k for k in self._pod_ports if k[0] == uid]:
+                del self._pod_ports[key]
 
     def rewrite(self, env: dict[str, str], namespace: str) -> dict[str, str]:
         """``env`` with cluster names of address variables resolved as described above."""
@@ -93,3 +109,11 @@ class Loopback:
             if (env.get(port_variable) or "").isdigit():
                 out[port_variable] = str(self.port(service, int(env[port_variable])))
         return out
+
+
+def _allocate(ports: dict, key: tuple) -> int:
+    if key not in ports:
+        with socket.socket() as probe:  # a port free now; its server binds it moments later
+            probe.bind((LOOPBACK, 0))
+            ports[key] = probe.getsockname()[1]
+    return ports[key]

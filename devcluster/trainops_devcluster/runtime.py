@@ -16,11 +16,18 @@ Graceful deletion as a kubelet does it: a pod that gets ``deletionTimestamp`` ha
 sent SIGTERM, SIGKILL after the grace period; its final status is written and the object
 removed.  ``restartPolicy`` Always/OnFailure restarts containers in place with back-off.
 The kubelet also hands out GPU indices per node (as the device plugin does: the process sees
-them as ``NVIDIA_VISIBLE_DEVICES``) and tells the node's telemetry when its GPUs are busy.
+them as ``NVIDIA_VISIBLE_DEVICES``) and tells the node's telemetry when its GPUs are busy.  A
+Virtual-Kubelet-like node (label ``type=virtual-kubelet``) runs its pods without GPU devices: its
+GPUs are another provider's, so no indices are handed out and no telemetry is told.
+
+Readiness: a process container with a ``readinessProbe`` (``httpGet`` or ``tcpSocket``, on one of
+its ``containerPort``s) is Ready only while the probe passes, probed from a thread of its own with
+the probe's delay, period, timeout and thresholds; without one it is Ready once it runs.
 """
 
 from __future__ import annotations
 
+import http.client
 import itertools
 import os
 import re
@@ -46,6 +53,8 @@ RUN_SECONDS = "devcluster.trainops.io/run-seconds"
 EXIT_CODE = "devcluster.trainops.io/exit-code"
 DEFAULT_START_SECONDS = 0.05
 RESTART_BACKOFF_S = (0.05, 5.0)  # first and longest wait before restarting a container (real: 10 s, 5 min)
+VIRTUAL_NODE_LABEL, VIRTUAL_NODE_VALUE = "type", "virtual-kubelet"  # Virtual Kubelet's node label
+PORT_ENV = "DEVCLUSTER_PORT_"  # + containerPort: the local port a process binds for it
 
 
 class PodNotRunning(NotFound):
@@ -75,6 +84,7 @@ class Container:
     forced: Exit | None = None  # how a fault says the running process ends
     process: subprocess.Popen | None = None
     generation: int = 0  # bumped per (re)start so stale timers and exits are ignored
+    probe_ready: bool = True  # the readiness probe's verdict (True when it has none)
 
     @property
     def local(self) -> bool:
@@ -83,6 +93,16 @@ class Container:
     @property
     def running(self) -> bool:
         return self.generation > 0 and self.exit is None and not self.waiting
+
+    @property
+    def ready(self) -> bool:
+        return self.running and self.probe_ready
+
+    @property
+    def probe(self) -> dict | None:
+        """The readiness probe the kubelet runs (process containers, httpGet or tcpSocket)."""
+        probe = self.spec.get("readinessProbe") or {}
+        return probe if self.local and ("httpGet" in probe or "tcpSocket" in probe) else None
 
 
 @dataclass
@@ -118,6 +138,7 @@ class PodRuntime(InformerController):
         self._runs: dict[Key, PodRun] = {}
         self._gpu_users: dict[str, dict[int, Key]] = {}
         self._ips = itertools.count(2)
+        self._closed = threading.Event()
 
     # ---- pod changes -------------------------------------------------------------------
     def changed(self, resource: str, old: dict | None, new: dict | None) -> None:
@@ -189,6 +210,7 @@ class PodRuntime(InformerController):
         container.generation += 1
         container.exit, container.forced, container.waiting = None, None, ""
         container.started_at, container.finished_at = now_iso(), ""
+        container.probe_ready = container.probe is None
         generation = container.generation
 
         def finish(exit: Exit) -> Callable[[], None]:
@@ -212,6 +234,13 @@ class PodRuntime(InformerController):
                     ),
                 )
                 return
+            if container.probe is not None:
+                threading.Thread(
+                    target=self._probe_loop,
+                    args=(run, index, generation),
+                    name=f"probe-{run.key[1]}",
+                    daemon=True,
+                ).start()
         else:
             try:
                 seconds = _annotation_seconds(pod, RUN_SECONDS, None)
@@ -228,6 +257,9 @@ class PodRuntime(InformerController):
         if not run.workdir:
             run.workdir = tempfile.mkdtemp(prefix=f"devcluster-{run.key[1]}-")
         env = self.loopback.rewrite(container_env(pod, container.spec, run, self.process_env), run.key[0])
+        for port in container.spec.get("ports") or []:
+            number = port["containerPort"]
+            env[f"{PORT_ENV}{number}"] = str(self.loopback.pod_port(run.uid, number))
         argv = [
             expand(part, env)
             for part in (container.spec.get("command") or []) + (container.spec.get("args") or [])
@@ -256,6 +288,52 @@ class PodRuntime(InformerController):
         code = process.wait()
         exit = Exit(code if code >= 0 else 128 - code)
         self.after(0, lambda: self._exited(run, index, generation, exit))
+
+    # ---- readiness ---------------------------------------------------------------------
+    def _probe_loop(self, run: PodRun, index: int, generation: int) -> None:
+        """Run one container's readiness probe until it ends; tell the controller thread each change."""
+        container = run.containers[index]
+        probe = container.probe
+        period = max(1, int(probe.get("periodSeconds", 10)))
+        needed = {True: int(probe.get("successThreshold", 1)), False: int(probe.get("failureThreshold", 3))}
+        streak, verdict = (None, 0), False
+        if self._closed.wait(float(probe.get("initialDelaySeconds", 0))):
+            return
+        while container.generation == generation and container.exit is None and not run.deleting:
+            ok = self._probe_once(run, container.spec, probe)
+            streak = (ok, streak[1] + 1 if streak[0] == ok else 1)
+            if ok != verdict and streak[1] >= needed[ok]:
+                verdict = ok
+                self.after(0, lambda ok=ok: self._probed(run, index, generation, ok))
+            if self._closed.wait(period):
+                return
+
+    def _probe_once(self, run: PodRun, spec: dict, probe: dict) -> bool:
+        action = probe.get("httpGet") or probe.get("tcpSocket")
+        port = action.get("port")
+        if isinstance(port, str):  # a named container port
+            port = next((p["containerPort"] for p in spec.get("ports") or [] if p.get("name") == port), None)
+        local = self.loopback.pod_port_of(run.uid, port) if isinstance(port, int) else None
+        if local is None:
+            return False
+        timeout = float(probe.get("timeoutSeconds", 1))
+        connection = http.client.HTTPConnection("127.0.0.1", local, timeout=timeout)
+        try:
+            if "tcpSocket" in probe:
+                connection.connect()
+                return True
+            connection.request("GET", action.get("path") or "/")
+            return 200 <= connection.getresponse().status < 400
+        except (OSError, http.client.HTTPException):
+            return False
+        finally:
+            connection.close()
+
+    def _probed(self, run: PodRun, index: int, generation: int, ready: bool) -> None:
+        container = run.containers[index]
+        if self._current(run) and container.generation == generation and container.running:
+            container.probe_ready = ready
+            self._report(run)
 
     # ---- exits and restarts ------------------------------------------------------------
     def _exited(self, run: PodRun, index: int, generation: int, exit: Exit) -> None:
@@ -304,6 +382,7 @@ class PodRuntime(InformerController):
                 self._remove(pod)
 
     def _release(self, run: PodRun) -> None:
+        self.loopback.forget_pod(run.uid)
         users = self._gpu_users.get(run.node, {})
         for gpu in run.gpus:
             users.pop(gpu, None)
@@ -386,7 +465,7 @@ class PodRuntime(InformerController):
             status["startTime"] = run.start_time
             status["containerStatuses"] = [_container_status(run, c) for c in run.containers]
             terminal = pod_phase in ("Succeeded", "Failed")
-            unready = [c.spec["name"] for c in run.containers if not c.running]
+            unready = [c.spec["name"] for c in run.containers if not c.ready]
             set_condition(pod, "PodReadyToStartContainers", "False" if terminal else "True")
             set_condition(pod, "Initialized", "True")
             for kind in ("Ready", "ContainersReady"):
@@ -417,7 +496,10 @@ class PodRuntime(InformerController):
 
     # ---- GPUs --------------------------------------------------------------------------
     def _allocate_gpus(self, run: PodRun, node: dict, wanted: int) -> list[int]:
-        if not wanted:
+        if (
+            not wanted
+            or (node.get("metadata") or {}).get("labels", {}).get(VIRTUAL_NODE_LABEL) == VIRTUAL_NODE_VALUE
+        ):
             return []
         total = int(((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", 0))
         users = self._gpu_users.setdefault(run.node, {})
@@ -508,6 +590,7 @@ class PodRuntime(InformerController):
                 self._exited(run, index, container.generation, exit)
 
     def stop(self) -> None:
+        self._closed.set()
         super().stop()
         for run in list(self._runs.values()):
             for container in run.containers:
@@ -620,7 +703,7 @@ def _container_status(run: PodRun, container: Container) -> dict:
         "image": container.spec.get("image", ""),
         "imageID": container.spec.get("image", ""),
         "containerID": f"devcluster://{run.uid[:8]}-{name}-{container.generation}",
-        "ready": container.running,
+        "ready": container.ready,
         "started": container.running,
         "restartCount": container.restarts,
         "lastState": {"terminated": container.last_exit} if container.last_exit else {},

@@ -1,18 +1,23 @@
-"""What a fresh devcluster holds: GPU nodes, inference workloads with PodDisruptionBudgets, Kueue queues.
+"""What a fresh devcluster holds: GPU nodes, inference workloads with PodDisruptionBudgets and
+Services, Kueue queues, and optionally Virtual-Kubelet-like nodes (an overflow pool).
 
 The shapes follow the cluster conventions of DESIGN §2: every GPU node starts in inference
 mode (``trainops.io/mode=inference:NoSchedule``); inference pods tolerate that taint; training
 runs go through the ``training`` LocalQueue and ClusterQueue, whose GPU quota starts at zero
-and is raised by the capacity claim.
+and is raised by the capacity claim.  A virtual node looks as Virtual Kubelet registers one
+(label ``type=virtual-kubelet``, taint ``virtual-kubelet.io/provider=devcluster:NoSchedule``, room
+for ``VIRTUAL_NODE_PODS`` GPU pods): another provider's GPUs, outside the GPU pool.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from trainops.capacity.overflow import OVERFLOW_ANNOTATION
 from trainops.conventions import (
     FABRIC_LABEL,
     GPU_POOL_LABEL,
@@ -23,6 +28,7 @@ from trainops.conventions import (
 )
 from trainops.health.hardware import GPU_PRODUCT_LABEL, MIG_STRATEGY_LABEL
 from trainops_devcluster.hardware import NodeProfile
+from trainops_devcluster.runtime import LOCAL_IMAGE, VIRTUAL_NODE_LABEL, VIRTUAL_NODE_VALUE
 
 INFERENCE_NAMESPACE = "inference"
 TRAINING_NAMESPACE = "training"
@@ -32,15 +38,27 @@ _PLURALS = {
     "LocalQueue": "localqueues",
     "WorkloadPriorityClass": "workloadpriorityclasses",
 }
+VIRTUAL_TAINT = {"key": "virtual-kubelet.io/provider", "value": "devcluster", "effect": "NoSchedule"}
+VIRTUAL_NODE_PODS = 8  # GPU pods (of gpus_per_node GPUs each) one virtual node has room for
+# The overflow pool of the virtual nodes, as a workload's trainops.io/overflow-pool annotation names it
+VIRTUAL_POOL = {"node_label": f"{VIRTUAL_NODE_LABEL}={VIRTUAL_NODE_VALUE}", "taint": VIRTUAL_TAINT["key"]}
+SERVER_PORT = 8080  # the demo inference server's containerPort; its Service listens on port 80
+SERVER_COMMAND = ["python", "-m", "trainops_devcluster.demo.inference_server"]
 
 
 @dataclass(frozen=True)
 class InferenceWorkload:
-    """An inference Deployment (one pod per GPU node) and the PodDisruptionBudget that guards it."""
+    """An inference Deployment (one pod per GPU node), the PodDisruptionBudget that guards it and
+    the Service in front of it.  ``server``: its pods run the demo inference server as local
+    processes (arguments ``server_args``), else they are simulated; ``overflow``: it is annotated
+    with the virtual nodes' overflow pool."""
 
     name: str
     replicas: int
     min_available: int
+    server: bool = False
+    server_args: tuple[str, ...] = ()
+    overflow: bool = False
 
 
 def node_name(index: int) -> str:
@@ -95,6 +113,23 @@ def gpu_node(index: int, profile: NodeProfile) -> dict:
         "ephemeral-storage": "7000Gi",
     }
     return _node(name, labels, spec, resources, f"10.0.{index // 256}.{index % 256}", series=0, index=index)
+
+
+def virtual_node(index: int, gpus: int) -> dict:
+    """A Virtual-Kubelet-like node: its pods run at another provider (no GPU processes here)."""
+    labels = {VIRTUAL_NODE_LABEL: VIRTUAL_NODE_VALUE, "kubernetes.io/role": "agent"}
+    spec = {"taints": [dict(VIRTUAL_TAINT)]}
+    pods = VIRTUAL_NODE_PODS
+    resources = {
+        "cpu": str(16 * pods),
+        "memory": f"{128 * pods}Gi",
+        "nvidia.com/gpu": str(gpus * pods),
+        "pods": "110",
+        "ephemeral-storage": "7000Gi",
+    }
+    return _node(
+        f"virtual-node-{index}", labels, spec, resources, f"10.254.0.{index + 1}", series=0xFFFE, index=index
+    )
 
 
 def system_node(index: int) -> dict:
@@ -186,10 +221,28 @@ def namespace(name: str) -> dict:
 
 def inference_deployment(workload: InferenceWorkload, gpus: int) -> dict:
     labels = {"app": workload.name, "trainops.io/role": "inference"}
+    container = {
+        "name": "server",
+        "image": f"registry.example/{workload.name}:1.0",
+        "resources": {
+            "requests": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi"},
+            "limits": {"nvidia.com/gpu": str(gpus)},
+        },
+    }
+    if workload.server:
+        container.update(
+            image=LOCAL_IMAGE,
+            command=[*SERVER_COMMAND, *workload.server_args],
+            ports=[{"name": "http", "containerPort": SERVER_PORT}],
+            readinessProbe={"httpGet": {"path": "/healthz", "port": SERVER_PORT}, "periodSeconds": 1},
+        )
+    meta = {"name": workload.name, "namespace": INFERENCE_NAMESPACE, "labels": labels}
+    if workload.overflow:
+        meta["annotations"] = {OVERFLOW_ANNOTATION: json.dumps(VIRTUAL_POOL)}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": workload.name, "namespace": INFERENCE_NAMESPACE, "labels": labels},
+        "metadata": meta,
         "spec": {
             "replicas": workload.replicas,
             "selector": {"matchLabels": {"app": workload.name}},
@@ -205,18 +258,22 @@ def inference_deployment(workload: InferenceWorkload, gpus: int) -> dict:
                             "effect": "NoSchedule",
                         }
                     ],
-                    "containers": [
-                        {
-                            "name": "server",
-                            "image": f"registry.example/{workload.name}:1.0",
-                            "resources": {
-                                "requests": {"nvidia.com/gpu": str(gpus), "cpu": "8", "memory": "64Gi"},
-                                "limits": {"nvidia.com/gpu": str(gpus)},
-                            },
-                        }
-                    ],
+                    "containers": [container],
                 },
             },
+        },
+    }
+
+
+def inference_service(workload: InferenceWorkload) -> dict:
+    """The ClusterIP Service in front of the workload's pods: port 80 to the server's port."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": workload.name, "namespace": INFERENCE_NAMESPACE},
+        "spec": {
+            "selector": {"app": workload.name},
+            "ports": [{"name": "http", "port": 80, "targetPort": SERVER_PORT}],
         },
     }
 

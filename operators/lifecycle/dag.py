@@ -122,6 +122,7 @@ def training_lifecycle(
         local_queue="{{ params.kueue_queue }}",
         priority_class="{{ params.priority_class }}",
         inference_deployments="{{ params.inference_workloads }}",
+        overflow_pool="{{ params.overflow_pool }}",
         kubernetes_conn_id=kubernetes_conn_id,
         retries=2,  # idempotent: a retry finishes the same claim (the nodes it already holds first)
         retry_delay=retry_delay,
@@ -165,6 +166,7 @@ def training_lifecycle(
     give_back = ReturnCapacityOperator(
         task_id="return_capacity",
         cluster_queue="{{ params.cluster_queue }}",
+        wave_nodes="{{ params.return_wave_nodes }}",
         kubernetes_conn_id=kubernetes_conn_id,
         doc_md=RETURN_DOC,
         retries=TEARDOWN_RETRIES,

@@ -74,9 +74,12 @@ ClusterQueue covers every resource the run's pods request and that `priority_cla
 could never admit fails here, naming the fix, before anything is claimed. Then it takes
 `nodes + spare_nodes` of the gate's nodes, the least disruptive first (idle ones, then those running the
 fewest inference pods), checks no other run holds them, flips their `trainops.io/mode`
-taint to `training`, scales down `inference_workloads` that ran there and evicts what is left through the
-Eviction API (PodDisruptionBudgets honoured), and raises the training ClusterQueue's GPU quota. Every
-change is recorded on the objects so the teardown undoes exactly it.
+taint to `training`, scales down `inference_workloads` that ran there (their pods on these nodes first)
+and evicts what is left through the Eviction API (PodDisruptionBudgets honoured), and raises the training
+ClusterQueue's GPU quota. A Deployment with an overflow pool (`overflow_pool`, or its own
+`trainops.io/overflow-pool` annotation) first gets as many replicas Ready in that pool as it has room for,
+in a companion Deployment `<name>-overflow`, before its pods here go; the log and the result say what could
+and could not be offloaded. Every change is recorded on the objects so the teardown undoes exactly it.
 
 **When it fails:** it gives back whatever it took before failing. Nodes held by another run are named in
 the log; wait for that run or choose other nodes.
@@ -113,8 +116,11 @@ A "Clear" on this task verifies again alone: it claims no nodes.
 RETURN_DOC = """
 Teardown: runs whatever happened before, also after a user marks the run failed. Lowers the training
 quota, flips the nodes this run claimed back to inference (quarantined nodes keep their quarantine),
-repays the inference replicas it borrowed and waits until inference is Ready again. It works from what
-the cluster records, so it is safe to run twice.
+repays the inference replicas it borrowed and waits until inference is Ready again. Replicas that served
+from an overflow pool come back in waves of `return_wave_nodes` nodes: after each wave the Deployment
+scales up on the returned nodes, and only once those replicas are Ready does the overflow shrink by as
+many. It works from what the cluster records, so it is safe to run twice, and a retry resumes a return
+that stopped halfway.
 
 **When it fails** (after its retries; the DAG run then fails too, never a silent success): run
 `trainops capacity return --run <dag_id>/<run_id>` (the log shows the exact command) or clear this task.

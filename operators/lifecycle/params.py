@@ -183,6 +183,36 @@ PARAM_SPECS: dict[str, tuple[Any, dict[str, Any]]] = {
             "holds their nodes; restored by the teardown.",
         },
     ),
+    "overflow_pool": (
+        None,
+        {
+            "type": ["null", "object"],
+            "properties": {
+                "node_label": {"type": "string", "pattern": "^[^=,]+=[^=,]*(,[^=,]+=[^=,]*)*$"},
+                "taint": {"type": "string", "pattern": "^[^=:]+(=[^=:]*)?$"},
+                "min_ready": {"type": "integer", "minimum": 0},
+            },
+            "required": ["node_label"],
+            "additionalProperties": False,
+            "title": "Overflow pool for inference",
+            "description": "Where displaced inference replicas keep serving while the run holds their nodes, e.g. "
+            '{"node_label": "type=virtual-kubelet", "taint": "virtual-kubelet.io/provider"} (a Virtual Kubelet '
+            "node, another cloud's GPUs): made Ready there before their pods go, moved back in waves by the "
+            "return. For the Deployments without a trainops.io/overflow-pool annotation of their own. "
+            "Empty: they shrink.",
+        },
+    ),
+    "return_wave_nodes": (
+        None,
+        {
+            "type": ["null", "integer"],
+            "minimum": 1,
+            "title": "Nodes per return wave",
+            "description": "With replicas in an overflow pool, the return gives this many nodes back at a time "
+            "and waits until inference is Ready on them before the overflow shrinks. Empty: a quarter "
+            "of the run's nodes.",
+        },
+    ),
     "prometheus_conn_id": (
         None,
         {

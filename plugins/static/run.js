@@ -123,6 +123,31 @@ function Checkpoints({checkpoints}) {
   ];
 }
 
+// The inference the run borrows from, now (Ready replicas of the primary and of its overflow pool), and
+// what the claim could and could not move to an overflow pool, how many waves brought it back.
+function Inference({path, claimed, given, refresh}) {
+  const [view, reload] = useApi(`${path}/inference`);
+  React.useEffect(() => { reload(); }, [refresh, reload]);
+  const rows = (view.data || {}).workloads || [];
+  const of = (ready, wanted) => (wanted == null ? "n/a" : `${ready}/${wanted}`);
+  const notes = [
+    ...Object.entries((claimed || {}).offloaded || {}).map(([w, n]) => `${w}: ${n} replica(s) moved to its overflow pool first`),
+    ...Object.entries((claimed || {}).not_offloaded || {}).map(([w, why]) => `${w}: not offloaded: ${why}`),
+    ...((given || {}).waves ? [`Returned in ${given.waves} wave(s); overflow emptied: ${(given.overflow_removed || []).join(", ") || "none"}`] : []),
+  ];
+  return [
+    h(ErrorText, {key: "error", error: view.error}),
+    h(C.Table.Root, {key: "table", id: "inference", size: "sm", mt: 2},
+      h(C.Table.Header, null, h(C.Table.Row, null,
+        ...["Workload", "Ready (primary)", "Ready (overflow pool)", "Replicas lent", "In the overflow pool"].map((t) => h(C.Table.ColumnHeader, {key: t}, t)))),
+      h(C.Table.Body, null, rows.length ? rows.map((w) => h(C.Table.Row, {key: w.workload},
+        h(C.Table.Cell, null, w.workload), h(C.Table.Cell, null, of(w.primary_ready, w.primary_replicas)),
+        h(C.Table.Cell, null, of(w.overflow_ready, w.overflow_replicas)), h(C.Table.Cell, null, w.lent), h(C.Table.Cell, null, w.offloaded)))
+        : h(C.Table.Row, null, h(C.Table.Cell, {colSpan: 5, color: "fg.muted"}, view.loading ? "…" : "none borrowed now")))),
+    notes.length > 0 && h(C.Text, {key: "notes", id: "offload", mt: 2, fontSize: "sm", whiteSpace: "pre-wrap"}, notes.join("\n")),
+  ];
+}
+
 function returnedText(r) {
   return `You returned ${r.node_names.length ? r.node_names.join(", ") : "nothing (the run held no nodes)"}` +
     ` (${r.gpus_returned} GPUs; ${quota(r)})` + (r.quarantined.length ? `; still quarantined: ${r.quarantined.join(", ")}` : "") +
@@ -175,6 +200,7 @@ function TrainingRun({dagId, runId}) {
       h(C.Button, {id: "return", mt: 2, size: "sm", variant: "outline", colorPalette: "red", onClick: () => setAsking(true)},
         "Return this run's GPUs…"),
       returned && h(C.Text, {id: "returned", mt: 2}, returnedText(returned))),
+    h(Section, {title: "Inference it borrows from"}, h(Inference, {path, claimed, given, refresh: view.data})),
     h(ConfirmDialog, {open: asking, expected: run, action: "Return the GPUs", title: "Return this run's GPUs",
       message: `Return every GPU node and inference loan of ${run}? Type ${run} to confirm.`,
       onConfirm: giveBack, onClose: () => setAsking(false)}));

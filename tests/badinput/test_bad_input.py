@@ -85,6 +85,11 @@ PARAMS = {
     "param-on-prometheus-unavailable": _param("on_prometheus_unavailable", "maybe"),
     "param-policy-override-unknown-row": _param("health_policy_overrides", {"xid_fatl": {"verdict": "fail"}}),
     "param-command-empty": _param("command", []),
+    "param-overflow-pool-without-node-label": _param(
+        "overflow_pool", {"taint": "virtual-kubelet.io/provider"}
+    ),
+    "param-overflow-pool-label-not-key-value": _param("overflow_pool", {"node_label": "virtual-kubelet"}),
+    "param-return-wave-nodes-zero": _param("return_wave_nodes", 0),
 }
 
 
@@ -134,6 +139,11 @@ CLI = {
         _nothing,
         _cli("capacity", "return", "--run", "a/b", "--ready-deadline", "soon"),
         ("argument --ready-deadline", "invalid float value"),
+    ),
+    "cli-return-wave-nodes-zero": Case(
+        _nothing,
+        _cli("capacity", "return", "--run", "a/b", "--wave-nodes", "0"),
+        ("argument --wave-nodes", "'0' is not a whole number >= 1"),
     ),
     "cli-status-kubeconfig-missing": Case(
         _nothing,

@@ -45,6 +45,9 @@ def test_deployment_shrinks_by_displaced_pods_keeping_one_above_the_pdb_floor():
     assert shrink_fields(DEPLOYMENT, deployment(8), 8, 1, floor=6) == {("spec", "replicas"): 7}
     assert shrink_fields(DEPLOYMENT, deployment(8), 8, 3, floor=6) == {("spec", "replicas"): 7}
     assert shrink_fields(DEPLOYMENT, deployment(8), 8, 3, floor=0) == {("spec", "replicas"): 5}
+    assert shrink_fields(DEPLOYMENT, deployment(8), 8, 2, floor=6) == {
+        ("spec", "replicas"): 6
+    }  # exactly the floor
     assert shrink_fields(DEPLOYMENT, deployment(6), 6, 3, floor=6) == {("spec", "replicas"): 6}
 
 
@@ -100,8 +103,14 @@ def test_inference_service_is_stopped_when_nothing_may_stay_and_restored_after()
 
 def test_inference_service_keeps_replicas_the_pdb_protects():
     isvc = {"metadata": {"name": "chat"}, "spec": {"predictor": {"minReplicas": 2, "maxReplicas": 4}}}
-    fields = shrink_fields(INFERENCE_SERVICE, isvc, running=4, displaced=3, floor=1)
-    assert fields == {("spec", "predictor", "maxReplicas"): 2, ("spec", "predictor", "minReplicas"): 2}
+    fields = shrink_fields(INFERENCE_SERVICE, isvc, running=4, displaced=3, floor=2)
+    assert fields == {("spec", "predictor", "maxReplicas"): 3, ("spec", "predictor", "minReplicas"): 2}
+    assert (
+        shrink_fields(INFERENCE_SERVICE, isvc, running=4, displaced=3, floor=1)[
+            ("spec", "predictor", "maxReplicas")
+        ]
+        == 1
+    )
     lent = merged(isvc, lend_patch(isvc, A, fields))
     assert merged(lent, repay_patch(lent, A)) == isvc
 

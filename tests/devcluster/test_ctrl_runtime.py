@@ -156,3 +156,15 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_virtual_node_runs_gpu_pods_without_gpu_devices():
+    """A Virtual-Kubelet-like node's GPUs are another provider's: its pods get no local GPU indices."""
+    script = "import os; print(os.environ.get('NVIDIA_VISIBLE_DEVICES', 'none'))"
+    virtual = node("vk", gpus=16, labels={"type": "virtual-kubelet"})
+    with control_plane(node("a"), virtual) as plane:
+        plane.store.create("pods", process_pod("here", script, nodeName="a"))
+        plane.store.create("pods", process_pod("there", script, nodeName="vk"))
+        plane.wait_phase("here", "Succeeded")
+        plane.wait_phase("there", "Succeeded")
+        assert (plane.logs.read(NS, "here"), plane.logs.read(NS, "there")) == ("0\n", "none\n")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+from trainops_devcluster.deployments import DELETION_COST
 from trainops_devcluster.podutil import delete_pod
 
 from tests.devcluster.ctrl_support import NS, control_plane, node
@@ -101,3 +104,25 @@ def test_pod_disruption_budget_status_follows_the_pods():
         plane.wait(lambda: status().get("currentHealthy") == 1 and status().get("disruptionsAllowed") == 0)
         allowed = next(c for c in status()["conditions"] if c["type"] == "DisruptionAllowed")
         assert allowed["status"] == "False" and allowed["reason"] == "InsufficientPods"
+
+
+def test_a_scale_down_removes_the_pods_with_the_lowest_deletion_cost_first():
+    """The ReplicaSet's order: without costs the newest pods go first; marked pods go before them."""
+    with control_plane(node("a"), node("b")) as plane:
+        plane.store.create("deployments.apps", deployment("llm", 2))
+        plane.wait(lambda: ready_replicas(plane, "llm") == 2)
+        oldest = sorted(p["metadata"]["name"] for p in live_pods(plane, "llm"))
+        time.sleep(1.1)  # creationTimestamp has whole seconds: the next pods are newer
+        plane.store.mutate("deployments.apps", NS, "llm", lambda d: d["spec"].update(replicas=4))
+        plane.wait(lambda: ready_replicas(plane, "llm") == 4)
+        for name in oldest:
+            plane.store.mutate(
+                "pods",
+                NS,
+                name,
+                lambda p: p["metadata"].setdefault("annotations", {}).update({DELETION_COST: "-5"}),
+            )
+
+        plane.store.mutate("deployments.apps", NS, "llm", lambda d: d["spec"].update(replicas=2))
+        plane.wait(lambda: len(live_pods(plane, "llm")) == 2)
+        assert not {p["metadata"]["name"] for p in live_pods(plane, "llm")} & set(oldest)

@@ -1,11 +1,15 @@
-"""Headless Services and EndpointSlices, and how process pods reach each other by cluster DNS names."""
+"""Services and EndpointSlices: how process pods reach each other by cluster DNS names, and how a
+ClusterIP Service balances connections over its Ready endpoints (the devcluster's kube-proxy)."""
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import sys
 
 from trainops_devcluster.loopback import Loopback
+from trainops_devcluster.podutil import delete_pod
 from trainops_devcluster.runtime import LOCAL_IMAGE
 from trainops_devcluster.store import Store
 
@@ -135,3 +139,72 @@ def test_a_pods_own_name_resolves_only_under_a_headless_service():
     assert loopback.service_for(f"gang-0.gang.{NS}.svc", NS)["metadata"]["name"] == "gang"
     assert loopback.service_for(f"vip.{NS}.svc", NS)["metadata"]["name"] == "vip"
     assert loopback.service_for(f"vip-0.vip.{NS}.svc", NS) is None  # no such record on a real cluster
+
+
+def server_pod(name: str, probe_path: str = "/healthz") -> dict:
+    """A process pod running the demo inference server on containerPort 8080, probed for readiness."""
+    container = {
+        "command": [sys.executable, "-m", "trainops_devcluster.demo.inference_server", "--service-ms", "0"]
+        + ["--drain-seconds", "20"],
+        "ports": [{"name": "http", "containerPort": 8080}],
+        "readinessProbe": {"httpGet": {"path": probe_path, "port": "http"}, "periodSeconds": 1},
+    }
+    return labelled(pod(name, gpus=0, image=LOCAL_IMAGE, container=container), app="web")
+
+
+def ask(address: str) -> str:
+    """The pod that answered one request through the Service ("refused" when none did)."""
+    host, _, port = address.rpartition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        connection.request("GET", "/v1/infer")
+        return json.loads(connection.getresponse().read())["pod"]
+    except (OSError, http.client.HTTPException):
+        return "refused"
+    finally:
+        connection.close()
+
+
+def ready(plane, name: str) -> bool:
+    found = plane.pod(name)
+    return bool(found) and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in found["status"].get("conditions", [])
+    )
+
+
+def test_a_cluster_ip_service_balances_over_its_ready_endpoints_as_kube_proxy_does():
+    """Round-robin over the Ready endpoints only: a pod whose readiness probe fails gets nothing, nor
+    does one that is terminating (it still serves the requests it has); with none left, connections
+    are refused."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web", "namespace": NS},
+        "spec": {
+            "clusterIP": "10.96.0.20",
+            "selector": {"app": "web"},
+            "ports": [{"port": 80, "targetPort": 8080}],
+        },
+    }
+    with control_plane(node("a"), process_env={"PATH": os.path.dirname(sys.executable)}) as plane:
+        plane.store.create("services", service)
+        for name in ("web-0", "web-1"):
+            plane.store.create("pods", server_pod(name))
+        plane.store.create("pods", server_pod("web-sick", probe_path="/missing"))  # its probe gets a 404
+        address = (
+            f"127.0.0.1:{plane.controllers.runtime.loopback.port(plane.store.get('services', NS, 'web'), 80)}"
+        )
+        plane.wait(lambda: ready(plane, "web-0") and ready(plane, "web-1"))
+        plane.wait(lambda: sorted(ask(address) for _ in range(2)) == ["web-0", "web-1"])
+
+        answers = [ask(address) for _ in range(6)]
+        assert sorted(answers) == ["web-0"] * 3 + ["web-1"] * 3 and answers[0] != answers[1]
+        running = plane.pod("web-sick")
+        assert running["status"]["phase"] == "Running" and not ready(plane, "web-sick")
+
+        delete_pod(plane.store, NS, "web-1")  # it serves on for 20 s before it exits
+        plane.wait(lambda: [ask(address) for _ in range(4)] == ["web-0"] * 4)
+        assert plane.pod("web-1")["status"]["phase"] == "Running"
+
+        delete_pod(plane.store, NS, "web-0")
+        plane.wait(lambda: ask(address) == "refused")

@@ -9,7 +9,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import yaml
-from trainops_devcluster import rbac
+from trainops_devcluster import rbac, topology
 
 from tests.e2e.conftest import DAG_ID, RBAC, WORKER, lifecycle_conf, xid_mid_run
 from trainops.capacity.procedure import claim
@@ -70,16 +70,29 @@ def grants(account: tuple[str, str] = WORKER) -> list[tuple[str | None, str, str
 
 @pytest.fixture
 def audited(cluster, api, s3, bucket, run_dag, worker_kubeconfig) -> list[dict]:
-    """The package's API calls (audit entries) over a clean lifecycle run, an XID resume and a reap."""
+    """The package's API calls (audit entries) over a clean lifecycle run (its displaced inference
+    offloaded to a virtual node and moved back), an XID resume and a reap."""
+    from kubernetes import client
+
+    client.CoreV1Api(api).create_node(topology.virtual_node(0, 8))  # an overflow pool, as an admin adds one
     cluster.server.audit.clear()
-    assert run_dag(DAG_ID, lifecycle_conf(bucket, "rbac")).state == "success"
+    assert (
+        run_dag(DAG_ID, lifecycle_conf(bucket, "rbac", overflow_pool=topology.VIRTUAL_POOL)).state
+        == "success"
+    )
     # an XID mid-run: the failure is judged (pod logs, nodes), the node quarantined, the run resumed
     xid_mid_run(cluster, api, s3, f"s3://{bucket}/runs/rbac-xid/")
     assert run_dag(DAG_ID, lifecycle_conf(bucket, "rbac-xid")).state == "success"
     from trainops.kube.client import Kube
 
     kube = Kube.from_kubeconfig(str(worker_kubeconfig))
-    claim(kube, "gone_dag/manual__1", ["gpu-node-007"], cluster_queue="training")
+    # a claim that lends from no workload: the drain evicts the inference pod on its node (PDBs honoured)
+    busy = next(
+        p["spec"]["nodeName"]
+        for p in cluster.store.list("pods", "inference")[0]
+        if "trainops.io/quarantine" not in str(cluster.store.get("nodes", "", p["spec"]["nodeName"])["spec"])
+    )
+    assert claim(kube, "gone_dag/manual__1", [busy], cluster_queue="training").evictions == 1
     args = ["capacity", "reap", "--kubeconfig", str(worker_kubeconfig), "--grace", "0"]
     assert main([*args, "--airflow-url", "http://127.0.0.1:9"]) == 0  # unknown: kept, nothing written
     return [e for e in cluster.server.audit.entries() if e["user"] == WORKER_USER]

@@ -11,6 +11,7 @@ import pytest
 from kubernetes import client
 from trainops.plugins.actions import ACTION_ANNOTATION
 
+from tests.capacity.helpers import DEPLOYMENTS, nodes_by_app
 from trainops.capacity.procedure import claim
 from trainops.conventions import CLAIMED_BY_ANNOTATION, MODE_TAINT, QUARANTINE_TAINT
 from trainops.health.gate import GateConfig, run_gate
@@ -47,6 +48,7 @@ def quarantined(devcluster, k8s):
         ("GET", "/trainops/api/fleet"),
         ("GET", "/trainops/api/fleet/tensor-activity"),
         ("GET", "/trainops/api/runs/train_llm/manual__1"),
+        ("GET", "/trainops/api/runs/train_llm/manual__1/inference"),
         ("POST", f"/trainops/api/nodes/{NODE}/release"),
         ("POST", "/trainops/api/runs/train_llm/manual__1/return"),
     ],
@@ -304,3 +306,38 @@ def test_a_cluster_that_refuses_the_api_server_is_named_not_a_bare_500(ui, tmp_p
         server.shutdown()
     assert answer.status_code == 502
     assert answer.json()["detail"].startswith(f"the cluster answered 403: {FORBIDDEN}")
+
+
+def test_the_run_view_shows_the_inference_a_run_borrows_ready_by_pool(ui, devcluster, k8s):
+    """A claim whose displaced replicas went to an overflow pool (here: the idle GPU nodes): the run's
+    inference reads Ready replicas of the primary and of its overflow companion, now."""
+    http, token = ui
+    where = nodes_by_app(devcluster)
+    pool = {"node_label": "nvidia.com/gpu.present=true"}
+    claim(
+        Kube(k8s),
+        RUN,
+        where["llm-chat"][:2],
+        cluster_queue="training",
+        deployments=DEPLOYMENTS,
+        overflow_pool=pool,
+    )
+
+    answer = http.get(f"/trainops/api/runs/{RUN}/inference", headers=bearer(token("viewer")))
+
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["workloads"] == [
+        {
+            "workload": "Deployment inference/llm-chat",
+            "kind": "Deployment",
+            "primary_ready": 6,
+            "primary_replicas": 6,
+            "overflow_ready": 2,
+            "overflow_replicas": 2,
+            "lent": 2,
+            "offloaded": 2,
+        }
+    ]
+    assert http.get(
+        "/trainops/api/runs/train_llm/manual__other/inference", headers=bearer(token("viewer"))
+    ).json() == {"workloads": []}

@@ -30,6 +30,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="where the runs' training Jobs are; they are stopped before their nodes are returned "
         "(default training; '' to return without stopping them)",
     )
+    returning.add_argument(
+        "--wave-nodes",
+        type=_positive_int,
+        help="nodes per wave when replicas come back from an overflow pool (default: a quarter of the run's)",
+    )
 
     status = commands.add_parser("status", parents=[common], help="list claimed nodes, their holders and age")
     status.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -57,6 +62,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     reap.add_argument("--dry-run", action="store_true", help="only say what would be returned")
     reap.add_argument("--json", action="store_true", help="print the summary as JSON")
     reap.set_defaults(func=run_reap)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
 
 
 def _kube(args: argparse.Namespace):
@@ -134,6 +149,7 @@ def run_return(args: argparse.Namespace) -> int:
             args.run,
             cluster_queue=args.cluster_queue,
             training_namespace=args.training_namespace or None,
+            wave_nodes=args.wave_nodes,
             deadlines=Deadlines(ready_s=args.ready_deadline),
         )
     except ValueError as error:
@@ -162,6 +178,7 @@ def run_reap(args: argparse.Namespace) -> int:
             runs.alive,
             cluster_queue=args.cluster_queue,
             training_namespace=args.training_namespace or None,
+            wave_nodes=args.wave_nodes,
             grace_s=args.grace,
             dry_run=args.dry_run,
         )

@@ -7,15 +7,17 @@ so the three kinds share one read/patch path (``WorkloadRef``) and the loan logi
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 
-from trainops.capacity.loans import LOANS_ANNOTATION, Path, lend_patch, repay_patch
+from trainops.capacity.loans import LOANS_ANNOTATION, Path, lend_patch, loans_of, repay_patch
 from trainops.kube.client import MERGE_PATCH
 from trainops.kube.guarded import Edited, edit
 from trainops.kube.lists import PAGE, list_all
 from trainops.kube.retry import Deadline
 
+log = logging.getLogger(__name__)
 KSERVE_STOP = "serving.kserve.io/stop"
 KSERVE_LABEL = "serving.kserve.io/inferenceservice"
 
@@ -123,8 +125,9 @@ def _scaled(value: int | str, total: int) -> int:
 
 def shrink_fields(kind: Kind, obj: dict, running: int, displaced: int, floor: int) -> dict[Path, object]:
     """The fields to set so that ``displaced`` of ``running`` pods go away, never below ``floor``
-    (the PDB's): where the floor binds, one pod more stays, because moving a pod off a claimed node
-    by eviction needs a healthy pod to spare.
+    (the PDB's).  The scale-down itself removes the displaced pods (they are marked first to go);
+    where the floor binds some must move by eviction instead, and one pod more stays, because an
+    eviction needs a healthy pod to spare.
 
     Deployment: ``spec.replicas``.  HPA: ``maxReplicas`` down to the target and ``minReplicas`` no
     higher (at least 1, as the API requires).  InferenceService: predictor ``maxReplicas``/
@@ -132,11 +135,15 @@ def shrink_fields(kind: Kind, obj: dict, running: int, displaced: int, floor: in
     (KServe clamps ``minReplicas`` to 1 in Standard mode with an HPA).
     """
     spec = obj.get("spec") or {}
-    keep = floor + 1 if floor else 0  # one spare healthy pod, so the evictions that move the rest are allowed
+
+    def kept(total: int) -> int:
+        if total - displaced >= floor:
+            return total - displaced
+        return min(floor + 1, total)  # one spare healthy pod, so the evictions that move the rest are allowed
+
     if kind is DEPLOYMENT:
-        replicas = spec.get("replicas", 1)
-        return {("spec", "replicas"): max(replicas - displaced, min(keep, replicas))}
-    target = max(running - displaced, min(keep, running))
+        return {("spec", "replicas"): kept(spec.get("replicas", 1))}
+    target = kept(running)
     if kind is HPA:
         target = max(target, 1)
         return {
@@ -164,13 +171,19 @@ def repay(custom, ref: WorkloadRef, run: str, deadline: Deadline, current: dict 
 
 
 def find_loans(custom, run: str, deadline: Deadline) -> list[tuple[WorkloadRef, dict]]:
-    """Every object of the lending kinds, in any namespace, that holds a loan of ``run``.
+    """Every object of the lending kinds, in any namespace, that holds a loan of ``run``."""
+    return loans_by_run(custom, deadline, run).get(run, [])
 
-    Kinds the cluster does not serve (no HPA API, no KServe) are skipped.
-    """
+
+def loans_by_run(
+    custom, deadline: Deadline, run: str | None = None
+) -> dict[str, list[tuple[WorkloadRef, dict]]]:
+    """The objects of the lending kinds, in any namespace, holding loans, by the runs they lent to
+    (only ``run``'s, when given).  Kinds the cluster does not serve (no HPA API, no KServe) are
+    skipped; so is a loan record that is not the JSON ``loans`` writes (it is logged)."""
     from kubernetes.client.exceptions import ApiException
 
-    found = []
+    found: dict[str, list[tuple[WorkloadRef, dict]]] = {}
     for kind in LENDING_KINDS:
         try:
             items = list_all(
@@ -185,9 +198,17 @@ def find_loans(custom, run: str, deadline: Deadline) -> list[tuple[WorkloadRef, 
                 continue
             raise
         for obj in items:
-            if f'"{run}"' in (obj["metadata"].get("annotations") or {}).get(LOANS_ANNOTATION, ""):
-                meta = obj["metadata"]
-                found.append((WorkloadRef(kind, meta["namespace"], meta["name"]), obj))
+            raw = (obj["metadata"].get("annotations") or {}).get(LOANS_ANNOTATION, "")
+            if not raw or (run is not None and f'"{run}"' not in raw):
+                continue
+            ref = WorkloadRef(kind, obj["metadata"]["namespace"], obj["metadata"]["name"])
+            try:
+                runs = [r for r in loans_of(obj) if run is None or r == run]
+            except (ValueError, AttributeError):
+                log.warning("%s: annotation %s is not a loan record; left alone", ref, LOANS_ANNOTATION)
+                continue
+            for lender in runs:
+                found.setdefault(lender, []).append((ref, obj))
     return found
 
 

@@ -9,7 +9,9 @@ guarded merge patch, so a claim killed at any moment leaves either both or neith
 Repaying a field: if it still holds what the run set, it gets its prior value back (exact); if
 another run or an autoscaler moved a number since, the run's delta is added back instead
 (``current + prior - set``), so loans of two runs on one Deployment come back right in either
-order; any other field that was changed since is left as it is.
+order; any other field that was changed since is left as it is.  An integer field can also be
+given back in parts (``repay_part_patch``: the gradual return of an overflow pool): the field and
+the record's ``set`` move toward ``prior`` together, so the full repay that ends the loan is still exact.
 """
 
 from __future__ import annotations
@@ -90,4 +92,26 @@ def repay_patch(obj: dict, run: str) -> dict | None:
     for entry in entries:
         path = tuple(entry["path"])
         _set_path(patch, path, repaid_value(get_path(obj, path), entry))
+    return _with_record(patch, loans)
+
+
+def repay_part_patch(obj: dict, run: str, path: Path, amount: int) -> dict | None:
+    """The merge patch that gives up to ``amount`` of ``run``'s loan of the integer field ``path``
+    back (the field and the record's ``set`` move toward ``prior`` together); ``None`` when nothing
+    of it is left to give back."""
+    loans = loans_of(obj)
+    entry = next((e for e in loans.get(run) or [] if tuple(e["path"]) == path), None)
+    current = get_path(obj, path)
+    if (
+        entry is None
+        or amount <= 0
+        or not all(isinstance(v, int) for v in (entry["prior"], entry["set"], current))
+    ):
+        return None
+    step = max(-amount, min(amount, entry["prior"] - entry["set"]))
+    if step == 0:
+        return None
+    entry["set"] += step
+    patch: dict = {}
+    _set_path(patch, path, current + step)
     return _with_record(patch, loans)

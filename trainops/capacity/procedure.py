@@ -1,34 +1,56 @@
 """Claim GPU nodes from inference for a training run, and give them back: the whole procedure.
 
 ``claim`` (setup): check every node is free, then per node one guarded patch that flips the mode
-taint to training and records the claim; shrink the inference workloads that had pods there
-(loans recorded on each object); evict what is left through the Eviction API; raise the training
-ClusterQueue's GPU quota by the GPUs claimed.  ``give_back`` (teardown): lower the quota, release
-every node the run holds (found by its annotation, not from memory), repay every loan of the run,
-wait until inference is Ready.  Both are idempotent and write nothing when already done.
+taint to training and records the claim; lend the capacity of the inference workloads that had pods
+there (loans recorded on each object): a workload with an overflow pool first gets as many replicas
+there as the pool has room for, Ready (``overflow``), then it shrinks, its pods on the claimed nodes
+first (``controller.kubernetes.io/pod-deletion-cost``); evict what is left through the Eviction API;
+raise the training ClusterQueue's GPU quota by the GPUs claimed.  ``give_back`` (teardown): lower
+the quota, release every node the run holds (found by its annotation, not from memory) and repay
+every loan of the run, wait until inference is Ready.  With replicas in an overflow pool the nodes
+come back in waves: after each, the primary scales up on the returned nodes, its new replicas
+become Ready, and only then does the overflow scale down by as many; the state is on the objects
+(claimed nodes, loan records), so a killed return resumes where it stopped.  Both are idempotent
+and write nothing when already done.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from trainops.capacity import claims, inference
 from trainops.capacity.claims import NodeQuarantined, NodesHeld, holder_of, is_quarantined, parse_run
-from trainops.capacity.drain import drain, list_pods
+from trainops.capacity.drain import drain, list_pods, pods_on
 from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
-from trainops.capacity.loans import get_path
+from trainops.capacity.loans import get_path, lend_patch, loans_of, repay_part_patch
+from trainops.capacity.overflow import (
+    DELETION_COST,
+    FIRST_TO_GO,
+    OVERFLOW_OF_LABEL,
+    REPLICAS,
+    OverflowPool,
+    Room,
+    companion_manifest,
+    companion_name,
+    is_companion_of,
+    lent,
+    pool_pod_spec,
+    primary_of,
+)
 from trainops.capacity.quota import grants_of, set_grant
 from trainops.capacity.ranking import least_disruptive
 from trainops.conventions import GPU_RESOURCE, MODE_TAINT
 from trainops.errors import TemporaryError
-from trainops.kube.client import Kube
+from trainops.kube.client import DEPLOYMENTS, EXISTS, MISSING, PODS, Kube
 from trainops.kube.nodes import NodeState, allocatable_gpus, edit_node, list_nodes
 from trainops.kube.retry import Deadline, DeadlineExceeded, call
 
 module_log = logging.getLogger(__name__)
+DEFAULT_WAVES = 4  # a return with replicas in an overflow pool gives the nodes back in this many waves
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,8 @@ class ClaimSummary:
     workloads_shrunk: list[str] = field(default_factory=list)
     evictions: int = 0
     cluster_queue: str = ""
+    offloaded: dict[str, int] = field(default_factory=dict)  # workload -> replicas moved to its overflow pool
+    not_offloaded: dict[str, str] = field(default_factory=dict)  # workload -> why (some) were not
 
 
 @dataclass
@@ -71,6 +95,8 @@ class ReturnSummary:
     gpus_returned: int = 0  # allocatable GPUs of the nodes given back to inference
     quota_returned: int = 0  # GPUs of ClusterQueue quota the run held and gave back
     cluster_queue: str = ""
+    waves: int = 0  # waves of nodes given back with replicas moving back from an overflow pool
+    overflow_removed: list[str] = field(default_factory=list)  # companion Deployments emptied and deleted
 
     def describe(self) -> str:
         """One line for a log or a terminal: what was given back, and what was not there to give."""
@@ -84,9 +110,15 @@ class ReturnSummary:
             if self.quota_returned
             else f"no quota on ClusterQueue {self.cluster_queue} (none was granted)"
         )
+        overflow = (
+            f" (back from the overflow pool in {self.waves} wave(s); emptied: {', '.join(self.overflow_removed) or 'none'})"
+            if self.waves
+            else ""
+        )
         return (
             f"returned {self.run}: {nodes}; {quota}; inference restored: "
-            f"{', '.join(self.workloads_restored) or 'none'}; still quarantined: {', '.join(self.quarantined) or 'none'}"
+            f"{', '.join(self.workloads_restored) or 'none'}{overflow}; "
+            f"still quarantined: {', '.join(self.quarantined) or 'none'}"
         )
 
 
@@ -111,6 +143,7 @@ def claim(
     deployments: Sequence[str] = (),
     inference_services: Sequence[str] = (),
     gpu_flavor: str | None = None,
+    overflow_pool: dict | str | None = None,
     deadlines: Deadlines = Deadlines(),
     log: logging.Logger = module_log,
 ) -> ClaimSummary:
@@ -119,7 +152,9 @@ def claim(
     ``count``: claim only this many of ``node_names``, the least disruptive first (see
     ``ranking.least_disruptive``); default: all of them.  ``gpus_per_node``: GPUs each node adds to
     the quota (default: the node's allocatable ``nvidia.com/gpu``).  ``deployments``/``inference_services``: ``namespace/name`` of the inference
-    workloads to shrink.  Raises ``NodesHeld`` (nothing changed) when another run holds a node.
+    workloads to lend from.  ``overflow_pool``: the pool (``overflow.OverflowPool.parse``) of the
+    Deployments that name none in their ``trainops.io/overflow-pool`` annotation (default: none).
+    Raises ``NodesHeld`` (nothing changed) when another run holds a node.
     """
     parse_run(run)
     candidates = _check_node_names(node_names)
@@ -127,8 +162,12 @@ def claim(
         raise ValueError(f"gpus_per_node must be a positive integer or None, got {gpus_per_node!r}")
     refs = [WorkloadRef.parse(DEPLOYMENT, d, "inference_deployments") for d in deployments]
     refs += [WorkloadRef.parse(INFERENCE_SERVICE, s, "inference_services") for s in inference_services]
+    default_pool = None if overflow_pool is None else OverflowPool.parse(overflow_pool, "overflow_pool")
 
     step = Deadline(deadlines.api_s)
+    for ref in refs:  # a pool annotation that cannot be used fails the claim before anything changes
+        if ref.kind is DEPLOYMENT:
+            OverflowPool.of(call(lambda ref=ref: ref.get(kube.custom), step, f"read {ref}"), default_pool)
     by_name = {n["metadata"]["name"]: n for n in call(lambda: list_nodes(kube.core), step, "list nodes")}
     missing = [n for n in candidates if n not in by_name]
     if missing:
@@ -162,7 +201,9 @@ def claim(
         else:
             log.info("node %s: already claimed by this run", name)
 
-    summary.workloads_shrunk = _shrink_inference(kube, run, set(nodes), refs, pods, deadlines, log)
+    lending = Lending(kube, run, set(nodes), pods, list(by_name.values()), default_pool, deadlines, log)
+    for ref in refs:
+        lending.lend(ref, summary)
     summary.evictions = drain(kube.core, set(nodes), Deadline(deadlines.drain_s), deadlines.drain_stall_s)
     log.info("drained %d node(s): %d pod(s) evicted", len(nodes), summary.evictions)
     if set_grant(kube.custom, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
@@ -182,37 +223,42 @@ def _choose(
     return mine + least_disruptive(rest, pods, count - len(mine), held=others)
 
 
-def _shrink_inference(
-    kube: Kube,
-    run: str,
-    nodes: set[str],
-    refs: list[WorkloadRef],
-    pods: list[dict],
-    deadlines: Deadlines,
-    log: logging.Logger,
-) -> list[str]:
-    """Lend the capacity of every workload that has pods on ``nodes`` (a loan is recorded even when
-    nothing is scaled down, so the return waits for the workload to be Ready); returns what was shrunk."""
-    if not refs:
-        return []
-    step = Deadline(deadlines.api_s)
-    pods = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    shrunk = []
-    for ref in refs:
-        obj = call(lambda ref=ref: ref.get(kube.custom), step, f"read {ref}")
+@dataclass
+class Lending:
+    """One claim's lending of inference capacity: per workload, the replicas on the claimed nodes go
+    to its overflow pool (as many as it has room for) and the workload shrinks by the rest."""
+
+    kube: Kube
+    run: str
+    nodes: set[str]
+    pods: list[dict]
+    all_nodes: list[dict]
+    default_pool: OverflowPool | None
+    deadlines: Deadlines
+    log: logging.Logger
+    room: Room | None = None  # free room of the whole cluster, counted once, shared by the workloads
+
+    def lend(self, ref: WorkloadRef, summary: ClaimSummary) -> None:
+        """Lend what ``ref`` runs on the claimed nodes (a loan is recorded even when nothing is scaled
+        down, so the return waits for the workload to be Ready); records it in ``summary``."""
+        kube, log = self.kube, self.log
+        step = Deadline(self.deadlines.api_s)
+        obj = call(lambda: ref.get(kube.custom), step, f"read {ref}")
         selector = inference.pod_selector(ref.kind, obj)
         mine = [
             p
-            for p in pods
+            for p in self.pods
             if p["metadata"]["namespace"] == ref.namespace
+            and not p["metadata"].get("deletionTimestamp")
             and inference.selector_matches(selector, p["metadata"].get("labels") or {})
         ]
-        displaced = sum(1 for p in mine if (p.get("spec") or {}).get("nodeName") in nodes)
+        on_claimed = [p for p in mine if (p.get("spec") or {}).get("nodeName") in self.nodes]
+        displaced = len(on_claimed)
         if not displaced:
             log.info("%s: no pods on the claimed nodes, left as is", ref)
-            continue
+            return
         pdbs = call(
-            lambda ref=ref: kube.custom.list_namespaced_custom_object(
+            lambda: kube.custom.list_namespaced_custom_object(
                 "policy", "v1", ref.namespace, "poddisruptionbudgets"
             ),
             step,
@@ -225,19 +271,117 @@ def _shrink_inference(
             if hpa:
                 target, target_obj = hpa
         expected = obj["spec"].get("replicas", len(mine)) if ref.kind is DEPLOYMENT else len(mine)
-        floor = inference.pdb_floor(pdbs, pod_labels, expected)
-        fields = inference.shrink_fields(target.kind, target_obj, len(mine), displaced, floor)
-        inference.lend(kube.custom, target, run, fields, Deadline(deadlines.api_s), target_obj)
+        pool = OverflowPool.of(obj, self.default_pool) if ref.kind is DEPLOYMENT else None
+        floor = min(
+            max(inference.pdb_floor(pdbs, pod_labels, expected), pool.min_ready if pool else 0), expected
+        )
+        offloaded = 0
+        if pool is not None:
+            if target is not ref:
+                why = f"its replicas are {target}'s; only a Deployment without an HPA is offloaded"
+            else:
+                offloaded, why = self._offload(ref, obj, pool, displaced)
+            if offloaded:
+                summary.offloaded[str(ref)] = offloaded
+            if why:
+                summary.not_offloaded[str(ref)] = why
+                log.warning("%s: %s", ref, why)
+        _first_to_go(kube, on_claimed, step)
+        fields = inference.shrink_fields(
+            target.kind, target_obj, len(mine), displaced, max(0, floor - offloaded)
+        )
+        inference.lend(kube.custom, target, self.run, fields, Deadline(self.deadlines.api_s), target_obj)
         changes = ", ".join(
             f"{'.'.join(path)}={value}"
             for path, value in fields.items()
             if value != get_path(target_obj, path)
         )
         how = f"scaled down: {changes}" if changes else "kept as is; its pods move by eviction"
-        log.info("%s: %d pod(s) on claimed nodes, PDB floor %d; %s", target, displaced, floor, how)
+        log.info("%s: %d pod(s) on claimed nodes, floor %d; %s", target, displaced, floor, how)
         if changes:
-            shrunk.append(str(target))
-    return shrunk
+            summary.workloads_shrunk.append(str(target))
+            if target.kind is DEPLOYMENT:  # its own scale-down removes the marked pods: not the drain's
+                _wait_scaled_down(kube, target, Deadline(self.deadlines.api_s))
+
+    def _offload(
+        self, ref: WorkloadRef, primary: dict, pool: OverflowPool, displaced: int
+    ) -> tuple[int, str]:
+        """Make up to ``displaced`` replicas of ``ref`` Ready in its overflow companion (as many as the
+        pool has room for); returns how many, and why not all ('' when all)."""
+        kube, run = self.kube, self.run
+        companion = WorkloadRef(DEPLOYMENT, ref.namespace, companion_name(ref.name))
+        step = Deadline(self.deadlines.api_s)
+        if len(ref.name) > 63:
+            return 0, f"its name is longer than the {OVERFLOW_OF_LABEL} label value may be (63)"
+        existing = _read(kube, companion, step)
+        if existing is not None and not is_companion_of(existing, ref.name):
+            return (
+                0,
+                f"{companion} exists and is not its overflow companion (no label {OVERFLOW_OF_LABEL}={ref.name})",
+            )
+        count = lent(existing, run) if existing is not None else 0
+        if not count:  # not lent yet (a retried claim finds its loan and goes on with it)
+            if self.room is None:  # as listed before the claim: the claimed nodes are training's now
+                self.room = Room(
+                    [n for n in self.all_nodes if n["metadata"]["name"] not in self.nodes], self.pods
+                )
+            count = self.room.take(pool_pod_spec(primary, pool), displaced)
+            if not count:
+                return 0, f"no room in its overflow pool ({_selector_text(pool.node_selector)}) for its pods"
+            if existing is None:
+                made, created = kube.create(
+                    companion_manifest(primary, pool, run, count), DEPLOYMENTS, deadline=step
+                )
+                if not created and not is_companion_of(made, ref.name):
+                    return 0, f"{companion} was made meanwhile by someone else"
+                existing = None if created else made  # made meanwhile (a retry whose answer was lost)
+            if existing is not None:
+                replicas = existing["spec"].get("replicas", 1) + count
+                companion.edit(
+                    kube.custom, lambda obj: lend_patch(obj, run, {REPLICAS: replicas}), step, existing
+                )
+            self.log.info(
+                "%s: %d replica(s) made in the overflow pool, waiting until Ready", companion, count
+            )
+        _wait_ready(kube, [companion], Deadline(self.deadlines.ready_s), self.log, "in the overflow pool")
+        return (
+            count,
+            "" if count >= displaced else f"{count} of {displaced} fit in its overflow pool; the rest shrink",
+        )
+
+
+def _wait_scaled_down(kube: Kube, ref: WorkloadRef, deadline: Deadline) -> None:
+    """Wait until the Deployment controller has removed the pods of a scale-down (its status counts
+    no more pods than wanted); on timeout the drain evicts what is left."""
+    while True:
+        obj = call(lambda: ref.get(kube.custom), deadline, f"read {ref}")
+        status = obj.get("status") or {}
+        caught_up = status.get("observedGeneration", 0) >= obj["metadata"].get("generation", 0)
+        if caught_up and status.get("replicas", 0) <= obj["spec"].get("replicas", 1):
+            return
+        try:
+            deadline.sleep(0.05, f"{ref} scaled down")
+        except DeadlineExceeded:
+            return
+
+
+def _selector_text(selector: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
+
+
+def _read(kube: Kube, ref: WorkloadRef, deadline: Deadline) -> dict | None:
+    """A Deployment, or None when it does not exist."""
+    return kube.get(DEPLOYMENTS, ref.name, ref.namespace, deadline=deadline)
+
+
+def _first_to_go(kube: Kube, pods: list[dict], deadline: Deadline) -> None:
+    """Mark ``pods`` to be the first their ReplicaSet removes when it scales down (a pod gone already
+    needs nothing)."""
+    body = {"metadata": {"annotations": {DELETION_COST: FIRST_TO_GO}}}
+    for pod in pods:
+        meta = pod["metadata"]
+        if (meta.get("annotations") or {}).get(DELETION_COST) != FIRST_TO_GO:
+            kube.patch(PODS, meta["name"], body, meta["namespace"], deadline=deadline)
 
 
 def give_back(
@@ -246,6 +390,7 @@ def give_back(
     *,
     cluster_queue: str,
     training_namespace: str | None = None,
+    wave_nodes: int | None = None,
     deadlines: Deadlines = Deadlines(),
     log: logging.Logger = module_log,
 ) -> ReturnSummary:
@@ -254,8 +399,11 @@ def give_back(
 
     With ``training_namespace``, the run's training Jobs there are stopped first and their pods
     gone before anything is returned (a run failed by hand, reaped or returned from the CLI or the
-    UI may still be training); if they cannot be stopped nothing is returned."""
+    UI may still be training); if they cannot be stopped nothing is returned.  ``wave_nodes``: nodes
+    per wave when replicas come back from an overflow pool (default: a quarter of the run's nodes)."""
     parse_run(run)
+    if wave_nodes is not None and (not isinstance(wave_nodes, int) or wave_nodes < 1):
+        raise ValueError(f"wave_nodes must be a positive integer or None, got {wave_nodes!r}")
     summary = ReturnSummary(run, cluster_queue=cluster_queue)
     failures: list[str] = []
     if training_namespace:
@@ -279,25 +427,45 @@ def give_back(
         failures.append(f"ClusterQueue {cluster_queue}: {error}")
 
     step = Deadline(deadlines.api_s)
-    for node in call(lambda: list_nodes(kube.core), step, "list nodes"):
-        name = node["metadata"]["name"]
-        if holder_of(node["metadata"].get("annotations")) != run:
+    held = sorted(
+        (
+            n
+            for n in call(lambda: list_nodes(kube.core), step, "list nodes")
+            if holder_of(n["metadata"].get("annotations")) == run
+        ),
+        key=lambda n: n["metadata"]["name"],
+    )
+    moves = _overflow_moves(inference.find_loans(kube.custom, run, step))
+    size = len(held) or 1
+    if moves:
+        size = wave_nodes or max(1, math.ceil(len(held) / DEFAULT_WAVES))
+        log.info(
+            "%d node(s) go back in waves of %d; replicas come back from the overflow pool of %s",
+            len(held),
+            size,
+            ", ".join(str(primary) for primary, _ in moves),
+        )
+    waves = [held[i : i + size] for i in range(0, len(held), size)] or [[]]
+    for index, wave in enumerate(waves):
+        returned = [
+            node for node in (_release(kube, run, n, summary, failures, deadlines, log) for n in wave) if node
+        ]
+        if not moves:
             continue
         try:
-            edited = edit_node(kube.core, name, claims.release(run), Deadline(deadlines.api_s), current=node)
-        except Exception as error:  # return the other nodes
-            failures.append(f"node {name}: {error}")
-            continue
-        summary.node_names.append(name)
-        summary.gpus_returned += allocatable_gpus(edited.object)
-        if is_quarantined(NodeState.of(edited.object)):
-            summary.quarantined.append(name)
-            log.warning("node %s: returned to inference mode but stays quarantined", name)
-        else:
-            log.info("node %s: returned to inference", name)
+            _move_back(kube, run, moves, returned, index == len(waves) - 1, deadlines, log)
+        except Exception as error:  # the rest waits for a retry, which resumes here
+            failures.append(f"wave {index + 1} of {len(waves)}: {error}")
+            break
+        summary.waves += 1
+        log.info("wave %d of %d done: %d node(s) back", index + 1, len(waves), len(wave))
 
+    moved_back = not failures or summary.waves == len(waves)
+    skip = set() if moved_back else {ref for pair in moves for ref in pair}
     repaid = []
     for ref, obj in inference.find_loans(kube.custom, run, step):
+        if ref in skip:
+            continue
         try:
             inference.repay(kube.custom, ref, run, Deadline(deadlines.api_s), obj)
         except Exception as error:  # repay the others
@@ -305,18 +473,120 @@ def give_back(
             continue
         log.info("%s: capacity lent to this run given back", ref)
         repaid.append(ref)
-        summary.workloads_restored.append(str(ref))
+        if primary_of(ref, obj) is None:
+            summary.workloads_restored.append(str(ref))
 
     try:
-        _wait_ready(kube, repaid, Deadline(deadlines.ready_s), log)
+        _wait_ready(kube, repaid, Deadline(deadlines.ready_s), log, "after return")
     except DeadlineExceeded as error:
         failures.append(str(error))
+    for _, companion in moves if moved_back else ():
+        try:
+            if _delete_if_empty(kube, companion, Deadline(deadlines.api_s)):
+                log.info("%s: empty, deleted", companion)
+                summary.overflow_removed.append(str(companion))
+        except Exception as error:
+            failures.append(f"{companion}: {error}")
     if failures:
         raise ReturnIncomplete(f"return of run {run} incomplete: " + "; ".join(failures))
     return summary
 
 
-def _wait_ready(kube: Kube, refs: list[WorkloadRef], deadline: Deadline, log: logging.Logger) -> None:
+def _release(
+    kube: Kube, run: str, node: dict, summary: ReturnSummary, failures: list[str], deadlines: Deadlines, log
+) -> dict | None:
+    """Give one node back to inference; the node as written, or None when that failed (noted in ``failures``)."""
+    name = node["metadata"]["name"]
+    try:
+        edited = edit_node(kube.core, name, claims.release(run), Deadline(deadlines.api_s), current=node)
+    except Exception as error:  # return the other nodes
+        failures.append(f"node {name}: {error}")
+        return None
+    summary.node_names.append(name)
+    summary.gpus_returned += allocatable_gpus(edited.object)
+    if is_quarantined(NodeState.of(edited.object)):
+        summary.quarantined.append(name)
+        log.warning("node %s: returned to inference mode but stays quarantined", name)
+    else:
+        log.info("node %s: returned to inference", name)
+    return edited.object
+
+
+def _overflow_moves(loans: list[tuple[WorkloadRef, dict]]) -> list[tuple[WorkloadRef, WorkloadRef]]:
+    """(primary, companion) of every overflow companion among a run's loans."""
+    return [(primary, ref) for ref, obj in loans if (primary := primary_of(ref, obj)) is not None]
+
+
+def _move_back(
+    kube: Kube,
+    run: str,
+    moves: list[tuple[WorkloadRef, WorkloadRef]],
+    returned: list[dict],
+    last: bool,
+    deadlines: Deadlines,
+    log: logging.Logger,
+) -> None:
+    """One wave: each primary scales up by what fits on the ``returned`` nodes (the last wave: all
+    it lent), its replicas become Ready, and only then does its companion scale down to what the
+    primary still lends (so the Ready replicas never drop)."""
+    step = Deadline(deadlines.api_s)
+    room = None
+    if not last and returned:
+        names = [n["metadata"]["name"] for n in returned]
+        room = Room(returned, pods_on(kube.core, names, step))
+    primaries = []
+    for primary, _ in moves:
+        obj = _read(kube, primary, step)
+        if obj is None:  # deleted: its companion goes with it (owner reference)
+            continue
+        primaries.append(primary)
+        owed = lent(obj, run)
+        back = owed if last or room is None else room.take(obj["spec"]["template"]["spec"], owed)
+        if back:
+            primary.edit(
+                kube.custom, lambda o, back=back: repay_part_patch(o, run, REPLICAS, back), step, obj
+            )
+            log.info("%s: %d replica(s) back on the returned nodes", primary, back)
+    _wait_ready(kube, primaries, Deadline(deadlines.ready_s), log, "on the returned nodes")
+    for primary, companion in moves:
+        obj = _read(kube, companion, step)
+        if obj is None:
+            continue
+        owner = _read(kube, primary, step)
+        surplus = lent(obj, run) - (lent(owner, run) if owner is not None else 0)
+        if surplus > 0:
+            companion.edit(
+                kube.custom, lambda o, surplus=surplus: repay_part_patch(o, run, REPLICAS, surplus), step, obj
+            )
+            log.info("%s: %d replica(s) fewer in the overflow pool", companion, surplus)
+
+
+def _delete_if_empty(kube: Kube, ref: WorkloadRef, deadline: Deadline) -> bool:
+    """Delete a companion that no run lends to any more and runs no replica (guarded by its
+    resourceVersion, so a claim lending to it meanwhile wins); True when deleted."""
+    from kubernetes.client.exceptions import ApiException
+
+    while True:
+        obj = _read(kube, ref, deadline)
+        if obj is None or loans_of(obj) or obj["spec"].get("replicas", 1):
+            return False
+        options = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        options["preconditions"] = {"resourceVersion": obj["metadata"]["resourceVersion"]}
+        path = DEPLOYMENTS.path(ref.namespace, ref.name)
+        try:
+            return (
+                kube.request("DELETE", path, f"delete {ref}", unless=MISSING, body=options, deadline=deadline)
+                is not None
+            )
+        except ApiException as error:
+            if error.status != EXISTS:  # 409: it changed since it was read
+                raise
+            deadline.sleep(0.05, f"delete {ref}")
+
+
+def _wait_ready(
+    kube: Kube, refs: list[WorkloadRef], deadline: Deadline, log: logging.Logger, when: str
+) -> None:
     pending = {ref: "not checked yet" for ref in refs}
     while True:
         for ref in list(pending):
@@ -333,6 +603,6 @@ def _wait_ready(kube: Kube, refs: list[WorkloadRef], deadline: Deadline, log: lo
             deadline.sleep(0.2, "inference Ready")
         except DeadlineExceeded:
             raise DeadlineExceeded(
-                f"inference not Ready within {deadline.seconds:g}s after return: "
+                f"inference not Ready within {deadline.seconds:g}s {when}: "
                 + "; ".join(f"{ref}: {why}" for ref, why in pending.items())
             ) from None

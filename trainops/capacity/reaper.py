@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from trainops.capacity.claims import claim_age_s, holder_of, parse_run
+from trainops.capacity.inference import loans_by_run
 from trainops.capacity.procedure import Deadlines, give_back
 from trainops.capacity.quota import grants_of
 from trainops.errors import PermanentError
@@ -39,6 +40,7 @@ class Holding:
     node_names: list[str] = field(default_factory=list)
     gpus_granted: int = 0
     age_s: float | None = None
+    loans: list[str] = field(default_factory=list)  # inference workloads still lending to it
 
 
 @dataclass
@@ -49,7 +51,9 @@ class ReapSummary:
 
 
 def holdings(kube: Kube, cluster_queue: str, now: datetime) -> dict[str, Holding]:
-    """Every run holding nodes or a grant on ``cluster_queue`` (a queue that does not exist holds none)."""
+    """Every run holding nodes, a grant on ``cluster_queue`` (a queue that does not exist holds none)
+    or inference loans (a return killed after its nodes went back, e.g. with replicas still in an
+    overflow pool)."""
     held: dict[str, Holding] = {}
     for node in list_nodes(kube.core):
         annotations = node["metadata"].get("annotations") or {}
@@ -64,6 +68,8 @@ def holdings(kube: Kube, cluster_queue: str, now: datetime) -> dict[str, Holding
     queue = kueue.read(kube.custom, "clusterqueues", cluster_queue, Deadline(Deadlines.api_s))
     for run, grant in (grants_of(queue) if queue else {}).items():
         held.setdefault(run, Holding(run)).gpus_granted = int(grant.get("gpus", 0))
+    for run, lenders in loans_by_run(kube.custom, Deadline(Deadlines.api_s)).items():
+        held.setdefault(run, Holding(run)).loans = [str(ref) for ref, _ in lenders]
     return held
 
 
@@ -74,18 +80,23 @@ def reap(
     cluster_queue: str,
     grace_s: float,
     training_namespace: str | None = "training",
+    wave_nodes: int | None = None,
     dry_run: bool = False,
     deadlines: Deadlines | None = None,
     now: datetime | None = None,
     log: logging.Logger = module_log,
 ) -> ReapSummary:
     """Give back what runs that are no longer alive hold (see the module docstring), their training
-    Jobs in ``training_namespace`` stopped first (a worker killed mid-``train`` leaves its Job running)."""
+    Jobs in ``training_namespace`` stopped first (a worker killed mid-``train`` leaves its Job running);
+    ``wave_nodes``: as ``give_back``'s.  A return killed halfway is resumed by the next ``reap``."""
     if not grace_s >= 0:
         raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
     summary = ReapSummary()
     for run, holding in sorted(holdings(kube, cluster_queue, now or datetime.now(UTC)).items()):
-        held = f"{len(holding.node_names)} node(s), {holding.gpus_granted} GPUs of quota"
+        held = (
+            f"{len(holding.node_names)} node(s), {holding.gpus_granted} GPUs of quota, "
+            f"{len(holding.loans)} inference loan(s)"
+        )
         if holding.age_s is not None and holding.age_s < grace_s:
             summary.kept[run] = f"claimed {holding.age_s:.0f}s ago, within the {grace_s:g}s grace period"
             continue
@@ -104,6 +115,7 @@ def reap(
                     run,
                     cluster_queue=cluster_queue,
                     training_namespace=training_namespace,
+                    wave_nodes=wave_nodes,
                     deadlines=deadlines or Deadlines(),
                     log=log,
                 )

@@ -1,7 +1,10 @@
 """``python -m trainops_devcluster.demo`` (``make demo``): the whole training lifecycle on the simulated cluster.
 
 Starts a local S3 server and a 16-node devcluster (inference Deployments with PodDisruptionBudgets,
-Kueue queues), a throw-away Airflow home, and runs ``dags/training_lifecycle.py`` with dag.test().
+Kueue queues, a Virtual-Kubelet-like node as inference's overflow pool), a throw-away Airflow home, and
+runs ``dags/training_lifecycle.py`` with dag.test(), while a steady load goes through the inference
+Service (demo inference servers, real processes): the timeline shows its Ready replicas by pool and the
+requests served and failed through the claim, the run and the gradual return.
 Mid-run, once a checkpoint is verified, a GPU on one training node falls off the bus (XID 79): the
 node is quarantined and the run resumes on the spare from the last verified step. The timeline
 goes to the terminal, Airflow's own logs to a file. Exits 0 only when the end state is right.
@@ -101,7 +104,15 @@ def run(args: argparse.Namespace, timeline) -> bool:
 
     from trainops_devcluster import airflow_home
     from trainops_devcluster.cluster import DevCluster
-    from trainops_devcluster.demo.scenario import Cluster, Watcher, end_state_checks
+    from trainops_devcluster.demo.load import Load
+    from trainops_devcluster.demo.scenario import (
+        INFERENCE,
+        LOAD_RPS,
+        SERVICE,
+        Cluster,
+        Watcher,
+        end_state_checks,
+    )
     from trainops_devcluster.hardware import DEMO_FLEET
     from trainops_devcluster.local_s3 import local_s3
 
@@ -116,7 +127,9 @@ def run(args: argparse.Namespace, timeline) -> bool:
             "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
         }
         timeline.say(f"local S3 at {s3.endpoint_url}, bucket {BUCKET}")
-        with DevCluster(fleet=DEMO_FLEET, process_env=trainer_env) as dev:
+        with DevCluster(
+            fleet=DEMO_FLEET, process_env=trainer_env, inference=INFERENCE, virtual_nodes=1
+        ) as dev:
             dev.wait_until_settled()
             dev.create_from_file(args.rbac)
             worker = dev.service_account_kubeconfig(*WORKER, dev.kubeconfig.with_name("worker-kubeconfig"))
@@ -129,6 +142,7 @@ def run(args: argparse.Namespace, timeline) -> bool:
             timeline.say(
                 f"devcluster up at {dev.url}: {len(dev.fleet)} GPU nodes of mixed hardware ({DEMO_FLEET}); inference "
                 + ", ".join(f"{name} {n} replicas" for name, n in seeded.items())
+                + " (llm-chat: demo inference servers, overflow pool virtual-node-0)"
                 + "; Kueue ClusterQueue 'training' with 0 GPUs; trainops runs as ServiceAccount "
                 + "/".join(WORKER)
                 + f" with {args.rbac}"
@@ -153,15 +167,22 @@ def run(args: argparse.Namespace, timeline) -> bool:
                 f"triggering {DAG_ID}: {args.nodes} nodes + 1 spare, {args.steps} steps, run {run_uri}, "
                 f"{args.trainer} trainer"
             )
-            watcher = Watcher(timeline, cluster, dev, DAG_ID, run_uri, args.crash_after_step).start()
+            service = dev.service_address(*SERVICE)
+            timeline.say(f"load: {LOAD_RPS:g} requests/s to Service {SERVICE[0]}/{SERVICE[1]} ({service})")
+            load = Load(service, LOAD_RPS).start("before")
+            watcher = Watcher(timeline, cluster, dev, DAG_ID, run_uri, args.crash_after_step, load).start()
             try:
                 dag_run = dag.test(run_conf=conf)
             finally:
                 watcher.stop()
+                load.stop()
+            timeline.phases(load.report())
             timeline.say(f"DAG run finished: {dag_run.state}. Checking the cluster and the bucket:")
             user = "system:serviceaccount:{}:{}".format(*WORKER)
             calls = [e for e in dev.server.audit.entries() if e["user"] == user]
-            ok = end_state_checks(timeline, cluster, dag_run, seeded, run_uri, watcher.crashed_node, calls)
+            ok = end_state_checks(
+                timeline, cluster, dag_run, seeded, run_uri, watcher.crashed_node, calls, load
+            )
             if args.trainer == "torch":
                 from trainops_devcluster.demo.torch_checks import torch_checks
 

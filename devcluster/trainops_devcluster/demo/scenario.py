@@ -1,19 +1,23 @@
 """The demo scenario: watch a ``training_lifecycle`` run on the devcluster, crash a node mid-run, check the end.
 
 ``Watcher`` is an observer: a thread that looks at the cluster, the bucket and Airflow's task
-states a few times a second and tells the timeline what changed. It also injects the fault: an
-XID on one training node once a checkpoint past ``crash_after_step`` is verified.
+states a few times a second and tells the timeline what changed, inference included (Ready
+replicas by pool, and the requests a steady load sends through the Service meanwhile, labelled by
+phase of the run). It also injects the fault: an XID on one training node once a checkpoint past
+``crash_after_step`` is verified.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from trainops.capacity.overflow import OVERFLOW_OF_LABEL
 from trainops.capacity.procedure import ReturnSummary
 from trainops.conventions import (
     CLAIMED_BY_ANNOTATION,
@@ -24,10 +28,24 @@ from trainops.conventions import (
     QUARANTINE_EVIDENCE_ANNOTATION,
     QUARANTINE_TAINT,
 )
-from trainops_devcluster.demo.timeline import Timeline
+from trainops_devcluster.demo.load import Load, stats
+from trainops_devcluster.demo.timeline import Serving, Timeline, serving
+from trainops_devcluster.topology import InferenceWorkload
 
 ATTEMPT_LABEL = "trainops.io/attempt"
 TRAINING = "training"
+# The demo's inference: llm-chat is real demo inference servers behind its Service, with the virtual
+# node as its overflow pool (its trainops.io/overflow-pool annotation); together they fill the GPU pool
+# but for an idle node or two, so the claim displaces replicas.
+INFERENCE = [
+    InferenceWorkload("llm-chat", 11, min_available=8, server=True, overflow=True),
+    InferenceWorkload("embeddings", 1, min_available=0),
+]
+SERVICE = ("inference", "llm-chat", 80)
+LOAD_RPS = 20.0  # a third of what 11 replicas answer (5 requests/s each)
+SERVING_EVERY_S = 15.0  # a serving line at least this often, changed or not
+# The run's phases for the load's report: the task whose start begins each
+PHASES = {"claim_nodes": "claim", "fabric_ready": "training", "return_capacity": "return"}
 
 
 def _json(response) -> dict:
@@ -92,17 +110,16 @@ class Watcher:
     dag_id: str
     run_uri: str
     crash_after_step: int
+    load: Load | None = None
     interval_s: float = 0.3
     crashed_node: str | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _seen: set = field(default_factory=set)
     _task_states: dict = field(default_factory=dict)
-    _replicas: dict = field(default_factory=dict)
+    _serving: Serving = field(default_factory=dict)
+    _said_at: float = 0.0
 
     def start(self) -> Watcher:
-        self._replicas = {
-            d["metadata"]["name"]: d["spec"]["replicas"] for d in self.cluster.list("deployments")
-        }
         self._thread = threading.Thread(target=self._loop, name="demo-watcher", daemon=True)
         self._thread.start()
         return self
@@ -149,6 +166,16 @@ class Watcher:
             if state is None or self._task_states.get(task_id) == (state, try_number):
                 continue
             self._task_states[task_id] = (state, try_number)
+            if (
+                self.load
+                and state == "running"
+                and task_id in PHASES
+                and ("phase", task_id) not in self._seen
+            ):
+                self._seen.add(("phase", task_id))
+                self.load.phase(PHASES[task_id])
+            if self.load and task_id == "return_capacity" and state == "success":
+                self.load.phase("after")
             if state in ("success", "failed", "up_for_retry", "upstream_failed"):
                 self.timeline.say(
                     f"task {task_id}: {state}" + (f" (try {try_number})" if try_number > 1 else "")
@@ -175,8 +202,13 @@ class Watcher:
                 + ("\n" + "\n".join(lines) if lines else "")
             )
         elif task_id == "claim_nodes":
+            offloaded = ", ".join(f"{w} {n} replica(s)" for w, n in value["offloaded"].items())
+            not_offloaded = "".join(
+                f"; not offloaded: {w}: {why}" for w, why in value["not_offloaded"].items()
+            )
             self.timeline.say(
-                f"claimed {', '.join(value['node_names'])} ({value['gpus']} GPUs) for training; inference shrunk: "
+                f"claimed {', '.join(value['node_names'])} ({value['gpus']} GPUs) for training; "
+                f"moved to the overflow pool first: {offloaded or 'nothing'}{not_offloaded}; inference shrunk: "
                 f"{', '.join(value['workloads_shrunk']) or 'none'}; pods evicted: {value['evictions']}"
             )
         elif task_id == "train":
@@ -298,12 +330,12 @@ class Watcher:
                 self.once(("quarantined", name), f"node {name} QUARANTINED ({taint.get('value', '?')})")
 
     def _inference(self) -> None:
-        for d in self.cluster.list("deployments"):
-            name, replicas = d["metadata"]["name"], d["spec"]["replicas"]
-            before = self._replicas.get(name)
-            if before is not None and before != replicas:
-                self.timeline.say(f"inference {name}: {before} -> {replicas} replicas")
-                self._replicas[name] = replicas
+        now = serving(self.cluster.list("deployments"))
+        if now == self._serving and time.monotonic() - self._said_at < SERVING_EVERY_S:
+            return
+        requests = self.load.since(self._said_at) if self.load and self._said_at else None
+        self._serving, self._said_at = now, time.monotonic()
+        self.timeline.serving(now, requests)
 
 
 def end_state_checks(
@@ -314,9 +346,11 @@ def end_state_checks(
     run_uri: str,
     crashed: str | None,
     worker_calls: list[dict],
+    load: Load,
 ) -> bool:
     """Check the cluster and the bucket after the run; True only when every check passes.
-    ``worker_calls``: the audit log's entries of the workers' ServiceAccount, which the DAG ran as."""
+    ``worker_calls``: the audit log's entries of the workers' ServiceAccount, which the DAG ran as;
+    ``load``: the requests sent to the inference Service through the run."""
     from trainops.checkpoints.latest import latest_verified
     from trainops_devcluster.airflow_home import xcom_value
 
@@ -334,6 +368,9 @@ def end_state_checks(
         )
     ]
     deployments = {d["metadata"]["name"]: d for d in cluster.list("deployments")}
+    overflow = [n for n, d in deployments.items() if OVERFLOW_OF_LABEL in (d["metadata"].get("labels") or {})]
+    requests = stats("all", load.since(load.phases[0][0]), 0)
+    phases = {row.phase: row for row in load.report()}
     replicas = {
         name: (d["spec"]["replicas"], (d.get("status") or {}).get("readyReplicas", 0))
         for name, d in deployments.items()
@@ -357,6 +394,17 @@ def end_state_checks(
                 f"{n} {ready}/{want} ready (seeded {seeded_replicas[n]})"
                 for n, (want, ready) in replicas.items()
             ),
+        ),
+        (
+            "inference served through the whole run (the overflow pool took the displaced replicas)",
+            requests.served > 0 and requests.failed == 0,
+            f"{requests.served} requests served, {requests.failed} failed; p99 "
+            + ", ".join(f"{name} {row.p99_ms or 0:.0f} ms" for name, row in phases.items()),
+        ),
+        (
+            "the overflow pool given back",
+            not overflow,
+            f"companion Deployments left: {', '.join(overflow) or 'none'}",
         ),
         (
             "training quota back to zero",

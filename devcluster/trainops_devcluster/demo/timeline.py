@@ -1,4 +1,5 @@
-"""What the demo shows a person: timestamped lines of what happened, and the end-state checks."""
+"""What the demo shows a person: timestamped lines of what happened, inference as it served (Ready
+replicas by pool, requests served and failed), and the end-state checks."""
 
 from __future__ import annotations
 
@@ -9,6 +10,12 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
+
+from trainops.capacity.overflow import OVERFLOW_OF_LABEL
+from trainops_devcluster.demo.load import Result, Stats, stats
+
+# Ready replicas of each inference workload: name -> (primary Ready, primary wanted, overflow Ready, overflow wanted)
+Serving = dict[str, tuple[int, int, int, int]]
 
 
 class Timeline:
@@ -27,6 +34,37 @@ class Timeline:
     def check(self, name: str, ok: bool, detail: str) -> bool:
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}: {detail}", file=self.out, flush=True)
         return ok
+
+    def serving(self, now: Serving, requests: list[Result] | None) -> None:
+        """One line: Ready replicas by pool, and what came of the requests since the last line."""
+        pools = "; ".join(
+            f"{name} {ready + extra} Ready ({ready}/{want} primary"
+            + (f" + {extra}/{wanted} overflow" if wanted or extra else "")
+            + ")"
+            for name, (ready, want, extra, wanted) in sorted(now.items())
+        )
+        line = f"inference: {pools}"
+        if requests:
+            got = stats("", requests, 0)
+            line += f" | {got.served} served, {got.failed} failed since the last line, p99 {got.p99_ms or 0:.0f} ms"
+        self.say(line)
+
+    def phases(self, rows: list[Stats]) -> None:
+        self.say(
+            "requests to the inference Service, by phase of the run:\n" + "\n".join(r.line() for r in rows)
+        )
+
+
+def serving(deployments: list[dict]) -> Serving:
+    """Ready and wanted replicas of each workload, its overflow companion's counted apart."""
+    out: dict[str, list[int]] = {}
+    for d in deployments:
+        primary = (d["metadata"].get("labels") or {}).get(OVERFLOW_OF_LABEL)
+        counts = out.setdefault(primary or d["metadata"]["name"], [0, 0, 0, 0])
+        at = 2 if primary else 0
+        counts[at] += (d.get("status") or {}).get("readyReplicas", 0)
+        counts[at + 1] += d["spec"].get("replicas", 1)
+    return {name: (a, b, c, e) for name, (a, b, c, e) in out.items()}
 
 
 @contextlib.contextmanager
