@@ -39,14 +39,12 @@ from trainops_devcluster.kueue_api import (
     NOT_READY_MESSAGE,
     PODS_READY,
     PODS_READY_TIMEOUT,
-    PODSET_LABEL,
     PRIORITY_CLASSES,
     PRIORITY_LABEL,
     QUEUE_LABEL,
     QUOTA_RESERVED,
     REQUEUED,
     WAIT_FOR_START,
-    WORKLOAD_ANNOTATION,
     WORKLOADS,
     Release,
     Writer,
@@ -272,7 +270,7 @@ class KueueController(Controller):
             self.writer.event(job, "Warning", "WorkloadPriorityClassNotFound", message, JOB_COMPONENT)
 
     def _start_job(self, job: dict, workload: dict) -> None:
-        """Unsuspend with the flavors' nodeLabels, tolerations, the podset label and workload annotation."""
+        """Unsuspend with the flavors' nodeLabels and tolerations and the release's labels and annotations."""
         admission = workload["status"]["admission"]
         assignment = admission["podSetAssignments"][0]
         node_labels: dict = {}
@@ -290,8 +288,10 @@ class KueueController(Controller):
             if tolerations:
                 existing = pod.get("tolerations") or []
                 pod["tolerations"] = existing + [t for t in tolerations if t not in existing]
-            meta.setdefault("labels", {})[PODSET_LABEL] = assignment["name"]
-            meta.setdefault("annotations", {})[WORKLOAD_ANNOTATION] = workload["metadata"]["name"]
+            labels, annotations = self.release.pod_marks(workload, assignment)
+            meta["labels"] = {**(meta.get("labels") or {}), **labels}
+            if annotations:
+                meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
             j["spec"]["suspend"] = False
 
         if self.writer.write(JOBS, job, change):

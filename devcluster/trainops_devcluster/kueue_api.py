@@ -73,6 +73,19 @@ class Release:
             return INADMISSIBLE if reason == INADMISSIBLE else PENDING
         return reason
 
+    def pod_marks(self, workload: dict, assignment: dict) -> tuple[dict, dict]:
+        """The labels and annotations Kueue puts on an admitted PodSet's pod template: the podset label;
+        from 0.17 the queue-name labels (``AssignQueueLabelsForPods``) and the workload annotation
+        (0.13 writes that one only with TAS on, off by default there)."""
+        labels = {PODSET_LABEL: assignment["name"]}
+        if self.version == "v1beta1":
+            return labels, {}
+        queues = {
+            f"{GROUP}/local-queue-name": workload["spec"].get("queueName", ""),
+            f"{GROUP}/cluster-queue-name": workload["status"]["admission"]["clusterQueue"],
+        }
+        return labels | queues, {WORKLOAD_ANNOTATION: workload["metadata"]["name"]}
+
     @property
     def local_queue_usage(self) -> str:
         """The LocalQueue status field of admitted usage (v1beta2 renamed ``flavorUsage``)."""

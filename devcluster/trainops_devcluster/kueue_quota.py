@@ -147,7 +147,7 @@ def fit_workload(workload: dict, groups: list[ResourceGroup], usage: Usage, node
             if not wanted:
                 continue
             choice, why = _choose_flavor(
-                group, wanted, usage + fit.usage, spec.get("nodeSelector") or {}, node_labels
+                group, wanted, usage + fit.usage, fit.usage, spec.get("nodeSelector") or {}, node_labels
             )
             if choice is None:
                 return Fit(
@@ -168,8 +168,10 @@ def fit_workload(workload: dict, groups: list[ResourceGroup], usage: Usage, node
 
 
 def _choose_flavor(
-    group: ResourceGroup, wanted: dict, usage: Usage, node_selector: dict, node_labels: dict
+    group: ResourceGroup, wanted: dict, usage: Usage, previous: Usage, node_selector: dict, node_labels: dict
 ) -> tuple[str | None, tuple[str, str]]:
+    """The first flavor of ``group`` with room for ``wanted`` (``usage``: the queue's, with the
+    Workload's earlier PodSets, which are ``previous``), or why none has (Kueue's flavor assigner's words)."""
     reasons = []
     for flavor in group.flavors:
         labels = node_labels.get(flavor.name) or {}
@@ -184,12 +186,14 @@ def _choose_flavor(
             if nominal is None:
                 reasons.append(("NoMatchingFlavor", f"resource {name} unavailable in flavor {flavor.name}"))
                 break
-            if value > nominal:
+            before = Decimal(previous[(flavor.name, name)])
+            if before + value > nominal:
                 reasons.append(
                     (
                         "ExceedsMaxQuota",
-                        f"insufficient quota for {name} in flavor {flavor.name}, request > maximum capacity "
-                        f"({format_quantity(value)} > {format_quantity(nominal)})",
+                        f"insufficient quota for {name} in flavor {flavor.name}, previously considered podsets "
+                        f"requests ({format_quantity(before)}) + current podset request ({format_quantity(value)}) "
+                        f"> maximum capacity ({format_quantity(nominal)})",
                     )
                 )
                 break

@@ -226,6 +226,9 @@ class Scheduler:
             f"Preempted to accommodate a workload (UID: {meta['uid']}, JobUID: "
             f"{meta.get('labels', {}).get(JOB_UID_LABEL, 'UNKNOWN')}) due to prioritization in the ClusterQueue"
         )
+        if self.release.version == "v1beta2":  # 0.19+ names where both sit in the cohort tree
+            path = f"/{victim['status']['admission']['clusterQueue']}"
+            message += f"; preemptor path: {path}; preemptee path: {path}"
 
         def change(w: dict) -> None:
             self.writer.set(w, EVICTED, True, "Preempted", message)

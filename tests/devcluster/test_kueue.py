@@ -326,7 +326,12 @@ def test_admission_reserves_quota_and_starts_the_job_with_the_flavor_injected(ma
     template = job["spec"]["template"]
     assert template["spec"]["nodeSelector"] == {"zone": "a", "gpu-pool": "shared"}
     assert template["spec"]["tolerations"] == [TOLERATION]
-    assert template["metadata"]["labels"] == {"app": "run", "kueue.x-k8s.io/podset": "main"}
+    assert template["metadata"]["labels"] == {
+        "app": "run",
+        "kueue.x-k8s.io/podset": "main",
+        "kueue.x-k8s.io/local-queue-name": LQ,
+        "kueue.x-k8s.io/cluster-queue-name": CQ,
+    }
     assert template["metadata"]["annotations"] == {"kueue.x-k8s.io/workload": workload["metadata"]["name"]}
     status = wait_for(
         lambda: cluster.cq_status().get("admittedWorkloads") == 1 and cluster.cq_status(), "CQ status"
@@ -554,9 +559,9 @@ def test_higher_priority_preempts_lower_and_the_preempted_run_is_requeued(make_c
     )
     high_uid = cluster.workload("high")["metadata"]["uid"]
     assert has(victim, "Preempted", "True", "InClusterQueue")
-    assert (
-        f"(UID: {high_uid}, JobUID: {cluster.job('high')['metadata']['uid']})"
-        in cond(victim, "Preempted")["message"]
+    assert cond(victim, "Preempted")["message"] == (
+        f"Preempted to accommodate a workload (UID: {high_uid}, JobUID: {cluster.job('high')['metadata']['uid']}) "
+        f"due to prioritization in the ClusterQueue; preemptor path: /{CQ}; preemptee path: /{CQ}"
     )
     wait_for(  # written just after the victim's eviction
         lambda: has(cluster.workload("high"), "QuotaReserved", "False", "WaitingForPreemptedWorkloads"),
@@ -613,7 +618,7 @@ def test_kueue_0_13_names_the_priority_class_its_way_and_says_only_pending_or_in
     assert (cond(big, "QuotaReserved")["reason"], cond(big, "QuotaReserved")["message"]) == (
         "Pending",
         "couldn't assign flavors to pod set main: insufficient quota for nvidia.com/gpu in flavor gpu-shared, "
-        "request > maximum capacity (16 > 8)",
+        "previously considered podsets requests (0) + current podset request (16) > maximum capacity (8)",
     )
     wait_for(lambda: has(cluster.workload("lost"), "QuotaReserved", "False", "Inadmissible"), "Inadmissible")
     rdma = wait_for(
@@ -627,7 +632,11 @@ def test_kueue_0_13_names_the_priority_class_its_way_and_says_only_pending_or_in
     )
 
     cluster.submit("low", gpus=8, priority="low")
-    cluster.running("low")
+    template = cluster.running("low")["spec"]["template"]["metadata"]
+    # 0.13: no queue-name labels (0.17+) and the workload annotation only with TAS on
+    assert template["labels"] == {"app": "low", "kueue.x-k8s.io/podset": "main"} and not template.get(
+        "annotations"
+    )
     lq = wait_for(
         lambda: (
             cluster.store.get(LQS, NS, LQ)["status"].get("admittedWorkloads") == 1
@@ -647,6 +656,9 @@ def test_kueue_0_13_names_the_priority_class_its_way_and_says_only_pending_or_in
         "gpu-shared, 8 more needed. Pending the preemption of 1 workload(s)",
     )
     assert has(cluster.workload("low"), "Evicted", "True", "Preempted")
+    assert cond(cluster.workload("low"), "Preempted")["message"].endswith(
+        "due to prioritization in the ClusterQueue"
+    )
 
 
 @pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])

@@ -4,12 +4,13 @@
   signal present, no ``-unfinished`` marker.
 - ``metadata``: also reads the small metadata objects (manifest and ``_COMMITTED``, DCP
   ``.metadata``, ``trainer_state.json``, safetensors headers) and checks every file's size and
-  ETag from the listing against them.  No request per shard.
+  ETag from the listing against them.  No request per shard; the commonest ones are read together.
 - ``deep``: also streams every object and recomputes its ETag and S3 checksum.
 """
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -17,7 +18,7 @@ from typing import Any
 from botocore.exceptions import BotoCoreError, ClientError
 
 from trainops.checkpoints import formats, integrity
-from trainops.checkpoints.formats.base import DEEP, LEVELS, METADATA, Checkpoint, step_from_name
+from trainops.checkpoints.formats.base import DEEP, LEVELS, METADATA, STRUCTURAL, Checkpoint, step_from_name
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
 from trainops.errors import TemporaryError
@@ -99,7 +100,10 @@ def verify_checkpoint(
         result.reasons = [f"no objects under {uri}"]
         return result
     try:
-        result.format, reasons = formats.check(checkpoint, level)
+        with ThreadPoolExecutor(len(formats.PREFETCH)) as pool:
+            if level != STRUCTURAL:
+                checkpoint.prefetch(formats.PREFETCH, pool)
+            result.format, reasons = formats.check(checkpoint, level)
         if level == DEEP and not reasons:
             reasons = integrity.check_contents(store, uri, files)
     except _UNAVAILABLE:

@@ -23,6 +23,12 @@ FRAMEWORKS: list[tuple[str, Detector, Checker]] = [
     ("torchtitan", lambda c: c.name.startswith("step-") and dcp.looks_like_dcp(c.files), dcp.check),
     ("dcp", lambda c: dcp.looks_like_dcp(c.files), dcp.check),
 ]
+# What the commonest layouts read first (the trainops commit and DCP's .metadata): verify reads them together.
+PREFETCH = {
+    manifest.MANIFEST_FILE: manifest.MANIFEST_READ_LIMIT,
+    manifest.COMMITTED_FILE: manifest.COMMITTED_READ_LIMIT,
+    dcp.METADATA_FILE: dcp.METADATA_LIMIT,
+}
 UNRECOGNISED = (
     "no recognised checkpoint layout (trainops manifest, DCP .metadata, Hugging Face trainer_state.json, "
     "Megatron iter_N, DeepSpeed tag, NeMo)"

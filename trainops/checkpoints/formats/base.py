@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 
 from trainops.checkpoints.store import CheckpointStore, ObjectInfo
@@ -44,6 +45,7 @@ class Checkpoint:
     sibling_names: set[str] | None = None
     _sibling_seen: dict[str, bool] = field(default_factory=dict, repr=False)
     _unfinished_uploads: set[str] | None = field(default=None, repr=False)
+    _prefetched: dict[str, tuple[int, Future]] = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -54,7 +56,18 @@ class Checkpoint:
         return step_from_name(self.name)
 
     def read(self, relative_key: str, *, limit: int = METADATA_READ_LIMIT) -> bytes | None:
+        prefetched = self._prefetched.pop(relative_key, None)
+        if prefetched is not None and prefetched[0] == limit:
+            return prefetched[1].result()
         return self.store.read(self.uri.bucket, self.uri.key(relative_key), limit=limit)
+
+    def prefetch(self, wanted: dict[str, int], pool: Executor) -> None:
+        """Start reading, all at once on ``pool``, the objects of ``wanted`` (relative key -> size limit)
+        the listing has: the checks read them one after another, and ``read`` takes them from here."""
+        for key, limit in wanted.items():
+            if key in self.files and key not in self._prefetched:
+                future = pool.submit(self.store.read, self.uri.bucket, self.uri.key(key), limit=limit)
+                self._prefetched[key] = (limit, future)
 
     def has_sibling(self, name: str) -> bool:
         """Whether a file ``name`` exists beside the checkpoint (in its parent directory)."""
