@@ -61,6 +61,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--system-nodes", type=int, default=2, help="untainted CPU nodes for system pods (default 2)"
     )
     up.add_argument(
+        "--virtual-nodes",
+        type=int,
+        default=0,
+        help="Virtual-Kubelet-like nodes, an overflow pool for inference: type=virtual-kubelet, tainted "
+        "virtual-kubelet.io/provider (default 0)",
+    )
+    up.add_argument(
         "--kubeconfig", type=Path, default=Path("devcluster.kubeconfig"), help="kubeconfig to write"
     )
     up.add_argument("--seed", type=int, default=0, help="seed for the simulated telemetry")
@@ -160,6 +167,7 @@ def run_up(args: argparse.Namespace) -> int:
             seed=args.seed,
             probe_gemm=not args.no_probe_gemm,
             system_nodes=args.system_nodes,
+            virtual_nodes=args.virtual_nodes,
             prometheus=not args.no_prometheus,
             scrape_interval_s=args.scrape_interval,
             prometheus_port=args.prometheus_port,
