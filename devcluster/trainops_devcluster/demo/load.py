@@ -132,7 +132,8 @@ class Load:
             f"--rate={self.rate}",
             f"--timeout={self.timeout_s}",
         ]
-        self._child = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        # its stdin is a pipe from this process: it stops when this process ends, however it ends
+        self._child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self._reader = threading.Thread(target=self._read, name="load-results", daemon=True)
         self._reader.start()
         return self
@@ -191,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sender = Sender(args.address, args.rate, args.timeout)
     signal.signal(signal.SIGTERM, lambda *_: sender.stopped.set())
+    threading.Thread(target=lambda: (sys.stdin.read(), sender.stopped.set()), daemon=True).start()
     sender.run()
     return 0
 
