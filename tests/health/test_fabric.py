@@ -64,14 +64,23 @@ def test_an_ethernet_mode_nic_beside_infiniband_is_not_judged():
 
 
 def test_roce_with_a_storage_nic_needs_its_hca_list():
-    def unused_port(telemetry):
-        pass  # mlx5_9 is down and disabled: an unused port of the storage NIC
-
-    assert judged("l40s/roce-200+eth", change=unused_port).verdict == "quarantine"  # all Ethernet ports count
+    undescribed = judged("l40s/roce-200+eth")  # mlx5_9, an unused storage port, is down; mlx5_8 runs at 100
+    assert undescribed.verdict == "exclude", undescribed.reasons  # never quarantined for it
+    assert rows(undescribed) == {"ib_state", "ib_phys_state", "ib_rate"}
+    assert "Name the fabric's HCAs as NCCL_IB_HCA does" in undescribed.reasons[0]
     roce = {"roce": {"link_layer": "Ethernet", "hcas": "^mlx5_8,mlx5_9"}}
     verdict = judged("l40s/roce-200+eth", roce, node_labels={"trainops.io/fabric": "roce"})
     assert verdict.verdict in USABLE, verdict.reasons
     assert any("not in its HCA list" in line for line in verdict.not_applicable)
+
+
+def test_a_roce_port_down_is_a_fault_once_the_fabric_is_described():
+    def down(telemetry):
+        telemetry.ib_down(device="mlx5_2")
+
+    assert judged("l40s/roce-200", change=down).verdict == "exclude"
+    described = judged("l40s/roce-200", {"default": {"link_layer": "Ethernet"}}, change=down)
+    assert described.verdict == "quarantine" and rows(described) == {"ib_state", "ib_phys_state"}
 
 
 def test_the_expected_rate_comes_from_the_clusters_fabric_never_a_fixed_400():

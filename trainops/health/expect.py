@@ -245,6 +245,22 @@ def _gpus_missing(report: HealthReport, node: Mapping[str, Any] | None, gpus: di
     return Signal(max(0, max(counts) - seen.value))
 
 
+def _unjudged_ethernet(key: str, signals: Signals, shortfall: Signal, fabric: Fabric) -> Signals:
+    """A down or slower Ethernet port of an undescribed fabric: unknown, naming what tells (the HCAs)."""
+    fix = (
+        f"a RoCE fabric port, or a NIC beside the fabric? Name the fabric's HCAs as NCCL_IB_HCA does "
+        f"(fabrics: {{{fabric.name!r}: {{'hcas': 'mlx5_0,mlx5_1,...'}}}}, or 'rate_gbps') to judge it"
+    )
+    out: Signals = {}
+    if get_signal(signals, "ib_state").value != "ACTIVE":
+        out["ib_state"] = out["ib_phys_state"] = Signal.unknown(f"Ethernet port {key} is down: {fix}")
+    if fabric.rate_gbps is None and shortfall.known and shortfall.value > 0:
+        out["ib_rate_shortfall_gbps"] = Signal.unknown(
+            f"Ethernet port {key} is slower than the node's others: {fix}"
+        )
+    return out
+
+
 def _units(report: HealthReport) -> Signal:
     """What the device plugin would advertise from what NVML sees: each MIG device, each GPU without MIG."""
     total = 0
@@ -360,12 +376,18 @@ def _fabric(
             chosen[key] = signals
     rates = [s["ib_rate_gbps"].value for s in chosen.values() if get_signal(s, "ib_rate_gbps").known]
     expected = fabric.rate_gbps or (max(rates) if rates else None)
+    # Ethernet ports of a fabric nobody described: a RoCE fabric's, or a storage NIC's beside it? A port
+    # down or slower than the others is then a question to answer with the fabric's HCAs, not a fault.
+    guessed = fabric.link_layer == "auto" and not fabric.hcas and layer == "Ethernet"
     for key, signals in chosen.items():
         rate = get_signal(signals, "ib_rate_gbps")
-        ports[key] = {
-            "ib_rate_shortfall_gbps": Signal(max(0.0, expected - rate.value)) if rate.known else rate
-        }
+        shortfall = Signal(max(0.0, expected - rate.value)) if rate.known else rate
+        ports[key] = {"ib_rate_shortfall_gbps": shortfall}
+        if guessed:
+            ports[key].update(_unjudged_ethernet(key, signals, shortfall, fabric))
     wanted = fabric.ports or _count(labels.get(IB_PORT_COUNT_LABEL))
+    if guessed and wanted is None:  # a port that is down may be one of them: count those that are up
+        chosen = {key: s for key, s in chosen.items() if get_signal(s, "ib_state").value == "ACTIVE"}
     missing = (
         Signal(max(0, wanted - len(chosen)))
         if wanted
