@@ -14,6 +14,7 @@ from trainops.health.slowdown import (
     SLOWDOWN_ANNOTATION,
     Slowdown,
     node_step_seconds,
+    nodes_by_rank,
     record,
     recorded,
     slow_nodes,
@@ -121,3 +122,59 @@ def test_a_malformed_annotation_is_no_slowdown():
         )
         is None
     )
+
+
+def test_a_resume_leaves_out_the_node_the_attempts_step_times_show_slow(make_devcluster, s3, bucket):
+    """The attempt's last heartbeat says node rank 2 computed its steps 50% slower than the others: the
+    judgement of the attempt keeps that node out of the next attempt and on the node for the next gate."""
+    import sys
+
+    from tests.devcluster.ctrl_support import wait_for
+    from trainops.capacity.procedure import claim
+    from trainops.checkpoints.store import CheckpointStore
+    from trainops.kube.client import Kube
+    from trainops.training.attempts import RunLedger
+    from trainops.training.cluster import GangCluster
+    from trainops.training.follow import Outcome, Status
+    from trainops.training.runner import Decision, GangRun
+    from trainops.training.spec import TrainingSpec
+
+    cluster = make_devcluster(nodes=6, process_env=s3.env())
+    kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
+    nodes = ["gpu-node-003", "gpu-node-004", "gpu-node-005"]
+    claim(kube, "dag/slow", nodes, cluster_queue="training")
+    spec = TrainingSpec(
+        image="devcluster.trainops.io/local",
+        command=[sys.executable, "-m", "trainops_devcluster.demo.trainer"],
+        args=["--steps", "400", "--step-seconds", "0.05"],
+        run_uri=f"s3://{bucket}/runs/slow/",
+        nodes=3,
+        node_names=nodes,
+    )
+    calls = GangCluster(kube)
+    run = GangRun(spec, "dag", "slow", calls, CheckpointStore(), RunLedger(), lambda _: None)
+    record_, _ = run.start()
+    running = wait_for(
+        lambda: (
+            [p for p in calls.job_pods("training", record_.job) if p["status"].get("phase") == "Running"]
+            if len(calls.job_pods("training", record_.job)) == 3
+            else None
+        ),
+        "three running pods",
+    )
+    placed = nodes_by_rank(running)
+    slow_node = placed["2"]
+    cluster.inject("crash-job", f"training/{record_.job}")
+    beat = {"step": 120, "time": time.time(), "node_step_s": {"0": 1.0, "1": 1.02, "2": 1.5}}
+
+    verdict = run.finish(
+        Outcome(
+            Status.FAILED, "pods failed", record_.job, calls.job_pods("training", record_.job), heartbeat=beat
+        ).to_dict()
+    )
+
+    assert verdict.decision is Decision.RETRY
+    assert run.ledger.excluded[slow_node].startswith("slowed down in training of run dag/slow: 1.5s per step")
+    kept = recorded(cluster.store.get("nodes", "", slow_node)["metadata"]["annotations"])
+    assert (kept.node, kept.pct_slower, kept.run) == (slow_node, 47.1, "dag/slow")
+    assert set(run.ledger.excluded) == {slow_node}

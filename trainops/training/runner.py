@@ -32,6 +32,9 @@ from enum import StrEnum
 from trainops.checkpoints.owner import claim_run_path
 from trainops.checkpoints.store import CheckpointStore
 from trainops.errors import PermanentError
+from trainops.health.slowdown import record as record_slowdown
+from trainops.health.slowdown import slowed_in_run
+from trainops.kube.retry import Deadline
 from trainops.training import follow
 from trainops.training.attempts import UNRECORDED, AttemptRecord, Phase, RunLedger
 from trainops.training.blame import quarantine_node
@@ -86,6 +89,7 @@ def latest_checkpoint(run_uri: str, store: CheckpointStore) -> tuple[Checkpoint,
     return Checkpoint(found.uri, found.step, f"verified at level {found.level} ({found.format})"), skipped
 
 
+SLOWDOWN_WRITE_S = 60.0  # how long recording a slowed node on the Node may retry
 _STATUS_KIND = {  # how the follower ended an attempt -> the failure it is judged as
     Status.HANG: FailureKind.HANG,
     Status.HEARTBEAT_UNREADABLE: FailureKind.HEARTBEAT_UNREADABLE,
@@ -406,6 +410,7 @@ class GangRun:
     # ---- finish ------------------------------------------------------------------------
     def finish(self, event: dict) -> Verdict:
         outcome = follow.Outcome(**event)
+        self._keep_out_slowed(outcome)
         for message in outcome.preemptions:
             self.ledger.preemptions += 1
             self.log.info("preempted and requeued by Kueue (no resume used): %s", message)
@@ -418,6 +423,15 @@ class GangRun:
         verdict = self._judge_failure(outcome)
         self.save()
         return verdict
+
+    def _keep_out_slowed(self, outcome: follow.Outcome) -> None:
+        """Nodes the attempt's own step times (its last heartbeat) show slowed down: kept on the node
+        for the next run's gate, and out of this run's next attempt (``trainops.health.slowdown``)."""
+        run = f"{self.dag_id}/{self.run_id}"
+        for node, slow in sorted(slowed_in_run(outcome.heartbeat, outcome.pods, run).items()):
+            self.log.info("keeping node %s out: %s", node, slow.reason)
+            record_slowdown(self.cluster.core, slow, Deadline(SLOWDOWN_WRITE_S))
+            self.ledger.exclude(node, slow.reason)
 
     def _judge_failure(self, outcome: follow.Outcome) -> Verdict:
         """The verdict on a failed attempt, recorded on it (a try after a lost worker reads it)."""
