@@ -137,6 +137,8 @@ def _print_once(report: HealthReport, as_json: bool) -> int:
         print(f"{report.node}: {verdict.verdict} (default policy)")
         for reason in verdict.reasons:
             print(f"  {reason}")
+        for line in verdict.not_applicable:
+            print(f"  not applicable: {line}")
     gpu_count = report.signals["gpu_count"]
     if not gpu_count.known:
         print(f"error: GPU health unknown: {gpu_count.reason}", file=sys.stderr)
