@@ -126,7 +126,8 @@ def test_a_malformed_annotation_is_no_slowdown():
 
 def test_a_resume_leaves_out_the_node_the_attempts_step_times_show_slow(make_devcluster, s3, bucket):
     """The attempt's last heartbeat says node rank 2 computed its steps 50% slower than the others: the
-    judgement of the attempt keeps that node out of the next attempt and on the node for the next gate."""
+    judgement of the attempt (here a hang) keeps that node out of the next attempt and on the node for
+    the next gate."""
     import sys
 
     from tests.devcluster.ctrl_support import wait_for
@@ -154,24 +155,17 @@ def test_a_resume_leaves_out_the_node_the_attempts_step_times_show_slow(make_dev
     calls = GangCluster(kube)
     run = GangRun(spec, "dag", "slow", calls, CheckpointStore(), RunLedger(), lambda _: None)
     record_, _ = run.start()
-    running = wait_for(
-        lambda: (
-            [p for p in calls.job_pods("training", record_.job) if p["status"].get("phase") == "Running"]
-            if len(calls.job_pods("training", record_.job)) == 3
-            else None
-        ),
-        "three running pods",
-    )
-    placed = nodes_by_rank(running)
-    slow_node = placed["2"]
-    cluster.inject("crash-job", f"training/{record_.job}")
-    beat = {"step": 120, "time": time.time(), "node_step_s": {"0": 1.0, "1": 1.02, "2": 1.5}}
 
-    verdict = run.finish(
-        Outcome(
-            Status.FAILED, "pods failed", record_.job, calls.job_pods("training", record_.job), heartbeat=beat
-        ).to_dict()
-    )
+    def running() -> list[dict] | None:
+        pods = [p for p in calls.job_pods("training", record_.job) if p["status"].get("phase") == "Running"]
+        return pods if len(pods) == 3 else None
+
+    placed = nodes_by_rank(wait_for(running, "three running pods"))
+    slow_node = placed["2"]
+    beat = {"step": 120, "time": time.time(), "node_step_s": {"0": 1.0, "1": 1.02, "2": 1.5}}
+    # the slow rank holds every step back until the run is judged hung (the follower's verdict)
+    pods = calls.job_pods("training", record_.job)
+    verdict = run.finish(Outcome(Status.HANG, "no progress", record_.job, pods, heartbeat=beat).to_dict())
 
     assert verdict.decision is Decision.RETRY
     assert run.ledger.excluded[slow_node].startswith("slowed down in training of run dag/slow: 1.5s per step")
