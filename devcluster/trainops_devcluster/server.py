@@ -1031,7 +1031,9 @@ def _cancel_if_gone(h: BaseHTTPRequestHandler, window_s: float) -> None:
 def _client_gone(h: BaseHTTPRequestHandler, wait_s: float = 0.0) -> bool:
     """True once the client closed its end of the connection (waiting up to ``wait_s`` for it)."""
     try:
-        readable, _, _ = select.select([h.connection], [], [], wait_s)
+        poller = select.poll()  # not select.select: a fleet's scrapes hold descriptors past its 1,024
+        poller.register(h.connection, select.POLLIN)
+        readable = poller.poll(wait_s * 1000)
         if readable and isinstance(h.connection, ssl.SSLSocket):
             return True  # TLS cannot peek; a client sends nothing but its close alert mid-response
         return bool(readable) and not h.connection.recv(1, 0x2)  # MSG_PEEK
