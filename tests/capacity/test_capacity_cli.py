@@ -23,10 +23,15 @@ def test_status_lists_claimed_nodes_and_return_gives_them_back(devcluster, capsy
     assert {row["holder"] for row in status["nodes"]} == {RUN}
     assert all(row["age_s"] >= 0 and row["quarantined"] is False for row in status["nodes"])
     assert status["quota_grants"] == {RUN: {"flavor": "gpu", "gpus": 16}}
+    lent = {"workload": "Deployment inference/llm-chat", "overflow_of": None}
+    assert status["inference_loans"] == {
+        RUN: [{**lent, "fields": [{"path": "spec.replicas", "prior": 8, "set": 7}]}]
+    }
 
     assert main(["capacity", "status", "--kubeconfig", kubeconfig]) == 0
     table = capsys.readouterr().out
     assert all(node in table for node in nodes) and RUN in table and "16 GPUs" in table
+    assert f"inference: {RUN} borrows from Deployment inference/llm-chat: spec.replicas 8 -> 7" in table
 
     assert main(["capacity", "return", "--kubeconfig", kubeconfig, "--run", RUN]) == 0
     assert (

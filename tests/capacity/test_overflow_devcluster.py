@@ -48,7 +48,9 @@ def deployment(cluster, name: str) -> dict | None:
     return cluster.store.find("deployments.apps", "inference", name)
 
 
-def test_a_return_killed_halfway_resumes_and_the_service_never_drops_below_its_replicas(make_devcluster):
+def test_a_return_killed_halfway_resumes_and_the_service_never_drops_below_its_replicas(
+    make_devcluster, capsys
+):
     """8 inference servers on 8 GPU nodes (PDB minAvailable 6), a steady load through their Service;
     a claim of 4 nodes moves 4 replicas to the virtual node first; `trainops capacity return` in waves
     of one node is SIGKILLed after its second wave and run again: every request is served, Ready
@@ -74,6 +76,12 @@ def test_a_return_killed_halfway_resumes_and_the_service_never_drops_below_its_r
         assert deployment(cluster, "chat")["spec"]["replicas"] == 4
         where = nodes_by_app(cluster)["chat"]
         assert where.count("virtual-node-0") == 4 and not set(where) & set(nodes)
+        assert main(["capacity", "status", "--kubeconfig", kubeconfig, "--json"]) == 0
+        lent = json.loads(capsys.readouterr().out)["inference_loans"][RUN]
+        assert [(loan["workload"], loan["overflow_of"], loan["fields"][0]["set"]) for loan in lent] == [
+            (f"Deployment {CHAT}", None, 4),
+            (f"Deployment {CHAT}-overflow", f"Deployment {CHAT}", 4),
+        ]
 
         load.phase("return")
         argv = [sys.executable, "-m", "trainops.cli", "capacity", "return", "--kubeconfig", kubeconfig]

@@ -101,7 +101,28 @@ def claimed_nodes(nodes: list[dict], now: datetime) -> list[dict]:
     return rows
 
 
+def inference_loans(lenders: dict[str, list]) -> dict[str, list[dict]]:
+    """Per run, what each inference object lends it: the fields it changed (``path``, ``prior``,
+    ``set``), and the primary Deployment when the object is an overflow companion."""
+    from trainops.capacity.loans import loans_of
+    from trainops.capacity.overflow import primary_of
+
+    out: dict[str, list[dict]] = {}
+    for run, objects in sorted(lenders.items()):
+        for ref, obj in objects:
+            primary = primary_of(ref, obj)
+            fields = [
+                {"path": ".".join(e["path"]), "prior": e["prior"], "set": e["set"]}
+                for e in loans_of(obj)[run]
+            ]
+            out.setdefault(run, []).append(
+                {"workload": str(ref), "fields": fields, "overflow_of": str(primary) if primary else None}
+            )
+    return out
+
+
 def run_status(args: argparse.Namespace) -> int:
+    from trainops.capacity.inference import loans_by_run
     from trainops.capacity.quota import grants_of
     from trainops.kube.nodes import list_nodes
 
@@ -109,8 +130,9 @@ def run_status(args: argparse.Namespace) -> int:
     rows = claimed_nodes(list_nodes(kube.core), datetime.now(UTC))
     queue = kube.get(kube.kueue("clusterqueues", namespaced=False), args.cluster_queue)
     grants = grants_of(queue) if queue else {}
+    loans = inference_loans(loans_by_run(kube.custom, kube.deadline()))
     if args.json:
-        print(json.dumps({"nodes": rows, "quota_grants": grants}, indent=2))
+        print(json.dumps({"nodes": rows, "quota_grants": grants, "inference_loans": loans}, indent=2))
         return 0
     if not rows:
         print("no claimed nodes")
@@ -123,6 +145,14 @@ def run_status(args: argparse.Namespace) -> int:
         print(
             f"ClusterQueue {args.cluster_queue}: {run} holds {grant['gpus']} GPUs of flavor {grant['flavor']}"
         )
+    for run, lent in loans.items():
+        for loan in lent:
+            changed = (
+                ", ".join(f"{f['path']} {f['prior']} -> {f['set']}" for f in loan["fields"])
+                or "nothing scaled"
+            )
+            where = f" (overflow pool of {loan['overflow_of']})" if loan["overflow_of"] else ""
+            print(f"inference: {run} borrows from {loan['workload']}{where}: {changed}")
     return 0
 
 
