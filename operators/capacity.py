@@ -68,6 +68,8 @@ class ClaimNodesOperator(BaseOperator):
     :param poll_interval_s: how often the deferred wait looks at the nodes.
     :param api_deadline_s: seconds each API step may keep retrying conflicts and 429/5xx answers.
     :param drain_deadline_s: seconds for inference pods to leave the claimed nodes (PDBs may slow it).
+    :param ready_deadline_s: seconds for the replicas made in an overflow pool to be Ready (a model
+        server that pulls its image and loads its weights there may need long).
     """
 
     template_fields: Sequence[str] = (
@@ -102,6 +104,7 @@ class ClaimNodesOperator(BaseOperator):
         poll_interval_s: float = 10,
         api_deadline_s: float = 120,
         drain_deadline_s: float = 600,
+        ready_deadline_s: float = 600,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -121,7 +124,7 @@ class ClaimNodesOperator(BaseOperator):
         self.kubernetes_conn_id = kubernetes_conn_id
         self.wait_for_nodes_s = wait_for_nodes_s
         self.poll_interval_s = poll_interval_s
-        self.deadlines = Deadlines(api_s=api_deadline_s, drain_s=drain_deadline_s)
+        self.deadlines = Deadlines(api_s=api_deadline_s, drain_s=drain_deadline_s, ready_s=ready_deadline_s)
 
     @translate_errors
     def execute(self, context) -> dict:
