@@ -87,8 +87,10 @@ def lifecycle_conf(bucket: str, run_name: str, command=TRAINER, **params) -> dic
 
 
 def writes(cluster) -> list[dict]:
-    """The API writes (create/update/patch/delete) the devcluster served."""
-    return [e for e in cluster.server.audit.entries() if e["verb"] in WRITES]
+    """The API writes (create/update/patch/delete) the devcluster served to trainops (the workers'
+    ServiceAccount): the fixtures' own, such as applying deploy/rbac.yaml, are not the run's."""
+    worker = "system:serviceaccount:{}:{}".format(*WORKER)
+    return [e for e in cluster.server.audit.entries() if e["verb"] in WRITES and e["user"] == worker]
 
 
 @dataclass
