@@ -186,7 +186,7 @@ def test_the_reaper_finds_a_run_whose_return_stopped_after_its_nodes(devcluster)
     )
     for name in held(devcluster):  # what the return had done when it was killed
         edit_node(kube.core, name, release(RUN), Deadline(30))
-    set_grant(kube.custom, "training", RUN, 0, Deadline(30))
+    set_grant(kube, "training", RUN, 0, Deadline(30))
     assert lent(deployment(devcluster, "llm-chat-overflow"), RUN) == 2
 
     summary = reap(kube, lambda run: False, cluster_queue="training", grace_s=0, training_namespace=None)

@@ -206,7 +206,7 @@ def claim(
         lending.lend(ref, summary)
     summary.evictions = drain(kube.core, set(nodes), Deadline(deadlines.drain_s), deadlines.drain_stall_s)
     log.info("drained %d node(s): %d pod(s) evicted", len(nodes), summary.evictions)
-    if set_grant(kube.custom, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
+    if set_grant(kube, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
         log.info("ClusterQueue %s: %s quota of this run set to %d", cluster_queue, GPU_RESOURCE, summary.gpus)
     return summary
 
@@ -419,7 +419,7 @@ def give_back(
             ) from error
 
     try:
-        taken = set_grant(kube.custom, cluster_queue, run, 0, Deadline(deadlines.api_s))
+        taken = set_grant(kube, cluster_queue, run, 0, Deadline(deadlines.api_s))
         summary.quota_returned = grants_of(taken.before).get(run, {}).get("gpus", 0)
         if taken.wrote:
             log.info("ClusterQueue %s: %s quota of this run taken back", cluster_queue, GPU_RESOURCE)

@@ -15,9 +15,8 @@ import json
 
 from trainops.conventions import GPU_RESOURCE
 from trainops.errors import PermanentError
-from trainops.kube.client import MERGE_PATCH
-from trainops.kube.guarded import Edited, edit
-from trainops.kube.kueue import resource
+from trainops.kube.client import Kube
+from trainops.kube.guarded import Edited
 from trainops.kube.retry import Deadline
 
 GRANTS_ANNOTATION = "trainops.io/quota-grants"
@@ -91,18 +90,16 @@ def _quantity_plus(quantity: str | int, delta: int) -> str | int:
 
 
 def set_grant(
-    custom, cluster_queue: str, run: str, gpus: int, deadline: Deadline, flavor: str | None = None
+    kube: Kube, cluster_queue: str, run: str, gpus: int, deadline: Deadline, flavor: str | None = None
 ) -> Edited:
-    """Make ``run``'s GPU grant on ClusterQueue ``cluster_queue`` equal ``gpus`` (0 takes it back).
+    """Make ``run``'s GPU grant on ClusterQueue ``cluster_queue`` equal ``gpus`` (0 takes it back), at
+    the Kueue version the cluster serves.
 
-    ``custom``: a ``kubernetes.client.CustomObjectsApi``.  Idempotent; writes nothing when the
-    record already matches.
+    Idempotent; writes nothing when the record already matches.
     """
-    args = (*resource(custom, "clusterqueues"), cluster_queue)
-    return edit(
-        lambda: custom.get_cluster_custom_object(*args),
-        lambda body: custom.patch_cluster_custom_object(*args, body, _content_type=MERGE_PATCH),
+    return kube.edit(
+        kube.kueue("clusterqueues", namespaced=False),
+        cluster_queue,
         lambda cq: grant_patch(cq, run, gpus, flavor),
-        deadline,
-        f"ClusterQueue {cluster_queue}",
+        deadline=deadline,
     )
