@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import copy
-import json
 import threading
 
 from trainops.conventions import GPU_POOL_LABEL, HEALTH_SUMMARY_ANNOTATION
+from trainops.kube import client as api
 from trainops.kube.client import Kube
-from trainops.kube.kueue import resource
 
 MANAGED = ("resourceVersion", "generation", "managedFields")
 DEPLOYMENTS = ["inference/llm-chat", "inference/embeddings"]
@@ -37,30 +36,20 @@ def default_seeded_objects(cluster) -> None:
     The devcluster seeds its store directly, so it lacks the defaults the API server fills in on
     every write (``queueingStrategy``...); a real cluster never serves it so.  (Deployments are
     compared without their pod template for the same reason: defaulting it would roll them out.)"""
-    custom = kube_for(cluster).custom
-    custom.patch_cluster_custom_object(
-        *resource(custom, "clusterqueues"),
-        "training",
-        {},
-        _content_type="application/merge-patch+json",
-    )
+    kube = kube_for(cluster)
+    kube.patch(kube.kueue("clusterqueues", namespaced=False), "training", {})
 
 
 def snapshot(cluster) -> dict:
     """Nodes, Deployments, PDBs and ClusterQueues as the API serves them, for exact before/after comparison."""
-    custom = kube_for(cluster).custom
+    kube = kube_for(cluster)
     kinds = {
-        "nodes": ("", "v1", "nodes"),
-        "deployments": ("apps", "v1", "deployments"),
-        "poddisruptionbudgets": ("policy", "v1", "poddisruptionbudgets"),
-        "clusterqueues": resource(custom, "clusterqueues"),
+        "nodes": api.NODES,
+        "deployments": api.DEPLOYMENTS,
+        "poddisruptionbudgets": api.Kind("policy", "v1", "poddisruptionbudgets"),
+        "clusterqueues": kube.kueue("clusterqueues", namespaced=False),
     }
-    found = {"nodes": kube_for(cluster).core.list_node(_preload_content=False)}
-    out = {"nodes": {o["metadata"]["name"]: _object(o) for o in json.loads(found["nodes"].data)["items"]}}
-    for name, (group, version, plural) in kinds.items():
-        if group:
-            items = custom.list_cluster_custom_object(group, version, plural)["items"]
-            out[name] = {o["metadata"]["name"]: _object(o) for o in items}
+    out = {name: {o["metadata"]["name"]: _object(o) for o in kube.list(kind)} for name, kind in kinds.items()}
     for deployment in out["deployments"].values():
         deployment["spec"] = {k: deployment["spec"].get(k) for k in ("replicas", "selector")}
     return out

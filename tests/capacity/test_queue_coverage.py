@@ -13,7 +13,6 @@ from tests.devcluster.ctrl_support import wait_for
 from tests.training.conftest import idle_nodes
 from trainops.capacity.coverage import QueueMismatch, check_queue
 from trainops.capacity.procedure import claim, give_back
-from trainops.kube import kueue
 from trainops.kube.client import Kube
 from trainops.kube.retry import Deadline
 from trainops.training.cluster import GangCluster
@@ -27,16 +26,13 @@ RDMA_RUN = ["nvidia.com/gpu", "rdma/ib", "cpu", "memory"]
 def test_the_queue_is_checked_with_reads_only_and_refused_with_the_fix(make_devcluster, version):
     cluster = make_devcluster(nodes=2, kueue_config=KueueConfig(version=version))
     kube = Kube.from_kubeconfig(str(cluster.kubeconfig))
-    custom = kube.custom
     other = {
         "apiVersion": f"kueue.x-k8s.io/{version}",
         "kind": "LocalQueue",
         "metadata": {"name": "other", "namespace": "training"},
         "spec": {"clusterQueue": "elsewhere"},
     }
-    custom.create_namespaced_custom_object(
-        *kueue.resource(custom, "localqueues")[:2], "training", "localqueues", other
-    )
+    kube.create(other, kube.kueue("localqueues"))
     cluster.server.audit.clear()
 
     def check(local_queue="training", resources=RDMA_RUN, cluster_queue="training", priority_class=None):

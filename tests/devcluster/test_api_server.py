@@ -706,7 +706,7 @@ def test_a_request_whose_client_closed_the_connection_is_cancelled_not_applied(a
 
 @pytest.mark.parametrize(("served", "other"), [("v1beta1", "v1beta2"), ("v1beta2", "v1beta1")])
 def test_kueue_is_served_at_one_version_which_trainops_discovers_once_per_client(tmp_path, served, other):
-    from trainops.kube import kueue
+    from trainops.kube.client import Kube
 
     api = LocalApi(tmp_path, kueue_version=served)
     try:
@@ -716,15 +716,15 @@ def test_kueue_is_served_at_one_version_which_trainops_discovers_once_per_client
         assert api.raw("GET", f"/apis/kueue.x-k8s.io/{other}/clusterqueues")[0] == 404
         assert f"apis/kueue.x-k8s.io/{served}" in api.raw("GET", "/openapi/v3")[2]["paths"]
 
-        custom = client.CustomObjectsApi(api.client)
+        kube = Kube(api.client)
         flavor = {
             "apiVersion": f"kueue.x-k8s.io/{served}",
             "kind": "ResourceFlavor",
             "metadata": {"name": "gpu"},
         }
-        custom.create_cluster_custom_object(*kueue.resource(custom, "resourceflavors"), flavor)
-        listed = custom.list_cluster_custom_object(*kueue.resource(custom, "resourceflavors"))
-        assert [f["apiVersion"] for f in listed["items"]] == [f"kueue.x-k8s.io/{served}"]
+        kube.create(flavor, kube.kueue("resourceflavors", namespaced=False))
+        listed = kube.list(kube.kueue("resourceflavors", namespaced=False))
+        assert [f["apiVersion"] for f in listed] == [f"kueue.x-k8s.io/{served}"]
         asked = [e for e in api.server.audit.entries() if e["path"] == "/apis/kueue.x-k8s.io"]
         assert len(asked) == 2  # the raw GET above, then trainops once for this client
     finally:

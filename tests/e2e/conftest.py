@@ -18,7 +18,7 @@ from trainops_devcluster import airflow_home
 
 from tests.training.conftest import heartbeat_step, pods, raw, when
 from trainops.conventions import CLAIMED_BY_ANNOTATION, GPU_RESOURCE, MODE_TAINT, MODE_TRAINING
-from trainops.kube.kueue import resource
+from trainops.kube.client import Kube
 
 DAG_ID = "training_lifecycle"
 RBAC = Path(__file__).parents[2] / "deploy" / "rbac.yaml"
@@ -105,8 +105,8 @@ class Capacity:
         from kubernetes import client
 
         deployments = raw(client.AppsV1Api(api).list_deployment_for_all_namespaces(_preload_content=False))
-        custom = client.CustomObjectsApi(api)
-        queue = custom.get_cluster_custom_object(*resource(custom, "clusterqueues"), "training")
+        kube = Kube.of(api)
+        queue = kube.get(kube.kueue("clusterqueues", namespaced=False), "training")
         quota = [
             r["nominalQuota"]
             for group in queue["spec"]["resourceGroups"]

@@ -24,7 +24,7 @@ from tests.e2e.conftest import (
 from tests.training.conftest import heartbeat_step, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
 from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
-from trainops.kube.kueue import resource
+from trainops.kube.client import Kube
 
 
 def final_checkpoint_events(dag_id: str = DAG_ID) -> list[dict]:
@@ -179,13 +179,8 @@ def test_user_marking_the_training_failed_stops_the_job_and_gives_everything_bac
     tis = task_instances(dag_run)
     assert tis["train"].state == "failed" and tis["train"].try_number == 1
     assert tis["return_capacity"].state == "success"
-    from kubernetes import client
-
-    custom = client.CustomObjectsApi(api)
-    workloads = custom.list_namespaced_custom_object(
-        *resource(custom, "workloads")[:2], "training", "workloads"
-    )
-    assert [w["spec"]["active"] for w in workloads["items"]] == [False]
+    kube = Kube.of(api)
+    assert [w["spec"]["active"] for w in kube.list(kube.kueue("workloads"), "training")] == [False]
     assert [p["metadata"]["name"] for p in pods(api) if p["status"].get("phase") == "Running"] == []
     assert heartbeat_step(s3, run_uri) < 600
     assert_capacity_back(api, capacity_before)

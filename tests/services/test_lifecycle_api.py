@@ -16,7 +16,7 @@ from trainops_devcluster import stack, stack_spec
 from tests.e2e.conftest import Capacity, assert_capacity_back
 from tests.services.conftest import TERMINAL, trainer, wait_for
 from tests.training.conftest import heartbeat_step
-from trainops.kube.kueue import resource
+from trainops.kube.client import Kube
 from trainops.training.cluster import JOB_UID_LABEL
 from trainops.training.job import RUN_LABEL
 from trainops.training.naming import run_key
@@ -32,12 +32,10 @@ def run_workloads(api, run_id: str) -> list[dict]:
         "training", label_selector=f"{RUN_LABEL}={run_key(DAG_ID, run_id)}"
     )
     uids = {job.metadata.uid for job in jobs.items}
-    custom = client.CustomObjectsApi(api)
+    kube = Kube.of(api)
     return [
         w
-        for w in custom.list_namespaced_custom_object(
-            *resource(custom, "workloads")[:2], "training", "workloads"
-        )["items"]
+        for w in kube.list(kube.kueue("workloads"), "training")
         if w["metadata"].get("labels", {}).get(JOB_UID_LABEL) in uids
     ]
 
