@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -24,6 +24,7 @@ from trainops.capacity.coverage import check_queue
 from trainops.capacity.procedure import Deadlines, claim, give_back
 from trainops.conventions import GPU_RESOURCE
 from trainops.kube.retry import Deadline
+from trainops.placement.request import TopologyRequest
 
 DEFAULT_CONN_ID = "kubernetes_default"
 
@@ -47,7 +48,7 @@ class ClaimNodesOperator(BaseOperator):
     :param local_queue: the Kueue LocalQueue (in ``training_namespace``) the run is submitted to: before
         anything is claimed, it must send runs to ``cluster_queue``, which must cover every one of
         ``run_resources``, else the task fails naming the fix and nothing is changed. None: not checked. Templated.
-    :param training_namespace: the namespace of ``local_queue`` (and of the run's Jobs).
+    :param training_namespace: the namespace of ``local_queue`` (and of the run's Jobs and image pulls).
     :param priority_class: the run's Kueue WorkloadPriorityClass, checked with ``local_queue`` to exist (Kueue
         makes no Workload for a job that names a missing one). Templated.
     :param run_resources: the resources each pod of the run requests (``nvidia.com/gpu``; ``cpu``, ``memory``
@@ -62,6 +63,13 @@ class ClaimNodesOperator(BaseOperator):
         their nodes, for those without a ``trainops.io/overflow-pool`` annotation of their own, e.g.
         ``{"node_label": "type=virtual-kubelet", "taint": "virtual-kubelet.io/provider"}`` (optional
         ``min_ready``); None: they shrink. Templated.
+    :param topology: where in the fabric the nodes must sit, ``{"mode": "none"|"preferred"|"required",
+        "level": <node label>, "levels": [<node labels, widest first>]}`` (``trainops.placement``): the run's
+        ``count - spares`` nodes in the smallest domain of the level that holds them, the spares beside them;
+        ``required`` and no domain holds them fails naming the largest. None: no topology. Templated.
+    :param spares: how many of ``count`` are spares (they may sit outside a required domain). Templated.
+    :param prepull_image: the training image, pulled onto every claimed node once it is drained (one short
+        pod per node in ``training_namespace``), so a resume onto a spare pays no pull; None: no pull. Templated.
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
     :param wait_for_nodes_s: when other runs hold some of the nodes: 0 fails at once naming the holders;
         > 0 waits (deferred, no worker slot) up to this many seconds for them to be returned.
@@ -82,6 +90,9 @@ class ClaimNodesOperator(BaseOperator):
         "inference_deployments",
         "inference_services",
         "overflow_pool",
+        "topology",
+        "spares",
+        "prepull_image",
     )
 
     def __init__(
@@ -99,6 +110,9 @@ class ClaimNodesOperator(BaseOperator):
         inference_deployments: Sequence[str] = (),
         inference_services: Sequence[str] = (),
         overflow_pool: dict | str | None = None,
+        topology: Mapping[str, Any] | None = None,
+        spares: int = 0,
+        prepull_image: str | None = None,
         kubernetes_conn_id: str = DEFAULT_CONN_ID,
         wait_for_nodes_s: float = 0,
         poll_interval_s: float = 10,
@@ -121,6 +135,8 @@ class ClaimNodesOperator(BaseOperator):
         self.inference_deployments = _list_or_template(inference_deployments)
         self.inference_services = _list_or_template(inference_services)
         self.overflow_pool = overflow_pool
+        self.topology, self.spares = topology, spares
+        self.prepull_image = prepull_image
         self.kubernetes_conn_id = kubernetes_conn_id
         self.wait_for_nodes_s = wait_for_nodes_s
         self.poll_interval_s = poll_interval_s
@@ -174,6 +190,10 @@ class ClaimNodesOperator(BaseOperator):
                 inference_services=self.inference_services,
                 gpu_flavor=self.gpu_flavor,
                 overflow_pool=self.overflow_pool,
+                topology=TopologyRequest.from_value(self.topology),
+                spares=int(self.spares),
+                image=self.prepull_image or None,
+                training_namespace=self.training_namespace,
                 deadlines=self.deadlines,
                 log=self.log,
             )

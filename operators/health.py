@@ -42,6 +42,11 @@ class NodeHealthGateOperator(BaseOperator):
         training keeps a node out after it was last seen (default 7200). Templated.
     :param speed_tiers: give the run nodes of like measured speed (the probe's GEMM speeds; nodes of
         unknown speed form a group of their own, never left out for it). Templated.
+    :param topology: where in the fabric the run must fit, ``{"mode": "none"|"preferred"|"required",
+        "level": <node label>, "levels": [...]}`` (``trainops.placement``): with ``required`` the healthy nodes
+        must hold ``min_nodes - spares`` in one domain of the level, else the gate waits as for too few
+        nodes, naming the largest domains. None: no topology. Templated.
+    :param spares: how many of ``min_nodes`` are spares, which may sit outside that domain. Templated.
     :param wait_timeout_s: with too few healthy nodes, wait (deferred, no worker slot) up to this many
         seconds for enough, then fail naming what is missing; 0 fails at once.
     :param poll_interval_s: how often the deferred wait re-evaluates.
@@ -49,7 +54,8 @@ class NodeHealthGateOperator(BaseOperator):
     :param api_deadline_s: seconds each quarantine write may keep retrying conflicts and 429/5xx answers.
 
     XCom (return value): ``{"node_names": [chosen], "verdicts": [{"name", "verdict", "reasons"}],
-    "quarantined": [candidates carrying the quarantine], "tier": [slowest, fastest] | None, "warnings": [...]}``.
+    "quarantined": [candidates carrying the quarantine], "tier": [slowest, fastest] | None, "warnings": [...],
+    "placement": where the run would go (with a topology) | None}``.
     """
 
     template_fields: Sequence[str] = (
@@ -65,6 +71,8 @@ class NodeHealthGateOperator(BaseOperator):
         "fault_window_s",
         "wait_timeout_s",
         "poll_interval_s",
+        "topology",
+        "spares",
     )
     ui_color = "#f4d6a0"
 
@@ -81,6 +89,8 @@ class NodeHealthGateOperator(BaseOperator):
         fabrics: dict[str, dict[str, Any]] | None = None,
         fabric_label: str | None = None,
         fault_window_s: float | None = None,
+        topology: dict[str, Any] | None = None,
+        spares: int = 0,
         wait_timeout_s: float = 0,
         poll_interval_s: float = 30,
         kubernetes_conn_id: str = "kubernetes_default",
@@ -96,6 +106,7 @@ class NodeHealthGateOperator(BaseOperator):
         )
         self.speed_tiers, self.kubernetes_conn_id = speed_tiers, kubernetes_conn_id
         self.fabrics, self.fabric_label, self.fault_window_s = fabrics, fabric_label, fault_window_s
+        self.topology, self.spares = topology, spares
         self.wait_timeout_s, self.poll_interval_s, self.api_deadline_s = (
             wait_timeout_s,
             poll_interval_s,
@@ -119,6 +130,8 @@ class NodeHealthGateOperator(BaseOperator):
             fabrics=self.fabrics or None,
             fabric_label=self.fabric_label or None,
             fault_window_s=self.fault_window_s,
+            topology=dict(self.topology) if self.topology else None,
+            spares=int(self.spares),
         )
         spec.config()  # bad input fails here, before anything is changed
         return spec
@@ -170,4 +183,5 @@ def _xcom(result: GateResult, quarantined_now: list[str]) -> dict[str, Any]:
         "quarantined": held,
         "tier": result.to_dict()["tier"],
         "warnings": result.warnings,
+        "placement": result.placement.to_dict() if result.placement else None,
     }

@@ -67,6 +67,10 @@ class GangTrainingOperator(BaseOperator):
     :param run_uri: the run path in S3 (``s3://bucket/runs/<run>/``): checkpoints and heartbeat.
     :param local_queue: the Kueue LocalQueue in ``namespace`` (``queue`` is Airflow's executor queue).
     :param node_names: run only on these nodes (e.g. the claim task's XCom); default: the GPU pool.
+    :param topology: where in the fabric Kueue places the gang, ``{"mode": "none"|"preferred"|"required",
+        "level": <node label>, "levels": [...]}`` (``trainops.placement``): the PodSet annotation
+        ``kueue.x-k8s.io/podset-<mode>-topology`` on the pod template; a TAS flavor (``deploy/kueue-queues.yaml``)
+        then holds the pods behind Kueue's scheduling gate until it gives each its node. Templated.
     :param hang_timeout: seconds without progress that count as a hang; None learns it from the run.
         Progress is the heartbeat when the trainer writes one (``trainops.checkpoints.helper.heartbeat``),
         else new checkpoints under ``run_uri`` (see ``trainops.training.progress``).
@@ -112,6 +116,7 @@ class GangTrainingOperator(BaseOperator):
         "priority_class",
         "hang_timeout",
         "max_resumes",
+        "topology",
     )
     ui_color = "#d7ecff"
 
@@ -129,6 +134,7 @@ class GangTrainingOperator(BaseOperator):
         local_queue: str = "training",
         priority_class: str = "training-standard",
         node_names: Sequence[str] | None = None,
+        topology: Mapping[str, Any] | None = None,
         cpu: str | None = None,
         memory: str | None = None,
         termination_grace_seconds: int = 30,
@@ -163,6 +169,7 @@ class GangTrainingOperator(BaseOperator):
         self.nodes, self.gpus_per_node, self.env = nodes, gpus_per_node, dict(env or {})
         self.namespace, self.local_queue, self.priority_class = namespace, local_queue, priority_class
         self.node_names = node_names or []
+        self.topology = topology
         self.cpu, self.memory, self.termination_grace_seconds = cpu, memory, termination_grace_seconds
         self.procs_per_node, self.master_port, self.shm_size = procs_per_node, master_port, shm_size
         self.extra_resources, self.capabilities = dict(extra_resources or {}), list(capabilities)
@@ -208,6 +215,7 @@ class GangTrainingOperator(BaseOperator):
             volumes=self.volumes,
             volume_mounts=self.volume_mounts,
             pod_template=self.pod_template,
+            topology=dict(self.topology) if self.topology else None,
         )
 
     def trigger(self, run):

@@ -39,6 +39,7 @@ from trainops.kube.client import Kube, json_of
 from trainops.kube.lists import PAGE, list_all
 from trainops.kube.nodes import NodeState, allocatable_gpus
 from trainops.kube.retry import Deadline
+from trainops.placement.request import DEFAULT_LEVELS, HOSTNAME_LABEL
 
 LIST_DEADLINE_S = 60.0
 # Policy rows that describe a node doing its mode's work (busy GPUs), not a fault: the gate drains them.
@@ -117,8 +118,10 @@ def _reported_at(node: dict) -> str | None:
     return found.get("lastHeartbeatTime") if found else None
 
 
-def node_row(node: dict) -> dict[str, Any] | None:
-    """The fleet row of ``node``; None for a node that is not a GPU node."""
+def node_row(node: dict, levels: tuple[str, ...] = DEFAULT_LEVELS) -> dict[str, Any] | None:
+    """The fleet row of ``node``; None for a node that is not a GPU node.  ``domain``: its place in the
+    fabric, the values of the topology ``levels`` above the node (``["block-a", "rack-2"]``; None where
+    a label is missing)."""
     meta = node.get("metadata") or {}
     labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
     gpus = allocatable_gpus(node)
@@ -149,6 +152,7 @@ def node_row(node: dict) -> dict[str, Any] | None:
         "pool": labels.get(FABRIC_LABEL) or DEFAULT_POOL,
         "report": summary.get("report") if summary else None,
         "reported_at": _reported_at(node),
+        "domain": [labels.get(level) for level in levels if level != HOSTNAME_LABEL],
     }
 
 
@@ -182,9 +186,22 @@ def findings(reasons: list[str], mode: str) -> list[dict[str, Any]]:
 
 def fleet_rows(rows: list[dict]) -> dict[str, Any]:
     """``{"nodes": [...rows by name], "counts": {"total", "attention", "status", "mode", "health",
-    "quarantined", "claimed"}}``."""
+    "quarantined", "claimed"}, "blocks": {block: {"total", "free", "claimed", "quarantined"}}}``
+    (``free``: healthy, neither claimed nor quarantined; the block is the widest topology level,
+    ``(none)`` without it)."""
     rows.sort(key=lambda r: r["name"])
+    blocks: dict[str, Counter] = {}
+    for r in rows:
+        block = blocks.setdefault((r["domain"] or [None])[0] or "(none)", Counter())
+        block["total"] += 1
+        block["claimed"] += bool(r["claimed_by"])
+        block["quarantined"] += bool(r["quarantine"])
+        block["free"] += not r["claimed_by"] and not r["quarantine"] and r["health"] in ("ok", "warn")
     return {
+        "blocks": {
+            name: {k: c[k] for k in ("total", "free", "claimed", "quarantined")}
+            for name, c in sorted(blocks.items())
+        },
         "nodes": rows,
         "counts": {
             "total": len(rows),

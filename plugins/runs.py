@@ -134,6 +134,7 @@ def run_view(
     run_uri = _run_uri(session, dag_id, run_id)
     store = functools.cache(lambda: _store(aws_conn_id))
     ledger = _ledger(session, dag_id, run_id)
+    claimed = _xcom(session, dag_id, run_id, CLAIM)
     return {
         "dag_id": dag_id,
         "run_id": run_id,
@@ -145,7 +146,10 @@ def run_view(
         "progress": run_progress(ledger, run_uri, store, jobs),
         "published_checkpoint": _xcom(session, dag_id, run_id, VERIFY),
         "capacity": {
-            "claimed": _xcom(session, dag_id, run_id, CLAIM),
+            "claimed": claimed,
             "returned": _xcom(session, dag_id, run_id, RETURN),
         },
+        # where the claimed nodes sit in the fabric: domains per level, and the run/spare split when a
+        # topology was asked for (trainops.placement)
+        "placement": claimed.get("placement") if isinstance(claimed, dict) else None,
     }

@@ -17,6 +17,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from trainops.health.gate import DEFAULT_SELECTOR, GateConfig, GateError, GateResult, run_gate, side_policy
 from trainops.health.policy import load_policy
+from trainops.placement.request import TopologyRequest
 
 SIDES = ("all", "gpu", "fabric")
 
@@ -38,6 +39,8 @@ class GateSpec:
     fabrics: dict[str, dict[str, Any]] | None = None
     fabric_label: str | None = None
     fault_window_s: float | None = None
+    topology: dict[str, Any] | None = None  # TopologyRequest.to_dict()
+    spares: int = 0
 
     def config(self) -> GateConfig:
         """The core's gate config; raises ValueError naming the bad field (an unknown policy row, ...)."""
@@ -62,6 +65,8 @@ class GateSpec:
             policy=policy if self.side == "all" else side_policy(policy, self.side),
             speed_tiers=self.speed_tiers,
             on_unavailable=self.on_prometheus_unavailable,
+            topology=TopologyRequest.from_value(self.topology),
+            spares=self.spares,
         )
 
     def evaluate(self, core_v1: Any = None) -> GateResult:

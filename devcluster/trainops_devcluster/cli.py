@@ -58,6 +58,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="label naming the node in the simulated dcgm-exporter's series (Hostname: 4.x releases; hostname: main)",
     )
     up.add_argument(
+        "--fabric",
+        help="the GPU nodes' blocks and racks: blocks separated by '/', rack sizes by ',', e.g. '4,4/4,4' "
+        "(default: racks of 4 nodes, 2 racks per block)",
+    )
+    up.add_argument(
         "--system-nodes", type=int, default=2, help="untainted CPU nodes for system pods (default 2)"
     )
     up.add_argument(
@@ -173,6 +178,7 @@ def run_up(args: argparse.Namespace) -> int:
             prometheus_port=args.prometheus_port,
             prometheus_log=log_file.with_name("prometheus.log"),
             kueue_config=KueueConfig(version=args.kueue_version) if args.kueue_version else None,
+            fabric=args.fabric,
         )
     except ValueError as error:
         print(f"trainops devcluster up: {error}", file=sys.stderr)

@@ -72,6 +72,8 @@ class DevCluster:
         exporter_node_label: str = "Hostname",
         exporter_counters: str = "trainops",
         exporter_node_name: bool = True,
+        fabric: topology.Fabric | str | None = None,
+        image_pull_s: float = 0.0,
     ) -> None:
         """``fleet``: each GPU node's hardware (a list of ``hardware.NodeProfile`` or a fleet spec such
         as ``hardware.DEMO_FLEET``); it replaces ``nodes`` and ``gpus_per_node`` (default: ``nodes``
@@ -80,7 +82,10 @@ class DevCluster:
         ``exporter_counters``: ``trainops`` (deploy/dcgm-exporter-counters.csv) or ``default``
         (dcgm-exporter's own default counters). ``exporter_node_name`` False: dcgm-exporter runs without
         ``NODE_NAME``, so its node label holds its pod's name.
-        ``kueue=False``: a cluster without Kueue (no ``kueue.x-k8s.io`` API, controller or webhook)."""
+        ``kueue=False``: a cluster without Kueue (no ``kueue.x-k8s.io`` API, controller or webhook).
+        ``fabric``: the GPU nodes' blocks and racks (``topology.Fabric``, or its text form such as
+        ``"4,4/4,4"``); default: racks of 4 nodes, 2 racks per block.  ``image_pull_s``: how long a
+        node's first pull of an image takes (the kubelet's; see ``runtime``)."""
         if exporter_counters not in COUNTER_SETS:
             raise ValueError(
                 f"exporter_counters must be one of {', '.join(COUNTER_SETS)}, got {exporter_counters!r}"
@@ -101,7 +106,14 @@ class DevCluster:
         if not self.fleet:
             raise ValueError("fleet must name at least one node")
         self.nodes = nodes = len(self.fleet)
+        self.fabric = topology.Fabric.parse(fabric) if isinstance(fabric, str) else fabric
+        self.fabric = self.fabric or topology.Fabric.uniform(nodes)
+        if self.fabric.nodes != nodes:
+            raise ValueError(
+                f"fabric {self.fabric.blocks} holds {self.fabric.nodes} node(s), the fleet {nodes}"
+            )
         self.fresh = fresh
+        self.image_pull_s = image_pull_s
         self.system_nodes = system_nodes
         self.virtual_nodes = virtual_nodes
         self.gpus_per_node = gpus_per_node if fleet is None else min(p.gpu_count for p in self.fleet)
@@ -158,7 +170,12 @@ class DevCluster:
         for name in self.telemetry:  # the probe's first round at boot, GPUs idle: the GEMM is timed then
             self.probe_daemon.probe(name)
         self._controllers = start_controllers(
-            self.store, self.logs, self.telemetry, self._process_env, self.server.validating
+            self.store,
+            self.logs,
+            self.telemetry,
+            self._process_env,
+            self.server.validating,
+            self.image_pull_s,
         )
         if self._kueue_config is not None:
             self._kueue = KueueController(self.store, self._kueue_config)
@@ -239,8 +256,12 @@ class DevCluster:
             create(resource, copy.deepcopy(obj))
         for name in topology.namespaces(fresh=self.fresh, inference=bool(self.inference)):
             create("namespaces", topology.namespace(name))
-        for index, profile in enumerate(self.fleet):
-            create("nodes", topology.gpu_node(index, profile))
+        for index, (profile, labels) in enumerate(zip(self.fleet, self.fabric.labels(), strict=True)):
+            node = topology.gpu_node(index, profile)
+            create(
+                "nodes",
+                node | {"metadata": {**node["metadata"], "labels": node["metadata"]["labels"] | labels}},
+            )
         for index in range(self.system_nodes):
             create("nodes", topology.system_node(index))
         for index in range(self.virtual_nodes):

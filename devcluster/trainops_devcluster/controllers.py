@@ -61,14 +61,16 @@ def start_controllers(
     telemetry: Mapping | None = None,
     process_env: Mapping[str, str] | None = None,
     admission: ValidatingAdmission | None = None,
+    image_pull_s: float = 0.0,
 ) -> Controllers:
     """Start the scheduler, the kubelet (pod runtimes), the Job, Deployment, DaemonSet, disruption, EndpointSlice,
     service proxy, node lifecycle and garbage-collector controllers on ``store``; ``telemetry`` maps node names to
     ``NodeTelemetry``;
     ``process_env`` is laid over this process's environment for process-runtime pods; ``admission``: the API
-    server's validating admission, which the pods the Job, Deployment and DaemonSet controllers create meet."""
+    server's validating admission, which the pods the Job, Deployment and DaemonSet controllers create meet;
+    ``image_pull_s``: how long the kubelet takes to pull an image a node lacks."""
     telemetry = telemetry if telemetry is not None else {}
-    runtime = PodRuntime(store, logs, telemetry, process_env)
+    runtime = PodRuntime(store, logs, telemetry, process_env, image_pull_s)
     controllers = Controllers(
         scheduler=Scheduler(store),
         runtime=runtime,

@@ -290,6 +290,9 @@ KINDS: tuple[Kind, ...] = (
         False,
         columns=(Column("Value", ".value", "integer"), _AGE),
     ),
+    # last of the Kueue kinds: on Kueue 0.13 it is served at v1alpha1, which must not become the group's
+    # preferred version
+    Kind(KUEUE, "v1beta2", "Topology", "topologies", False, columns=(_AGE,)),
 )
 
 _BY_RESOURCE = {k.resource: k for k in KINDS}
@@ -365,9 +368,12 @@ def served(kueue_version: str | None = KUEUE_VERSIONS[0]) -> Served:
 
 
 def _at_kueue_version(kind: Kind, version: str) -> Kind:
-    """``kind`` as served with Kueue at ``version`` (v1beta1 names the cohort ``spec.cohort``)."""
+    """``kind`` as served with Kueue at ``version`` (v1beta1 names the cohort ``spec.cohort``; Kueue 0.13
+    serves its ``Topology`` at ``v1alpha1``, 0.14 at ``v1beta1``, 0.15+ at ``v1beta1`` and ``v1beta2``)."""
     if kind.group != KUEUE:
         return kind
+    if kind.kind == "Topology" and version == "v1beta1":
+        return replace(kind, version="v1alpha1")
     cohort = ".spec.cohortName" if version == "v1beta2" else ".spec.cohort"
     columns = tuple(replace(c, path=cohort) if c.path == ".spec.cohortName" else c for c in kind.columns)
     return replace(kind, version=version, columns=columns)

@@ -21,6 +21,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from trainops_devcluster import kueue_tas
 from trainops_devcluster.controller import Controller
 from trainops_devcluster.kinds import KUEUE_VERSIONS
 from trainops_devcluster.kueue_admission import kueue_admission
@@ -45,6 +46,7 @@ from trainops_devcluster.kueue_api import (
     QUOTA_RESERVED,
     REQUEUED,
     WAIT_FOR_START,
+    WORKLOAD_ANNOTATION,
     WORKLOADS,
     Release,
     Writer,
@@ -59,6 +61,7 @@ from trainops_devcluster.kueue_api import (
     workload_name,
 )
 from trainops_devcluster.kueue_scheduler import Scheduler
+from trainops_devcluster.kueue_ungater import TopologyUngater
 from trainops_devcluster.store import AlreadyExists, Event, NotFound, Store
 
 __all__ = ["KueueConfig", "KueueController", "kueue_admission"]
@@ -67,6 +70,7 @@ JOB_COMPONENT = "batch/job-kueue-controller"
 WORKLOAD_COMPONENT = "kueue-admission"
 READY_MESSAGE = "All pods reached readiness and the workload is running"
 VERSION_ENV = "TRAINOPS_DEVCLUSTER_KUEUE_VERSION"
+TOPOLOGY_RETRY_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -80,13 +84,16 @@ class KueueConfig:
     condition.  Unset, the release's default: on in v1beta2 (Kueue 0.19+ turns it on by default;
     10 s here, 30 min there), off in v1beta1 (0.13 needs ``enable: true``).  Requeue backoff after a
     timeout is ``base * 2**(n-1)`` seconds, capped at ``max``; ``backoff_limit_count`` requeues at
-    most, then the Workload is deactivated (``None``: requeue forever, Kueue's default)."""
+    most, then the Workload is deactivated (``None``: requeue forever, Kueue's default).
+    ``topology_aware_scheduling``: the ``TopologyAwareScheduling`` feature gate (``kueue_tas``); unset,
+    the release's default: on in v1beta2 (beta since 0.14), off in v1beta1 (alpha in 0.13)."""
 
     version: str = field(default_factory=lambda: os.environ.get(VERSION_ENV) or "v1beta2")
     wait_for_pods_ready_timeout_s: float | None = -1.0  # -1: the release's default
     requeue_backoff_base_s: float = 1.0
     requeue_backoff_max_s: float = 60.0
     backoff_limit_count: int | None = None
+    topology_aware_scheduling: bool | None = None  # None: the release's default
 
     def __post_init__(self) -> None:
         if self.version not in KUEUE_VERSIONS:
@@ -97,6 +104,8 @@ class KueueConfig:
         if self.wait_for_pods_ready_timeout_s == -1.0:
             default = 10.0 if self.version == "v1beta2" else None
             object.__setattr__(self, "wait_for_pods_ready_timeout_s", default)
+        if self.topology_aware_scheduling is None:
+            object.__setattr__(self, "topology_aware_scheduling", self.version == "v1beta2")
 
     @property
     def release(self) -> Release:
@@ -113,19 +122,29 @@ class KueueController(Controller):
     debounce_s = 0.01
 
     def __init__(self, store: Store, config: KueueConfig | None = None) -> None:
-        super().__init__(store)
         self.config = config or KueueConfig()
+        if self.config.topology_aware_scheduling:  # capacity for TAS: nodes and Topologies too
+            self.watches = (*self.watches, "nodes", kueue_tas.TOPOLOGIES)
+        super().__init__(store)
         self.release = self.config.release
         self.writer = Writer(store)
-        self.scheduler = Scheduler(self.writer, self.release)
+        self.scheduler = Scheduler(self.writer, self.release, bool(self.config.topology_aware_scheduling))
         self._sync_requested = False
         self._requeue_at: dict[str, float] = {}
         self._wakeups: set[float] = set()
         self._warned: set[tuple[str, str]] = set()
+        self.ungater = TopologyUngater(store) if self.config.topology_aware_scheduling else None
 
     def start(self) -> None:
         self._request_sync()
         super().start()
+        if self.ungater:
+            self.ungater.start()
+
+    def stop(self) -> None:
+        if self.ungater:
+            self.ungater.stop()
+        super().stop()
 
     def handle(self, event: Event) -> None:
         self._request_sync()
@@ -167,6 +186,8 @@ class KueueController(Controller):
         self._requeue_at = {uid: at for uid, at in self._requeue_at.items() if uid in alive}
         self.scheduler.schedule()
         self.scheduler.publish_status()
+        if self.scheduler.topology_pending:  # pods Kueue does not watch here may free nodes: try again
+            self._wake_in(TOPOLOGY_RETRY_S)
 
     # ---- Job reconciler ----------------------------------------------------------------------
     def _reconcile_job(self, job: dict, workload: dict | None) -> None:
@@ -202,11 +223,12 @@ class KueueController(Controller):
     def _workload_spec(self, job: dict) -> dict | None:
         """The Workload spec the Job asks for; ``None`` (and a Warning Event) when its priority class is missing."""
         labels = job["metadata"].get("labels") or {}
+        podset = {"name": MAIN_PODSET, "count": _pods_count(job), "template": job["spec"].get("template", {})}
+        if self.config.topology_aware_scheduling:
+            podset["topologyRequest"] = kueue_tas.topology_request(podset["template"])
         spec = {
             "active": True,
-            "podSets": [
-                {"name": MAIN_PODSET, "count": _pods_count(job), "template": job["spec"].get("template", {})}
-            ],
+            "podSets": [podset],
             "priority": 0,
             "queueName": labels[QUEUE_LABEL],
         }
@@ -270,9 +292,13 @@ class KueueController(Controller):
             self.writer.event(job, "Warning", "WorkloadPriorityClassNotFound", message, JOB_COMPONENT)
 
     def _start_job(self, job: dict, workload: dict) -> None:
-        """Unsuspend with the flavors' nodeLabels and tolerations and the release's labels and annotations."""
+        """Unsuspend with the flavors' nodeLabels and tolerations and the release's labels and annotations;
+        a topology assignment adds the ``kueue.x-k8s.io/topology`` scheduling gate and the workload
+        annotation (and marks an implied request unconstrained), as Kueue's ``podset.FromAssignment`` does."""
         admission = workload["status"]["admission"]
         assignment = admission["podSetAssignments"][0]
+        gated = "topologyAssignment" in assignment
+        implied = not kueue_tas.explicit(workload["spec"]["podSets"][0].get("topologyRequest"))
         node_labels: dict = {}
         tolerations: list = []
         for name in sorted(set(assignment["flavors"].values())):
@@ -289,6 +315,12 @@ class KueueController(Controller):
                 existing = pod.get("tolerations") or []
                 pod["tolerations"] = existing + [t for t in tolerations if t not in existing]
             labels, annotations = self.release.pod_marks(workload, assignment)
+            if gated:  # TAS: the gate, and the workload annotation its ungater finds the pods by
+                gates = pod.get("schedulingGates") or []
+                pod["schedulingGates"] = gates + [g for g in [{"name": kueue_tas.GATE}] if g not in gates]
+                annotations = {**annotations, WORKLOAD_ANNOTATION: workload["metadata"]["name"]}
+                if implied:
+                    annotations[kueue_tas.UNCONSTRAINED] = "true"
             meta["labels"] = {**(meta.get("labels") or {}), **labels}
             if annotations:
                 meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
@@ -310,6 +342,7 @@ class KueueController(Controller):
                 ("metadata", "annotations"),
                 ("spec", "nodeSelector"),
                 ("spec", "tolerations"),
+                ("spec", "schedulingGates"),
             ):
                 value = original.get(part, {}).get(key)
                 section = template.setdefault(part, {})
@@ -328,9 +361,10 @@ class KueueController(Controller):
             if not has_quota(w):
                 return
             reason, message = evicted["reason"], evicted["message"]
-            self.writer.set(w, REQUEUED, reason == "Preempted", reason, message)
+            self.writer.set(w, REQUEUED, reason in ("Preempted", kueue_tas.NODE_FAILURES), reason, message)
             self.writer.set(w, QUOTA_RESERVED, False, "Pending", message)
             w["status"].pop("admission", None)
+            w["status"].pop("unhealthyNodes", None)
             self.writer.set(w, ADMITTED, False, "NoReservation", "The workload has no reservation")
             if self.config.wait_for_pods_ready_timeout_s is not None:
                 self.writer.set(w, PODS_READY, False, WAIT_FOR_START, NOT_READY_MESSAGE)

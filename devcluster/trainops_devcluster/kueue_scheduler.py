@@ -15,6 +15,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from trainops.kube.kueue import topology_domains
+from trainops_devcluster import kueue_tas
 from trainops_devcluster.kueue_api import (
     ADMITTED,
     CLUSTER_QUEUES,
@@ -49,6 +51,7 @@ from trainops_devcluster.kueue_quota import (
     parse_quantity,
     resource_groups,
 )
+from trainops_devcluster.kueue_tas import TOPOLOGIES, FlavorSnapshot, assignment_usage, encode
 
 COMPONENT = "kueue-admission"
 
@@ -86,14 +89,19 @@ def waiting_for_quota(workload: dict) -> bool:
 
 
 class Scheduler:
-    def __init__(self, writer: Writer, release: Release) -> None:
+    def __init__(self, writer: Writer, release: Release, topology_aware: bool = False) -> None:
         self.writer, self.release = writer, release
         self.store = writer.store
+        self.topology_aware = topology_aware
         self._seen: dict[str, int] = {}
         self._sequence = itertools.count()
+        self._tas: dict[str, FlavorSnapshot] | None = None  # per pass, built when first needed
+        self.topology_pending = False  # a Workload waits for a topology placement
 
     # ---- admission -------------------------------------------------------------------------
     def schedule(self) -> None:
+        self._tas = None
+        self.topology_pending = False
         queues = self._queues()
         local = {
             (q["metadata"]["namespace"], q["metadata"]["name"]): q for q in self.store.list(LOCAL_QUEUES)[0]
@@ -103,6 +111,8 @@ class Scheduler:
         for workload in self.store.list(WORKLOADS)[0]:
             if holds_quota(workload):
                 holding[workload["status"]["admission"]["clusterQueue"]].append(workload)
+                if self.topology_aware and workload["status"].get("unhealthyNodes"):
+                    self._replace_node(workload)
             elif waiting_for_quota(workload):
                 queue, problem = self._route(workload, local, queues)
                 if problem:
@@ -119,6 +129,8 @@ class Scheduler:
         strict = queue.obj.get("spec", {}).get("queueingStrategy") == "StrictFIFO"
         for workload in waiting:
             fit = fit_workload(workload, queue.groups, usage, queue.node_labels)
+            if fit.fits and self.topology_aware:
+                fit = self._place(workload, fit, queue)
             if fit.fits:
                 admitted = self._reserve(workload, queue.name, fit)
                 if admitted:
@@ -181,6 +193,117 @@ class Scheduler:
                 freed, fit = trial, smaller
         return chosen, fit
 
+    # ---- Topology Aware Scheduling (kueue_tas) ----------------------------------------------
+    def _snapshots(self) -> dict[str, FlavorSnapshot]:
+        """The TAS flavors' snapshots of this pass: nodes, the pods TAS does not manage, the assignments
+        of the admitted TAS Workloads."""
+        if self._tas is not None:
+            return self._tas
+        topologies = {t["metadata"]["name"]: t for t in self.store.list(TOPOLOGIES)[0]}
+        flavors = [f for f in self.store.list(FLAVORS)[0] if (f.get("spec") or {}).get("topologyName")]
+        self._tas = {}
+        if not flavors:
+            return self._tas
+        nodes, pods = self.store.list("nodes")[0], self.store.list("pods")[0]
+        for flavor in flavors:
+            topology = topologies.get(flavor["spec"]["topologyName"])
+            levels = [
+                level.get("nodeLabel") for level in ((topology or {}).get("spec") or {}).get("levels") or []
+            ]
+            if levels and all(levels):
+                snapshot = FlavorSnapshot(
+                    topology["metadata"]["name"], levels, flavor, nodes, self.release.version
+                )
+                snapshot.subtract_pods(pods)
+                self._tas[flavor["metadata"]["name"]] = snapshot
+        for workload in self.store.list(WORKLOADS)[0]:
+            if holds_quota(workload):
+                self._hold(workload)
+        return self._tas
+
+    def _hold(self, workload: dict) -> None:
+        """Count an admitted Workload's topology assignments in the snapshots."""
+        podsets = {p["name"]: p for p in workload["spec"].get("podSets") or []}
+        for assignment in workload["status"]["admission"].get("podSetAssignments") or []:
+            snapshot = self._tas.get(next(iter(assignment.get("flavors", {}).values()), ""))
+            if snapshot is not None and assignment.get("topologyAssignment"):
+                snapshot.subtract_assignment(
+                    *assignment_usage(podsets.get(assignment["name"], {}), assignment)
+                )
+
+    def _place(self, workload: dict, fit: Fit, queue: Queue) -> Fit:
+        """The topology assignment of every PodSet that asks for TAS (or of all, in a ClusterQueue whose
+        flavors are all TAS flavors), added to ``fit``; a failed placement makes the Fit fail."""
+        snapshots = self._snapshots()
+        tas_only = bool(queue.node_labels) and all(name in snapshots for name in queue.node_labels)
+        for podset, assignment in zip(workload["spec"]["podSets"], fit.assignments, strict=True):
+            request = podset.get("topologyRequest")
+            if not (tas_only or kueue_tas.explicit(request)):
+                continue
+            flavor = next(iter(assignment["flavors"].values()), "")
+            failed = f"couldn't assign flavors to pod set {podset['name']}: "
+            snapshot = snapshots.get(flavor)
+            if snapshot is None:
+                return Fit(
+                    reason="NoMatchingFlavor",
+                    message=f'{failed}Flavor "{flavor}" does not support TopologyAwareScheduling',
+                )
+            domains, why = snapshot.find(assignment["count"], request, podset["template"].get("spec") or {})
+            if domains is None:
+                self.topology_pending = True
+                return Fit(reason=kueue_tas.PLACEMENT_FAILED, message=failed + why)
+            assignment["topologyAssignment"] = encode(
+                snapshot.assignment_levels(), domains, self.release.version
+            )
+        return fit
+
+    def _replace_node(self, workload: dict) -> None:
+        """Hot swap: a node for the pods of the unhealthy one, inside the required domain; none (fail
+        fast): the Workload is evicted with reason NodeFailures."""
+        failed = workload["status"]["unhealthyNodes"][0]["name"]
+        snapshots = self._snapshots()
+        podsets = {p["name"]: p for p in workload["spec"].get("podSets") or []}
+        changes = {}
+        for index, assignment in enumerate(workload["status"]["admission"].get("podSetAssignments") or []):
+            snapshot = snapshots.get(next(iter(assignment.get("flavors", {}).values()), ""))
+            levels, domains = topology_domains(assignment)
+            lost = sum(count for values, count in domains if values[-1] == failed)
+            if snapshot is None or not lost or levels[-1] != kueue_tas.HOSTNAME:
+                continue
+            kept = [(values, count) for values, count in domains if values[-1] != failed]
+            podset = podsets.get(assignment["name"], {})
+            request = podset.get("topologyRequest") or {}
+            within = snapshot.required_domain(request, kept)
+            replacement, _ = snapshot.find(
+                lost, request, (podset.get("template") or {}).get("spec") or {}, within
+            )
+            if replacement is None or any(values[-1] == failed for values, _ in replacement):
+                self._evict_node_failure(workload, failed)
+                return
+            merged = Counter({tuple(v): c for v, c in kept})
+            merged.update({tuple(v): c for v, c in replacement})
+            changes[index] = encode(
+                levels, [(list(v), c) for v, c in sorted(merged.items())], self.release.version
+            )
+
+        def change(w: dict) -> None:
+            for index, assignment in changes.items():
+                w["status"]["admission"]["podSetAssignments"][index]["topologyAssignment"] = assignment
+            w["status"].pop("unhealthyNodes", None)
+
+        self.writer.write(WORKLOADS, workload, change)
+
+    def _evict_node_failure(self, workload: dict, node: str) -> None:
+        message = f"Workload was evicted as there was no replacement for unhealthy node(s): {node}"
+
+        def change(w: dict) -> None:
+            self.writer.set(w, EVICTED, True, kueue_tas.NODE_FAILURES, message)
+
+        if self.writer.write(WORKLOADS, workload, change):
+            self.writer.event(
+                workload, "Normal", f"EvictedDueTo{kueue_tas.NODE_FAILURES}", message, COMPONENT
+            )
+
     def _reserve(self, workload: dict, queue: str, fit: Fit) -> dict | None:
         def change(w: dict) -> None:
             if has_quota(w) or not is_active(w) or is_finished(w):
@@ -201,6 +324,8 @@ class Scheduler:
         written = self.writer.write(WORKLOADS, workload, change)
         if not written or not has_quota(written):
             return None
+        if self._tas:
+            self._hold(written)
         queued = self.writer.since(written, REQUEUED) if condition(written, REQUEUED) else None
         queued = queued or parse_iso(written["metadata"]["creationTimestamp"])
         wait = max(0, self.writer.since(written, QUOTA_RESERVED) - queued)

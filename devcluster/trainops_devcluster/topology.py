@@ -27,9 +27,12 @@ from trainops.conventions import (
     QUARANTINE_TAINT,
 )
 from trainops.health.hardware import GPU_PRODUCT_LABEL, MIG_STRATEGY_LABEL
+from trainops.placement.request import BLOCK_LABEL, RACK_LABEL
+from trainops_devcluster import kinds
 from trainops_devcluster.hardware import NodeProfile
 from trainops_devcluster.runtime import LOCAL_IMAGE, VIRTUAL_NODE_LABEL, VIRTUAL_NODE_VALUE
 
+RDMA_RESOURCE, RDMA_DEVICES = "rdma/ib", "1k"  # k8s-rdma-shared-dev-plugin: rdmaHcaMax per node
 INFERENCE_NAMESPACE = "inference"
 TRAINING_NAMESPACE = "training"
 _PLURALS = {
@@ -37,6 +40,7 @@ _PLURALS = {
     "ClusterQueue": "clusterqueues",
     "LocalQueue": "localqueues",
     "WorkloadPriorityClass": "workloadpriorityclasses",
+    "Topology": "topologies",
 }
 VIRTUAL_TAINT = {"key": "virtual-kubelet.io/provider", "value": "devcluster", "effect": "NoSchedule"}
 VIRTUAL_NODE_PODS = 8  # GPU pods (of gpus_per_node GPUs each) one virtual node has room for
@@ -75,6 +79,67 @@ def default_inference(nodes: int) -> list[InferenceWorkload]:
     ]
 
 
+@dataclass(frozen=True)
+class Fabric:
+    """Where each GPU node sits: blocks of racks of nodes, as the node labels of Kueue's Topology
+    levels say it (``cloud.provider.com/topology-block``, ``-rack``; ``deploy/kueue-queues.yaml``).
+
+    ``blocks``: per block, its racks' node counts, filled in node order (``((4, 4), (4, 4))``: two
+    blocks of two racks of four).  Racks are named per block (``rack-1`` of ``block-a`` and of
+    ``block-b`` are two racks, as Kueue allows)."""
+
+    blocks: tuple[tuple[int, ...], ...]
+
+    def __post_init__(self) -> None:
+        if not self.blocks or not all(self.blocks) or any(n < 1 for racks in self.blocks for n in racks):
+            raise ValueError(f"fabric: every block needs racks of at least one node, got {self.blocks!r}")
+
+    @property
+    def nodes(self) -> int:
+        return sum(sum(racks) for racks in self.blocks)
+
+    @classmethod
+    def uniform(cls, nodes: int, nodes_per_rack: int = 4, racks_per_block: int = 2) -> Fabric:
+        """``nodes`` in racks of ``nodes_per_rack`` and blocks of ``racks_per_block`` (the last ones short)."""
+        racks = [min(nodes_per_rack, nodes - start) for start in range(0, nodes, nodes_per_rack)]
+        return cls(
+            tuple(tuple(racks[i : i + racks_per_block]) for i in range(0, len(racks), racks_per_block))
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> Fabric:
+        """``"4,4/4,2"``: blocks separated by ``/``, each a list of rack sizes (the CLI's ``--fabric``)."""
+        try:
+            return cls(tuple(tuple(int(n) for n in block.split(",")) for block in text.split("/")))
+        except ValueError:
+            raise ValueError(
+                f"fabric {text!r}: give blocks separated by '/', each a comma-separated list of rack sizes, "
+                "e.g. '4,4/4,2' (two blocks: racks of 4 and 4, and of 4 and 2)"
+            ) from None
+
+    def describe(self) -> str:
+        """``2 blocks (block-a: racks of 4, 4; block-b: racks of 4, 4)``."""
+        parts = [
+            f"block-{_letters(b)}: racks of {', '.join(map(str, racks))}"
+            for b, racks in enumerate(self.blocks)
+        ]
+        return f"{len(self.blocks)} block(s) ({'; '.join(parts)})"
+
+    def labels(self) -> list[dict[str, str]]:
+        """The topology labels of each node, in node order."""
+        result = []
+        for b, racks in enumerate(self.blocks):
+            for r, size in enumerate(racks):
+                block = f"block-{_letters(b)}"
+                result += [{BLOCK_LABEL: block, RACK_LABEL: f"rack-{r + 1}"}] * size
+        return result
+
+
+def _letters(index: int) -> str:
+    """a, b, ..., z, aa, ab, ...: a name per block."""
+    return _letters(index // 26 - 1) + chr(97 + index % 26) if index >= 26 else chr(97 + index)
+
+
 def gpu_node(index: int, profile: NodeProfile) -> dict:
     """A GPU node labelled as GPU Feature Discovery labels it, its GPUs advertised as the device
     plugin advertises them under the profile's MIG strategy."""
@@ -84,7 +149,6 @@ def gpu_node(index: int, profile: NodeProfile) -> dict:
     labels = {
         "node.kubernetes.io/instance-type": f"gpu-{gpus}x-{profile.gpu}",
         "topology.kubernetes.io/zone": f"zone-{'abcd'[index // 256 % 4]}",
-        "trainops.io/rack": f"rack-{index // 8:03d}",
         "nvidia.com/gpu.present": "true",
         GPU_POOL_LABEL: "true",
     }
@@ -98,6 +162,8 @@ def gpu_node(index: int, profile: NodeProfile) -> dict:
         else:  # mixed: one resource per MIG type, nvidia.com/gpu for the GPUs without MIG
             labels[f"nvidia.com/mig-{profile.mig}.count"] = str(devices)
             gpu_resources = {"nvidia.com/gpu": "0", f"nvidia.com/mig-{profile.mig}": str(devices)}
+    if profile.ports:  # the RDMA shared device plugin's resource (the README's rdma/ib), which TAS counts
+        gpu_resources[RDMA_RESOURCE] = RDMA_DEVICES
     labels.update({GPU_PRODUCT_LABEL: product, "nvidia.com/gpu.count": str(count)})
     if profile.pool is not None:
         labels[FABRIC_LABEL] = profile.pool
@@ -331,10 +397,13 @@ def gpu_operator_objects() -> list[tuple[str, dict]]:
 
 def kueue_objects(version: str = "v1beta2") -> list[tuple[str, dict]]:
     """The training queues of ``kueue-queues.yaml`` (also shipped as ``deploy/kueue-queues.yaml``):
-    a GPU flavor, a ClusterQueue with zero GPU quota, a LocalQueue and two priority classes, at Kueue
-    API ``version`` (their fields are the same in v1beta1 and v1beta2)."""
+    the GPU nodes' Topology, a GPU flavor that names it, a ClusterQueue with zero GPU quota, a LocalQueue
+    and two priority classes, at Kueue API ``version`` (their fields are the same in v1beta1 and v1beta2;
+    the Topology of Kueue 0.13 is ``v1alpha1``)."""
     manifests = yaml.safe_load_all((Path(__file__).parent / "kueue-queues.yaml").read_text())
-    return [
-        (f"{_PLURALS[obj['kind']]}.kueue.x-k8s.io", {**obj, "apiVersion": f"kueue.x-k8s.io/{version}"})
-        for obj in manifests
-    ]
+    served = kinds.served(version)
+    objects = []
+    for obj in manifests:
+        resource = f"{_PLURALS[obj['kind']]}.kueue.x-k8s.io"
+        objects.append((resource, {**obj, "apiVersion": served.of(resource).api_version}))
+    return objects

@@ -305,6 +305,17 @@ def validate_update(kind: Kind, new: dict, old: dict) -> None:
         return
     new_spec, old_spec = new.get("spec") or {}, old.get("spec") or {}
     causes: Causes = []
+    if old_spec.get("schedulingGates"):  # a gated pod may gain nodeSelector entries (1.27+, Kueue's TAS)
+        old_selector, new_selector = old_spec.get("nodeSelector") or {}, new_spec.get("nodeSelector") or {}
+        if any(new_selector.get(k) != v for k, v in old_selector.items()):
+            causes.append(
+                (
+                    "spec.nodeSelector",
+                    "FieldValueForbidden",
+                    "Forbidden: only additions to spec.nodeSelector are allowed (no mutations or deletions)",
+                )
+            )
+        old_spec = {**old_spec, "nodeSelector": new_spec.get("nodeSelector")}
     if _pod_spec_fixed_part(new_spec) != _pod_spec_fixed_part(old_spec):
         causes.append(
             (

@@ -39,6 +39,12 @@ RUN_PATH = "{{ ti.xcom_pull(task_ids='reserve_run_path')['run_uri'] }}"
 RUN_NAME = "{{ ti.xcom_pull(task_ids='reserve_run_path')['run_name'] }}"
 # The run's node total, computed here only: the gate finds at least this many, the claim takes this many.
 NODES_WITH_SPARES = "{{ params.nodes + params.spare_nodes }}"
+# Where in the fabric the run goes: the gate, the claim and Kueue (the Job's PodSet annotation) all place it so.
+TOPOLOGY = {
+    "mode": "{{ params.topology }}",
+    "level": "{{ params.topology_level }}",
+    "levels": "{{ params.topology_levels }}",
+}
 # fabric_gate off: every InfiniBand row of the policy switched off (clusters without InfiniBand).
 FABRIC_OFF = {
     row.name: {"verdict": "ok", "if_unknown": "ok"}
@@ -108,6 +114,8 @@ def training_lifecycle(
         min_nodes=NODES_WITH_SPARES,
         gpus_per_node="{{ params.gpus_per_node }}",
         speed_tiers="{{ params.speed_tiers }}",
+        topology=TOPOLOGY,
+        spares="{{ params.spare_nodes }}",
         wait_timeout_s="{{ params.health_wait_s }}",
         poll_interval_s=10,
         doc_md=GATE_DOC,
@@ -117,6 +125,9 @@ def training_lifecycle(
         task_id="claim_nodes",
         node_names="{{ ti.xcom_pull(task_ids='health_gate')['node_names'] }}",
         count=NODES_WITH_SPARES,
+        topology=TOPOLOGY,
+        spares="{{ params.spare_nodes }}",
+        prepull_image="{{ params.image }}",  # hot spares: the image on every claimed node before training
         cluster_queue="{{ params.cluster_queue }}",
         # train's queue and priority, checked first: the queue leads to cluster_queue and covers its GPUs
         local_queue="{{ params.kueue_queue }}",
@@ -148,6 +159,7 @@ def training_lifecycle(
         local_queue="{{ params.kueue_queue }}",
         priority_class="{{ params.priority_class }}",
         node_names="{{ ti.xcom_pull(task_ids='fabric_ready')['node_names'] }}",
+        topology=TOPOLOGY,
         hang_timeout="{{ params.hang_timeout_s }}",
         max_resumes="{{ params.max_resumes }}",
         retries=TRY_RETRIES,

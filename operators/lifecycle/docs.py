@@ -54,7 +54,9 @@ on the node, and chooses at least `nodes + spare_nodes` healthy nodes of like sp
 ECC off, row remapping under MIG) is shown as not applicable, never held against it; RDMA ports are
 judged by each node's fabric (`fabrics`, picked by its `trainops.io/fabric` label); XIDs from
 Prometheus and slowdowns seen in training keep a node out for `fault_window_s`. When the cluster cannot ever hold the run (fewer GPU nodes than asked
-for, or none with `gpus_per_node` GPUs) it fails at once and writes nothing.
+for, or none with `gpus_per_node` GPUs) it fails at once and writes nothing. With `topology` set it also
+places the run among them (one `topology_level` domain, or the fewest); `required` and no domain holds
+`nodes` healthy ones: not enough, and the log names the largest domains.
 
 **When it fails:** the log has one line per node with its verdict and reason. Too few healthy nodes:
 wait for repairs, lower `nodes`/`spare_nodes`, or set `health_wait_s` so the gate waits (deferred).
@@ -73,9 +75,12 @@ Setup task. First, with reads only, checks that `kueue_queue` sends runs to `clu
 ClusterQueue covers every resource the run's pods request and that `priority_class` exists: a run Kueue
 could never admit fails here, naming the fix, before anything is claimed. Then it takes
 `nodes + spare_nodes` of the gate's nodes, the least disruptive first (idle ones, then those running the
-fewest inference pods), checks no other run holds them, flips their `trainops.io/mode`
+fewest inference pods); with `topology`, first the smallest `topology_level` domain that holds the run
+(Kueue's best fit), the spares beside it (its rack, then its block). It checks no other run holds them,
+flips their `trainops.io/mode`
 taint to `training`, scales down `inference_workloads` that ran there (their pods on these nodes first)
-and evicts what is left through the Eviction API (PodDisruptionBudgets honoured), and raises the training
+and evicts what is left through the Eviction API (PodDisruptionBudgets honoured), pulls `image` onto every
+claimed node (so a resume onto a spare pays no pull: the spares are hot), and raises the training
 ClusterQueue's GPU quota. A Deployment with an overflow pool (`overflow_pool`, or its own
 `trainops.io/overflow-pool` annotation) first gets as many replicas Ready in that pool as it has room for,
 in a companion Deployment `<name>-overflow`, before its pods here go; the log and the result say what could
@@ -87,7 +92,9 @@ the log; wait for that run or choose other nodes.
 
 TRAIN_DOC = """
 Submits the run as one Kueue gang (an Indexed Job, one pod per node) and follows the Workload, the Job,
-its pods and the run's heartbeat without polling blindly, in the triggerer:
+its pods and the run's heartbeat without polling blindly, in the triggerer. With `topology` the pod
+template asks Kueue for it (`kueue.x-k8s.io/podset-<preferred|required>-topology`): the pods wait behind
+Kueue's scheduling gate until it gives each its node, among the claimed ones.
 
 - infrastructure failure (XID, node lost, NCCL timeout, eviction) or a hang: the culprit node is
   quarantined with evidence and the run resumes at once from the latest verified checkpoint on the

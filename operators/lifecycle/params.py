@@ -11,6 +11,7 @@ from typing import Any
 from airflow.sdk import Param
 
 from trainops.health.policy import DEFAULT_POLICY
+from trainops.placement.request import BLOCK_LABEL, DEFAULT_LEVELS
 from trainops.training.naming import DNS_1123_LABEL
 
 MAX_RESUMES = 10  # the largest max_resumes the form accepts
@@ -281,6 +282,39 @@ PARAM_SPECS: dict[str, tuple[Any, dict[str, Any]]] = {
             "title": "Speed tiers",
             "description": "Give the run nodes of like measured speed (GEMM timed by the probe on idle "
             "GPUs); nodes of unknown speed form a group of their own and are never left out for it.",
+        },
+    ),
+    "topology": (
+        "none",
+        {
+            "type": "string",
+            "enum": ["none", "preferred", "required"],
+            "title": "Topology",
+            "description": "Place the run by the fabric (Kueue Topology Aware Scheduling): preferred puts its nodes "
+            "in one topology_level domain when one holds them (else the fewest domains), required waits for one "
+            "that does; spares go beside them. Needs the Topology and TAS flavor of deploy/kueue-queues.yaml and "
+            "the level labels on the GPU nodes. none: quota alone.",
+        },
+    ),
+    "topology_level": (
+        BLOCK_LABEL,
+        {
+            "type": "string",
+            "minLength": 1,
+            "title": "Topology level",
+            "description": "The node label of the level the run asks for, one of topology_levels (e.g. a "
+            "block or a rack).",
+        },
+    ),
+    "topology_levels": (
+        list(DEFAULT_LEVELS),
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
+            "title": "Topology levels",
+            "description": "The node labels of the fabric's levels, widest first, as the cluster's Kueue "
+            "Topology lists them (kubernetes.io/hostname last, if at all).",
         },
     ),
     "health_policy_overrides": (

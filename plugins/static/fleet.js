@@ -17,7 +17,7 @@ const STATUS = {
   unknown: {palette: "gray", label: "no report"},
 };
 const COLUMNS = [
-  ["name", "Node"], ["status", "Status"], ["mode", "Mode"], ["gpu_model", "GPU model"], ["pool", "Pool"],
+  ["name", "Node"], ["domain", "Block / rack"], ["status", "Status"], ["mode", "Mode"], ["gpu_model", "GPU model"], ["pool", "Pool"],
   ["gpus", "GPUs"], ["claimed_by", "Run"], ["findings", "Findings"], ["quarantine", "Quarantine"],
   ["tensor_active", "Tensor active"], ["reported_at", "Reported"],
 ];
@@ -65,7 +65,11 @@ function Run({run}) {
     h(UiLink, {to: runViewPath(dagId, runId), fontSize: "xs", className: "run-view"}, "Training run"));
 }
 
+// where the node sits in the fabric: its topology levels above the node ("block-a / rack-2")
+const domainText = (n) => (n.domain || []).map((v) => v ?? "?").join(" / ");
+
 function sortValue(n, key, activity) {
+  if (key === "domain") return `${domainText(n)}\u0000${n.name}`;
   if (key === "status") return `${n.attention ? 0 : 1}${n.status}`;
   if (key === "quarantine") return n.quarantine ? n.quarantine.reason : "";
   if (key === "findings") return n.findings.map((f) => f.text).join("; ");
@@ -85,12 +89,20 @@ function Counts({counts}) {
     h(C.Badge, {size: "lg", variant: "outline"}, `claimed by runs ${counts.claimed}`));
 }
 
+// nodes by block (the widest topology level): how many are free for a run in each
+function Blocks({blocks}) {
+  return h(C.HStack, {id: "blocks", wrap: "wrap", gap: 2, mb: 2},
+    ...Object.entries(blocks || {}).map(([name, b]) => h(C.Badge, {key: name, size: "md", variant: "outline"},
+      `${name}: ${b.total} nodes, ${b.free} free, ${b.claimed} claimed, ${b.quarantined} quarantined`)));
+}
+
 function NodeRow({node, activity, zone, onRelease}) {
   const status = STATUS[node.status] || STATUS.unknown;
   const q = node.quarantine;
   const tensor = activity[node.name];
   return h(C.Table.Row, {"data-node": node.name, "data-status": node.status},
     h(C.Table.Cell, {whiteSpace: "nowrap", fontWeight: "medium"}, node.name),
+    h(C.Table.Cell, {whiteSpace: "nowrap", fontSize: "sm", className: "domain"}, domainText(node)),
     h(C.Table.Cell, null, h(C.Badge, {colorPalette: status.palette, className: "status"}, status.label)),
     h(C.Table.Cell, null, node.mode),
     h(C.Table.Cell, {fontSize: "sm"}, node.gpu_model || h(C.Text, {as: "span", color: "fg.muted"}, "unknown")),
@@ -120,7 +132,7 @@ function Fleet() {
   const [actionError, setActionError] = useState(null);
   const activity = tensors.data?.nodes || {};
   const rows = useMemo(() => (fleet.data?.nodes || []).map((n) => ({
-    ...n, text: [n.name, n.mode, n.status, n.health, n.gpu_model, n.pool, n.claimed_by, n.quarantine?.reason, ...n.reasons]
+    ...n, text: [n.name, domainText(n), n.mode, n.status, n.health, n.gpu_model, n.pool, n.claimed_by, n.quarantine?.reason, ...n.reasons]
       .join(" ").toLowerCase(),
   })), [fleet.data]);
   const shown = useMemo(() => {
@@ -152,6 +164,7 @@ function Fleet() {
       "What needs a person comes first."),
     h(ErrorText, {error: fleet.error || actionError}),
     fleet.data && h(Counts, {counts: fleet.data.counts}),
+    fleet.data && h(Blocks, {blocks: fleet.data.blocks}),
     h(C.HStack, {my: 2, gap: 3},
       h(C.Input, {id: "filter", type: "search", maxW: "md", size: "sm", value: words, "aria-label": "filter",
         placeholder: "filter: node, status, model, pool, reason, run...",

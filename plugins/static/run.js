@@ -148,6 +148,15 @@ function Inference({path, claimed, given, refresh}) {
   ];
 }
 
+// where the claimed nodes sit in the fabric: the domains of each topology level, the spares, what was asked
+function placementText(p) {
+  if (!p) return "";
+  const levels = Object.entries(p.domains || {}).map(([level, names]) => `${level.split("/").pop()}: ${names.join(", ")}`);
+  const asked = p.topology && p.topology.mode !== "none" ? ` (${p.topology.mode} ${p.topology.level})` : "";
+  return `Placement${asked}: ${levels.join("; ") || "no topology labels"}` +
+    (p.spares && p.spares.length ? `; spares ${p.spares.join(", ")}` : "") + ".";
+}
+
 function returnedText(r) {
   return `You returned ${r.node_names.length ? r.node_names.join(", ") : "nothing (the run held no nodes)"}` +
     ` (${r.gpus_returned} GPUs; ${quota(r)})` + (r.quarantined.length ? `; still quarantined: ${r.quarantined.join(", ")}` : "") +
@@ -199,6 +208,7 @@ function TrainingRun({dagId, runId}) {
         (given ? `Returned: ${(given.node_names || []).join(", ")} (${given.gpus_returned} GPUs; ${quota(given)}).` : "Not returned yet.")),
       h(C.Button, {id: "return", mt: 2, size: "sm", variant: "outline", colorPalette: "red", onClick: () => setAsking(true)},
         "Return this run's GPUs…"),
+      d.placement && h(C.Text, {id: "placement", mt: 1, fontSize: "sm"}, placementText(d.placement)),
       returned && h(C.Text, {id: "returned", mt: 2}, returnedText(returned))),
     h(Section, {title: "Inference it borrows from"}, h(Inference, {path, claimed, given, refresh: view.data})),
     h(ConfirmDialog, {open: asking, expected: run, action: "Return the GPUs", title: "Return this run's GPUs",

@@ -28,9 +28,11 @@ def test_get_nodes_wide_and_by_label(kubectl, devcluster):
         ["system-node-0", "Ready", "system"],
         ["system-node-1", "Ready", "system"],
     ]
-    rack0 = kubectl("get", "nodes", "-l", "trainops.io/rack=rack-000", "-o", "name").stdout.split()
-    assert rack0 == [f"node/gpu-node-{i:03d}" for i in range(8)]
-    unracked = kubectl("get", "nodes", "-l", "trainops.io/rack notin (rack-000,rack-001)", "-o", "name")
+    block_a = kubectl("get", "nodes", "-l", "cloud.provider.com/topology-block=block-a", "-o", "name")
+    assert block_a.stdout.split() == [f"node/gpu-node-{i:03d}" for i in range(8)]
+    unracked = kubectl(
+        "get", "nodes", "-l", "cloud.provider.com/topology-block notin (block-a,block-b)", "-o", "name"
+    )
     assert unracked.stdout.split() == ["node/system-node-0", "node/system-node-1"]  # notin: label absent too
 
 

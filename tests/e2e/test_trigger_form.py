@@ -20,6 +20,7 @@ from trainops.checkpoints.store import CheckpointStore
         ("run_name", "My_Run", "My_Run"),
         ("checkpoint_uri", "s3:///runs/", "s3:///runs/"),
         ("health_policy_overrides", {"no_such_row": {"threshold": 1}}, "no_such_row"),
+        ("topology", "sometimes", "sometimes"),
     ],
 )
 def test_the_form_rejects_a_bad_param_naming_it_and_the_cluster_sees_no_write(
@@ -40,8 +41,12 @@ def test_the_form_rejects_a_bad_param_naming_it_and_the_cluster_sees_no_write(
     [
         ({"nodes": 9}, "min_nodes: 10 node(s) needed, but the cluster has 8 node(s) matching"),
         ({"gpus_per_node": 16}, "gpus_per_node: 16 asked, but no node matching"),
+        (
+            {"topology": "required", "topology_level": "rack"},
+            "topology_level 'rack' is not one of the topology's levels",
+        ),
     ],
-    ids=["more-nodes-than-the-cluster", "more-gpus-per-node-than-any-node"],
+    ids=["more-nodes-than-the-cluster", "more-gpus-per-node-than-any-node", "a-level-the-topology-lacks"],
 )
 def test_a_run_the_cluster_cannot_hold_fails_at_the_gate_naming_the_field_before_any_write(
     cluster, bucket, run_dag, capfd, params, named

@@ -177,3 +177,77 @@ def test_who_deactivated_a_workload_and_why(given, by, cause):
         assert message.startswith(f"Kueue deactivated Workload job-run-1-abcde (DeactivatedDueTo{cause}: ")
     else:
         assert message.startswith("Workload job-run-1-abcde was deactivated (Deactivated")
+
+
+def test_topology_assignments_of_both_versions_are_read_alike():
+    from trainops.kube.kueue import topology_domains
+
+    # v1beta2, the example of Kueue's "Setup Topology-Aware Scheduling" page: prefix-compressed names
+    v1beta2 = {
+        "topologyAssignment": {
+            "levels": ["kubernetes.io/hostname"],
+            "slices": [
+                {
+                    "domainCount": 2,
+                    "podCounts": {"individual": [7, 3]},
+                    "valuesPerLevel": [{"individual": {"prefix": "kind-worker", "roots": ["", "2"]}}],
+                }
+            ],
+        }
+    }
+    v1beta1 = {
+        "topologyAssignment": {
+            "levels": ["kubernetes.io/hostname"],
+            "domains": [{"values": ["kind-worker"], "count": 7}, {"values": ["kind-worker2"], "count": 3}],
+        }
+    }
+    universal = {
+        "topologyAssignment": {
+            "levels": ["block", "rack"],
+            "slices": [
+                {
+                    "domainCount": 2,
+                    "podCounts": {"universal": 4},
+                    "valuesPerLevel": [
+                        {"universal": "b1"},
+                        {"individual": {"suffix": "-x", "roots": ["r1", "r2"]}},
+                    ],
+                }
+            ],
+        }
+    }
+
+    expected = (["kubernetes.io/hostname"], [(["kind-worker"], 7), (["kind-worker2"], 3)])
+    assert topology_domains(v1beta2) == topology_domains(v1beta1) == expected
+    assert topology_domains(universal) == (["block", "rack"], [(["b1", "r1-x"], 4), (["b1", "r2-x"], 4)])
+    assert topology_domains({"flavors": {}}) == ([], [])
+
+
+@pytest.mark.parametrize(
+    "assignment",
+    [
+        {
+            "levels": ["h"],
+            "slices": [
+                {
+                    "domainCount": 3,
+                    "podCounts": {"universal": 1},
+                    "valuesPerLevel": [{"individual": {"roots": ["a"]}}],
+                }
+            ],
+        },
+        {
+            "levels": ["h"],
+            "slices": [
+                {"domainCount": 10**9, "podCounts": {"universal": 1}, "valuesPerLevel": [{"universal": "a"}]}
+            ],
+        },
+        {"levels": ["h", "g"], "domains": [{"values": ["a"], "count": 1}]},
+        {"levels": "h", "domains": [{"count": 1}]},
+    ],
+)
+def test_a_topology_assignment_that_is_not_kueues_is_refused(assignment):
+    from trainops.kube.kueue import topology_domains
+
+    with pytest.raises(ValueError, match="topologyAssignment is not Kueue's"):
+        topology_domains({"topologyAssignment": assignment})

@@ -97,6 +97,7 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
         "gpu_model": "NVIDIA-H100-80GB-HBM3",
         "pool": "default",
         "report": "trainops-system/node-health-gpu-node-001",
+        "domain": ["block-a", "rack-1"],
     }
     assert rows["gpu-node-001"]["reported_at"].endswith("Z")
     assert rows["gpu-node-001"]["health"] in ("ok", "warn")
@@ -112,6 +113,13 @@ def test_fleet_shows_every_gpu_node_and_the_quarantine_with_its_reason(ui, quara
         "claimed": 2,
     }
     assert fleet["counts"]["health"]["quarantine"] == 1
+    # nodes grouped by block (the devcluster's default fabric: blocks of 8): the quarantined one in block-a,
+    # the claimed ones in block-b
+    assert fleet["blocks"] == {
+        "block-a": {"total": 8, "free": fleet["blocks"]["block-a"]["free"], "claimed": 0, "quarantined": 1},
+        "block-b": {"total": 8, "free": fleet["blocks"]["block-b"]["free"], "claimed": 2, "quarantined": 0},
+    }
+    assert fleet["blocks"]["block-a"]["free"] <= 7 and fleet["blocks"]["block-b"]["free"] <= 6
     activity = http.get("/trainops/api/fleet/tensor-activity", headers=bearer(token("viewer")))
     assert activity.json() == {
         "configured": False,

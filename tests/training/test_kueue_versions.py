@@ -127,6 +127,7 @@ def test_kueues_requeuing_limit_is_reported_with_kueues_reason_not_as_a_stop(sta
             wait_for_pods_ready_timeout_s=0.5,
             requeue_backoff_base_s=0.2,
             backoff_limit_count=1,
+            topology_aware_scheduling=False,  # with TAS, Kueue would not admit onto nodes it knows are tainted
         )
     )
     kube, spec = claimed_run(cluster, api, bucket, "stuck", ARGS)

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
-from trainops.capacity import claims, inference
+from trainops.capacity import claims, inference, prepull
 from trainops.capacity.claims import NodeQuarantined, NodesHeld, holder_of, is_quarantined, parse_run
-from trainops.capacity.drain import drain, list_pods, pods_on
+from trainops.capacity.drain import drain, list_pods, must_move, pods_on
 from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
 from trainops.capacity.loans import get_path, lend_patch, loans_of, repay_part_patch
 from trainops.capacity.overflow import (
@@ -48,6 +49,9 @@ from trainops.errors import TemporaryError
 from trainops.kube.client import DEPLOYMENTS, EXISTS, MISSING, PODS, Kube
 from trainops.kube.nodes import NodeState, allocatable_gpus, edit_node, list_nodes
 from trainops.kube.retry import Deadline, DeadlineExceeded, call
+from trainops.placement.nodes import place_nodes
+from trainops.placement.place import domains_of
+from trainops.placement.request import TopologyRequest
 
 module_log = logging.getLogger(__name__)
 DEFAULT_WAVES = 4  # a return with replicas in an overflow pool gives the nodes back in this many waves
@@ -69,6 +73,10 @@ class Deadlines:
                 raise ValueError(f"deadline {name} must be > 0 seconds, got {value!r}")
 
 
+class PlacementFailed(TemporaryError):
+    """The topology asked for (``required``) cannot be met by the candidates now; the message says why."""
+
+
 class ReturnIncomplete(TemporaryError):
     """The return finished every step it could; these failed (the message names each)."""
 
@@ -84,6 +92,8 @@ class ClaimSummary:
     cluster_queue: str = ""
     offloaded: dict[str, int] = field(default_factory=dict)  # workload -> replicas moved to its overflow pool
     not_offloaded: dict[str, str] = field(default_factory=dict)  # workload -> why (some) were not
+    placement: dict | None = None  # where the nodes sit (and the run/spare split, with a topology)
+    prepulled: dict[str, str] = field(default_factory=dict)  # node -> the image pull's outcome
 
 
 @dataclass
@@ -144,19 +154,28 @@ def claim(
     inference_services: Sequence[str] = (),
     gpu_flavor: str | None = None,
     overflow_pool: dict | str | None = None,
+    topology: TopologyRequest | None = None,
+    spares: int = 0,
+    image: str | None = None,
+    training_namespace: str = "training",
     deadlines: Deadlines = Deadlines(),
     log: logging.Logger = module_log,
 ) -> ClaimSummary:
     """Claim ``node_names`` for ``run`` (``<dag_id>/<run_id>``); see the module docstring.
 
     ``count``: claim only this many of ``node_names``, the least disruptive first (see
-    ``ranking.least_disruptive``); default: all of them.  ``gpus_per_node``: GPUs each node adds to
-    the quota (default: the node's allocatable ``nvidia.com/gpu``).  ``deployments``/``inference_services``: ``namespace/name`` of the inference
-    workloads to lend from.  ``overflow_pool``: the pool (``overflow.OverflowPool.parse``) of the
+    ``ranking.least_disruptive``); default: all of them.  With a ``topology`` the ``count`` nodes are
+    placed first (``trainops.placement``): the run's ``count - spares`` in the smallest domain of the
+    requested level that holds them, its ``spares`` beside them; the least disruptive within.
+    ``image``: pulled onto every claimed node in ``training_namespace`` once they are drained (hot
+    spares: a resume onto one pays no pull; ``prepull``).  ``gpus_per_node``: GPUs each node adds to
+    the quota (default: the node's allocatable ``nvidia.com/gpu``).  ``deployments``/``inference_services``:
+    ``namespace/name`` of the inference workloads to lend from.  ``overflow_pool``: the pool (``overflow.OverflowPool.parse``) of the
     Deployments that name none in their ``trainops.io/overflow-pool`` annotation (default: none).
     Raises ``NodesHeld`` (nothing changed) when another run holds a node.
     """
     parse_run(run)
+    topology = topology or TopologyRequest()
     candidates = _check_node_names(node_names)
     if gpus_per_node is not None and (not isinstance(gpus_per_node, int) or gpus_per_node < 1):
         raise ValueError(f"gpus_per_node must be a positive integer or None, got {gpus_per_node!r}")
@@ -176,7 +195,18 @@ def claim(
     others = {n for n, holder in holders.items() if holder not in (None, run)}
     # one pod list serves the ranking and the inference shrink (the drain follows the pods itself)
     pods = list_pods(kube.core, step) if count is not None or refs else []
-    nodes = candidates if count is None else _choose(candidates, holders, run, pods, count, others)
+    placement = None
+    if count is not None and topology.active:
+        placement = _place(candidates, by_name, holders, run, pods, count, spares, topology, others)
+        if not placement.fits and others:  # would it fit once the other runs give theirs back? then wait
+            placement = _place(candidates, by_name, holders, run, pods, count, spares, topology, set())
+        log.info("placement (%s): %s", topology.describe(), placement.reason)
+        if not placement.fits and topology.required:
+            raise PlacementFailed(f"placement ({topology.describe()}): {placement.reason}")
+    if placement is not None and placement.fits:
+        nodes = placement.nodes  # nodes other runs hold in it end in NodesHeld below: a wait for them
+    else:  # no topology, or too few labelled nodes: the least disruptive
+        nodes = candidates if count is None else _choose(candidates, holders, run, pods, count, others)
     states = {n: NodeState.of(by_name[n]) for n in nodes}
     held = {n: holders[n] for n in nodes if n in others}
     if held:
@@ -186,6 +216,14 @@ def claim(
         raise NodeQuarantined(", ".join(quarantined))
 
     summary = ClaimSummary(run, nodes, 0, cluster_queue=cluster_queue)
+    if placement is not None and placement.fits:
+        summary.placement = placement.to_dict()
+    else:  # where the nodes sit all the same (the run view shows it)
+        labels = {n: by_name[n]["metadata"].get("labels") or {} for n in nodes}
+        summary.placement = {
+            "topology": topology.to_dict(),
+            "domains": domains_of(topology.levels, labels, nodes),
+        }
     change = claims.claim(run, datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
     for name in sorted(nodes):  # one global order: of two overlapping claims, the first to a node wins all
         # NodesHeld from the change: another run won the race for this node after the check above
@@ -206,6 +244,11 @@ def claim(
         lending.lend(ref, summary)
     summary.evictions = drain(kube.core, set(nodes), Deadline(deadlines.drain_s), deadlines.drain_stall_s)
     log.info("drained %d node(s): %d pod(s) evicted", len(nodes), summary.evictions)
+    if image:
+        pulled = Deadline(min(deadlines.drain_s, prepull.PULL_DEADLINE_S))
+        summary.prepulled = prepull.prepull(
+            kube, run, nodes, image, namespace=training_namespace, deadline=pulled, log=log
+        )
     if set_grant(kube, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
         log.info("ClusterQueue %s: %s quota of this run set to %d", cluster_queue, GPU_RESOURCE, summary.gpus)
     return summary
@@ -221,6 +264,27 @@ def _choose(
         return mine
     rest = [n for n in candidates if n not in mine]
     return mine + least_disruptive(rest, pods, count - len(mine), held=others)
+
+
+def _place(
+    candidates: list[str],
+    by_name: dict[str, dict],
+    holders: dict,
+    run: str,
+    pods: list[dict],
+    count: int,
+    spares: int,
+    topology: TopologyRequest,
+    taken: set[str],
+):
+    """The placement of ``count`` of ``candidates`` (``spares`` of them spares): ``taken`` nodes are not
+    free; those this run holds cost nothing (a retried claim keeps them), the others what their drain
+    disturbs."""
+    busy = Counter((pod.get("spec") or {}).get("nodeName") for pod in pods if must_move(pod))
+    cost = {n: -1.0 if holders[n] == run else float(busy[n]) for n in candidates}
+    return place_nodes(
+        [by_name[n] for n in candidates], count - spares, topology, spares=spares, taken=taken, cost=cost
+    )
 
 
 @dataclass

@@ -48,6 +48,9 @@ from trainops.kube.client import json_of
 from trainops.kube.lists import list_all
 from trainops.kube.nodes import NodeState, allocatable_gpus
 from trainops.kube.retry import Deadline, call
+from trainops.placement.nodes import place_nodes
+from trainops.placement.place import Placement
+from trainops.placement.request import TopologyRequest
 
 DEFAULT_SELECTOR = f"{GPU_POOL_LABEL}=true"
 ON_UNAVAILABLE = ("fail", "probe-only")
@@ -74,6 +77,9 @@ class GateConfig:
     ``speed_tiers``: choose nodes of like measured speed (the probe's GEMM speed, timed once per
     boot on idle GPUs). ``unknown_speed``: ``group`` (default) keeps nodes of unknown speed as a
     group of their own, chosen when no measured tier is large enough; ``exclude`` leaves them out.
+    ``topology``: the chosen nodes must also hold the run (``min_nodes - spares`` nodes) in one domain of
+    the requested level (``required``: else not enough, the reason shown), or as few as can be
+    (``preferred``); ``GateResult.placement`` says where (``trainops.placement``).
     """
 
     selector: str = DEFAULT_SELECTOR
@@ -86,6 +92,8 @@ class GateConfig:
     on_unavailable: str = "fail"
     page_size: int = 500
     api_deadline_s: float = 60.0
+    topology: TopologyRequest = TopologyRequest()
+    spares: int = 0
 
     def __post_init__(self) -> None:
         if not _is_count(self.min_nodes):
@@ -102,6 +110,8 @@ class GateConfig:
             )
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
+        if not isinstance(self.spares, int) or not 0 <= self.spares < self.min_nodes:
+            raise ValueError(f"spares must be an integer from 0 to min_nodes - 1, got {self.spares!r}")
         object.__setattr__(self, "node_names", tuple(self.node_names))
 
 
@@ -142,14 +152,16 @@ class GateResult:
     # which source gave what: {"probe": {"nodes": n}, "prometheus": {"node_label", "nodes",
     # "filled": {signal: GPUs or ports it filled}, "not_exported": {metric: how to enable it}}}
     signal_sources: dict[str, Any] = field(default_factory=dict)
+    placement: Placement | None = None  # where the run would go, when a topology is asked for
 
     @property
     def selected(self) -> list[str]:
-        return self.selection.node_names if self.selection.enough else []
+        return self.selection.node_names if self.enough else []
 
     @property
     def enough(self) -> bool:
-        return self.selection.enough
+        placed = self.placement is None or self.placement.fits or not self.placement.request.required
+        return self.selection.enough and placed
 
     @property
     def to_quarantine(self) -> list[NodeResult]:
@@ -160,6 +172,8 @@ class GateResult:
         """Why the run cannot have ``min_nodes`` nodes (None when it can)."""
         if self.enough:
             return None
+        if self.selection.enough:
+            return f"placement ({self.placement.request.describe()}): {self.placement.reason}"
         usable = self.selection.node_names
         left_out = [n for n in self.nodes if n.name not in usable]
         listed = "; ".join(
@@ -192,6 +206,7 @@ class GateResult:
             "sources": self.sources,
             "signal_sources": self.signal_sources,
             "warnings": self.warnings,
+            "placement": self.placement.to_dict() if self.placement else None,
         }
 
     def table(self) -> str:
@@ -217,6 +232,8 @@ class GateResult:
             )
             + f"; sources: {'+'.join(self.sources)}"
         )
+        if self.placement is not None and self.enough:
+            summary += f"; placement ({self.placement.request.describe()}): {self.placement.reason}"
         lines.append(summary if self.enough else f"NOT ENOUGH: {self.missing()}")
         lines += self._source_lines()
         lines += [f"WARNING: {w}" for w in self.warnings]
@@ -313,9 +330,16 @@ def _run_gate(
         if r.verdict in USABLE and r.name in selection.excluded:
             r.verdict = "exclude"
             r.reasons = [selection.excluded[r.name].removeprefix("exclude: "), *r.reasons]
-    return GateResult(
+    result = GateResult(
         results, selection, config.min_nodes, config.selector, sources, warnings, signal_sources
     )
+    if config.topology.active and selection.enough:
+        chosen = set(selection.node_names)
+        nodes = [r.node for r in results if r.name in chosen and r.node]
+        result.placement = place_nodes(
+            nodes, config.min_nodes - config.spares, config.topology, spares=config.spares
+        )
+    return result
 
 
 def check_fleet(nodes: list[dict], config: GateConfig) -> None:

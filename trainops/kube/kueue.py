@@ -201,3 +201,52 @@ def deactivation_message(facts: WorkloadFacts) -> str:
     if facts.deactivated_by == BY_KUEUE:
         return f"Kueue deactivated Workload {facts.name} ({DEACTIVATED}DueTo{facts.deactivation})"
     return f"Workload {facts.name} was deactivated ({facts.deactivation})"
+
+
+# ---- where Kueue's Topology Aware Scheduling put the pods ---------------------------------------
+MAX_TOPOLOGY_DOMAINS = 100_000  # Kueue's own bound per slice; a larger answer is not Kueue's
+
+
+def topology_domains(podset_assignment: Mapping) -> tuple[list[str], list[tuple[list[str], int]]]:
+    """``(levels, [(values, pods)])`` of a PodSet assignment's ``topologyAssignment`` in either version
+    (v1beta1 ``domains``; v1beta2 ``slices`` with universal or individual values and counts, the
+    individual ones with an optional common prefix and suffix); ``([], [])`` when it has none.  Values
+    go from the widest level down (only ``kubernetes.io/hostname`` when that is the Topology's last
+    level).  A malformed assignment raises ValueError."""
+    assignment = (
+        podset_assignment.get("topologyAssignment") if isinstance(podset_assignment, Mapping) else None
+    )
+    if not assignment:
+        return [], []
+    try:
+        levels = [str(level) for level in assignment["levels"]]
+        if "domains" in assignment:
+            found = [([str(v) for v in d["values"]], int(d["count"])) for d in assignment["domains"]]
+        else:
+            found = [
+                domain for part in assignment.get("slices") or [] for domain in _slice_domains(part, levels)
+            ]
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise ValueError(f"topologyAssignment is not Kueue's: {error!r}") from None
+    if len(found) > MAX_TOPOLOGY_DOMAINS or any(len(values) != len(levels) for values, _ in found):
+        raise ValueError(f"topologyAssignment is not Kueue's: {len(found)} domain(s) over levels {levels}")
+    return levels, found
+
+
+def _slice_domains(part: Mapping, levels: list[str]) -> list[tuple[list[str], int]]:
+    count = int(part["domainCount"])
+    if not 0 < count <= MAX_TOPOLOGY_DOMAINS or len(part["valuesPerLevel"]) != len(levels):
+        raise ValueError(f"slice of {count} domain(s) with {len(part['valuesPerLevel'])} level(s)")
+    pods = part["podCounts"]
+    counts = [int(pods["universal"])] * count if "universal" in pods else [int(c) for c in pods["individual"]]
+    per_level = []
+    for values in part["valuesPerLevel"]:
+        if "universal" in values:
+            per_level.append([str(values["universal"])] * count)
+            continue
+        individual = values["individual"]
+        prefix, suffix = individual.get("prefix") or "", individual.get("suffix") or ""
+        per_level.append([f"{prefix}{root}{suffix}" for root in individual["roots"]])
+    if len(counts) != count or any(len(values) != count for values in per_level):
+        raise ValueError("slice lists are not domainCount long")
+    return [([values[i] for values in per_level], counts[i]) for i in range(count)]

@@ -26,6 +26,7 @@ from trainops.conventions import (
     MODE_TAINT,
     MODE_TRAINING,
 )
+from trainops.placement.request import TopologyRequest
 from trainops.training.naming import run_key
 from trainops.training.podtemplate import merge_under
 from trainops.training.spec import CONTAINER_NAME, TrainingSpec
@@ -193,7 +194,10 @@ def _owned_template(spec, name, labels, attempt, resume_from, excluded) -> dict:
             {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": str(spec.shm_size)}}
         ]
         container["volumeMounts"] = [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}]
-    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+    meta = {"labels": dict(labels)}
+    if spec.topology:  # Kueue's PodSet annotation: where in the fabric the gang goes
+        meta["annotations"] = TopologyRequest.from_value(spec.topology).annotation()
+    return {"metadata": meta, "spec": pod}
 
 
 def _env(spec: TrainingSpec, name: str, attempt: int, resume_from: str | None) -> list[dict]:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainops.placement.request import TopologyRequest
 from trainops.training.naming import check_dns_label
 from trainops.training.podtemplate import normalize
 
@@ -58,6 +59,8 @@ class TrainingSpec:
     volumes and the trainer container's mounts, in API form (camelCase keys).
     ``pod_template``: anything else a pod may have (a dict or ``V1PodTemplateSpec``), merged under
     what trainops sets; a field both set differently is refused (see ``podtemplate``).
+    ``topology``: where in the fabric Kueue places the pods (``TopologyRequest`` or its ``to_dict()``;
+    ``trainops.placement``): its PodSet annotation goes on the pod template; kept as the dict.
     """
 
     image: str
@@ -84,6 +87,7 @@ class TrainingSpec:
     volumes: Sequence[Mapping[str, Any]] = ()
     volume_mounts: Sequence[Mapping[str, Any]] = ()
     pod_template: Any = None
+    topology: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image.strip():
@@ -131,6 +135,8 @@ class TrainingSpec:
             raise ValueError("termination_grace_seconds must be >= 0")
         self._check_pod_fields()
         object.__setattr__(self, "pod_template", normalize(self.pod_template))
+        topology = TopologyRequest.from_value(self.topology)
+        object.__setattr__(self, "topology", topology.to_dict() if topology.active else None)
         from trainops.training.job import build_job  # a trial build finds template conflicts now
 
         build_job(self, name="check", dag_id="check", run_id="check", attempt=1, resume_from=None)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 DAG_ID = "training_lifecycle"
+IMAGE_PULL_S = 1.0  # a node's first pull of the training image (the claim pulls it onto every claimed node)
 BUCKET = "trainops-demo"
 WORKER = ("airflow", "airflow-worker")  # the ServiceAccount deploy/rbac.yaml binds for the workers
 # per trainer: nodes, steps, checkpoint every, seconds per step, crash after step
@@ -128,7 +129,11 @@ def run(args: argparse.Namespace, timeline) -> bool:
         }
         timeline.say(f"local S3 at {s3.endpoint_url}, bucket {BUCKET}")
         with DevCluster(
-            fleet=DEMO_FLEET, process_env=trainer_env, inference=INFERENCE, virtual_nodes=1
+            fleet=DEMO_FLEET,
+            process_env=trainer_env,
+            inference=INFERENCE,
+            virtual_nodes=1,
+            image_pull_s=IMAGE_PULL_S,
         ) as dev:
             dev.wait_until_settled()
             dev.create_from_file(args.rbac)
@@ -140,7 +145,7 @@ def run(args: argparse.Namespace, timeline) -> bool:
             cluster = Cluster(config.new_client_from_config(config_file=str(dev.kubeconfig)))
             seeded = {d["metadata"]["name"]: d["spec"]["replicas"] for d in cluster.list("deployments")}
             timeline.say(
-                f"devcluster up at {dev.url}: {len(dev.fleet)} GPU nodes of mixed hardware ({DEMO_FLEET}); inference "
+                f"devcluster up at {dev.url}: {len(dev.fleet)} GPU nodes of mixed hardware ({DEMO_FLEET}) in {dev.fabric.describe()}; inference "
                 + ", ".join(f"{name} {n} replicas" for name, n in seeded.items())
                 + " (llm-chat: demo inference servers, overflow pool virtual-node-0)"
                 + "; Kueue ClusterQueue 'training' with 0 GPUs; trainops runs as ServiceAccount "
@@ -153,6 +158,7 @@ def run(args: argparse.Namespace, timeline) -> bool:
                 "run_name": run_name,
                 "nodes": args.nodes,
                 "spare_nodes": 1,
+                "topology": "preferred",  # in one block if one holds the run, its spare beside it
                 "command": trainer_command(args)
                 + [
                     "--steps",
@@ -164,7 +170,8 @@ def run(args: argparse.Namespace, timeline) -> bool:
                 ],
             }
             timeline.say(
-                f"triggering {DAG_ID}: {args.nodes} nodes + 1 spare, {args.steps} steps, run {run_uri}, "
+                f"triggering {DAG_ID}: {args.nodes} nodes + 1 spare, topology preferred (one block), "
+                f"{args.steps} steps, run {run_uri}, "
                 f"{args.trainer} trainer"
             )
             service = dev.service_address(*SERVICE)
@@ -181,7 +188,15 @@ def run(args: argparse.Namespace, timeline) -> bool:
             user = "system:serviceaccount:{}:{}".format(*WORKER)
             calls = [e for e in dev.server.audit.entries() if e["user"] == user]
             ok = end_state_checks(
-                timeline, cluster, dag_run, seeded, run_uri, watcher.crashed_node, calls, load
+                timeline,
+                cluster,
+                dag_run,
+                seeded,
+                run_uri,
+                watcher.crashed_node,
+                calls,
+                load,
+                watcher.attempt_nodes,
             )
             if args.trainer == "torch":
                 from trainops_devcluster.demo.torch_checks import torch_checks

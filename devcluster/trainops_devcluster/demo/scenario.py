@@ -28,6 +28,7 @@ from trainops.conventions import (
     QUARANTINE_EVIDENCE_ANNOTATION,
     QUARANTINE_TAINT,
 )
+from trainops.placement.request import BLOCK_LABEL, RACK_LABEL
 from trainops_devcluster.demo.load import Load, stats
 from trainops_devcluster.demo.timeline import Serving, Timeline, serving
 from trainops_devcluster.topology import InferenceWorkload
@@ -118,6 +119,7 @@ class Watcher:
     _task_states: dict = field(default_factory=dict)
     _serving: Serving = field(default_factory=dict)
     _said_at: float = 0.0
+    attempt_nodes: dict = field(default_factory=dict)  # attempt -> the nodes its pods ran on
 
     def start(self) -> Watcher:
         self._thread = threading.Thread(target=self._loop, name="demo-watcher", daemon=True)
@@ -211,6 +213,14 @@ class Watcher:
                 f"moved to the overflow pool first: {offloaded or 'nothing'}{not_offloaded}; inference shrunk: "
                 f"{', '.join(value['workloads_shrunk']) or 'none'}; pods evicted: {value['evictions']}"
             )
+            placement = value.get("placement") or {}
+            if placement.get("reason"):
+                self.timeline.say(f"placement: {placement['reason']}")
+            pulled = sorted(n for n, state in (value.get("prepulled") or {}).items() if state == "pulled")
+            if pulled:
+                self.timeline.say(
+                    f"training image pulled onto {', '.join(pulled)} (hot spares: a resume pays no pull)"
+                )
         elif task_id == "train":
             self.timeline.say(
                 f"training done: {value['attempts']} attempt(s), {value['resumes_used']} resume(s), "
@@ -259,11 +269,15 @@ class Watcher:
             running = sorted(
                 p["spec"]["nodeName"] for p in pods if (p.get("status") or {}).get("phase") == "Running"
             )
-            if running and len(running) == len(pods):
-                self.once(
-                    ("running", attempt),
-                    f"attempt {attempt}: {len(running)} pods running on {', '.join(running)}",
-                )
+            if running and len(running) == len(pods) and attempt not in self.attempt_nodes:
+                self.attempt_nodes[attempt] = running
+                where = ", ".join(f"{n} ({self._domain(n)})" for n in running)
+                self.timeline.say(f"attempt {attempt}: {len(running)} pods running on {where}")
+
+    def _domain(self, node: str) -> str:
+        """``block-b/rack-2``: where the node sits in the fabric."""
+        labels = labels_of(self.cluster.list("nodes"), node)
+        return "/".join(labels.get(level, "?") for level in (BLOCK_LABEL, RACK_LABEL))
 
     def _jobs(self) -> None:
         for job in self.cluster.list("jobs", TRAINING):
@@ -338,6 +352,10 @@ class Watcher:
         self.timeline.serving(now, requests)
 
 
+def labels_of(nodes: list[dict], name: str) -> dict:
+    return next((n["metadata"].get("labels") or {} for n in nodes if n["metadata"]["name"] == name), {})
+
+
 def end_state_checks(
     timeline: Timeline,
     cluster: Cluster,
@@ -347,6 +365,7 @@ def end_state_checks(
     crashed: str | None,
     worker_calls: list[dict],
     load: Load,
+    attempt_nodes: dict[str, list[str]] | None = None,
 ) -> bool:
     """Check the cluster and the bucket after the run; True only when every check passes.
     ``worker_calls``: the audit log's entries of the workers' ServiceAccount, which the DAG ran as;
@@ -424,6 +443,20 @@ def end_state_checks(
             f"{crashed or 'no fault was injected'}: {faulty_labels.get(HEALTH_LABEL, 'not quarantined')}",
         ),
     ]
+    blocks = {
+        attempt: sorted({(labels_of(nodes, n).get(BLOCK_LABEL) or "?") for n in running})
+        for attempt, running in (attempt_nodes or {}).items()
+    }
+    first, resumed = (attempt_nodes or {}).get("1", []), (attempt_nodes or {}).get("2", [])
+    spare = sorted(set(resumed) - set(first))
+    checks.append(
+        (
+            "the run in one block, resumed on a spare of that block",
+            len(blocks.get("1", [])) == 1 and blocks.get("2") == blocks.get("1") and len(spare) == 1,
+            f"attempt 1 on {', '.join(first) or '-'} ({', '.join(blocks.get('1', [])) or '-'}); attempt 2 on "
+            f"{', '.join(resumed) or '-'} ({', '.join(blocks.get('2', [])) or '-'}), spare {', '.join(spare) or '-'}",
+        )
+    )
     denied = sorted(
         {f"{e['status']} {e['method']} {e['path']}" for e in worker_calls if e["status"] in (401, 403)}
     )
