@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 DAG_ID = "training_lifecycle"
-IMAGE_PULL_S = 1.0  # a node's first pull of the training image (the claim pulls it onto every claimed node)
 BUCKET = "trainops-demo"
 WORKER = ("airflow", "airflow-worker")  # the ServiceAccount deploy/rbac.yaml binds for the workers
 # per trainer: nodes, steps, checkpoint every, seconds per step, crash after step
@@ -133,7 +132,6 @@ def run(args: argparse.Namespace, timeline) -> bool:
             process_env=trainer_env,
             inference=INFERENCE,
             virtual_nodes=1,
-            image_pull_s=IMAGE_PULL_S,
         ) as dev:
             dev.wait_until_settled()
             dev.create_from_file(args.rbac)
