@@ -142,7 +142,7 @@ class PodRuntime(InformerController):
     ) -> None:
         super().__init__(store)
         self.image_pull_s = image_pull_s
-        self._images: dict[str, set[str]] = {}  # node -> images on it
+        self._images: dict[str, dict[str, float]] = {}  # node -> image -> when its pull ends (monotonic)
         self._pulled_at: dict[str, float] = {}  # node -> when its pulls in progress end
         self.logs = logs
         self.telemetry = telemetry or {}
@@ -192,23 +192,29 @@ class PodRuntime(InformerController):
         self.after(self._pull(pod, run.node) + delay, lambda: self._start(run))
 
     def _pull(self, pod: dict, node: str) -> float:
-        """Pull the pod's images the node lacks (serially, after the pulls under way); seconds until done."""
-        have = self._images.setdefault(node, set())
+        """Pull the pod's images the node lacks (serially, after the pulls under way); seconds until all
+        are there (an image another pod is pulling now is waited for)."""
+        have = self._images.setdefault(node, {})
         wanted = dict.fromkeys(c.get("image", "") for c in pod["spec"].get("containers") or [])
         now = time.monotonic()
         done = max(now, self._pulled_at.get(node, now))
+        ready, pulling = now, False
         for image in wanted:
             if image in have:
-                self.events.record(
-                    pod, "Pulled", f'Container image "{image}" already present on machine', host=node
-                )
+                ready = max(ready, have[image])
+                if have[image] <= now:
+                    self.events.record(
+                        pod, "Pulled", f'Container image "{image}" already present on machine', host=node
+                    )
                 continue
-            have.add(image)
             self.events.record(pod, "Pulling", f'Pulling image "{image}"', host=node)
             done += self.image_pull_s
+            have[image], pulling = done, True
             self.after(done - now, lambda image=image: self._pulled(pod, node, image))
-        self._pulled_at[node] = done
-        return done - now
+        if pulling:  # this pod's pulls queue behind those under way
+            self._pulled_at[node] = done
+            ready = max(ready, done)
+        return ready - now
 
     def _pulled(self, pod: dict, node: str, image: str) -> None:
         self.events.record(
