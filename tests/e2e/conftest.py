@@ -57,7 +57,6 @@ def cluster(s3, monkeypatch, tmp_path):
         dev.probe_daemon.wait_rounds(1)
         dev.create_from_file(RBAC)
         worker = dev.service_account_kubeconfig(*WORKER, tmp_path / WORKER_KUBECONFIG)
-        dev.server.audit.clear()  # the setup's own writes (RBAC, the token) are not the package's
         monkeypatch.setenv("KUBECONFIG", str(worker))
         monkeypatch.setenv("AIRFLOW_CONN_KUBERNETES_DEFAULT", airflow_home.kubernetes_connection(worker))
         yield dev
