@@ -420,7 +420,10 @@ METADATA = {
     "dcp-metadata-huge-int-keys": Case(
         _checkpoint(_dcp_with(pickle.dumps({k * (2**61 - 1): 0 for k in range(5, 50)}))),
         _verify,
-        (".metadata was not loaded", "outside int64"),
+        (
+            ".metadata was not loaded",
+            "not a DCP Metadata",
+        ),  # loaded in the sandbox: the collisions cost only it
     ),
     "hf-trainer-state-a-list": Case(
         _named("checkpoint-1", _hf_with("trainer_state.json", b"[1]")),

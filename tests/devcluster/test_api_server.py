@@ -673,6 +673,7 @@ def test_discovery_and_openapi(api):
         "localqueues": True,
         "workloads": True,
         "workloadpriorityclasses": False,
+        "topologies": False,
     }
     _, _, root = api.raw("GET", "/openapi/v3")
     assert "apis/batch/v1" in root["paths"]
@@ -711,7 +712,11 @@ def test_kueue_is_served_at_one_version_which_trainops_discovers_once_per_client
     api = LocalApi(tmp_path, kueue_version=served)
     try:
         _, _, group = api.raw("GET", "/apis/kueue.x-k8s.io")
-        assert [v["version"] for v in group["versions"]] == [served]
+        assert group["preferredVersion"]["version"] == served
+        # Kueue 0.13 serves its Topology at v1alpha1 beside v1beta1; 0.15+ serves it at v1beta2
+        assert [v["version"] for v in group["versions"]] == [served] + (
+            ["v1alpha1"] if served == "v1beta1" else []
+        )
         assert api.raw("GET", f"/apis/kueue.x-k8s.io/{other}")[0] == 404
         assert api.raw("GET", f"/apis/kueue.x-k8s.io/{other}/clusterqueues")[0] == 404
         assert f"apis/kueue.x-k8s.io/{served}" in api.raw("GET", "/openapi/v3")[2]["paths"]

@@ -38,6 +38,8 @@ def cluster(tmp_path_factory):
         dev.wait_until_settled()
         for step in README_STEPS:
             dev.create_from_file(REPO / "deploy" / f"{step}.yaml")
+        # the devcluster's GPU nodes offer rdma/ib: the README's RDMA step (IPC_LOCK needs privileged)
+        run(dev, "label", "namespace", "training", f"{ENFORCE}=privileged", "--overwrite")
         dev.create_from_file(REPO / "deploy" / "doctor-rbac.yaml")
         wait_for(lambda: probes_ready(dev) == set(GPU_NODES), "a ready probe pod on every GPU node")
         dev.probe_daemon.wait_rounds(1)
@@ -349,16 +351,6 @@ def namespace_enforcing(cluster, namespace: str, level: str):
 
 
 @contextlib.contextmanager
-def rdma_device_plugin(cluster):
-    """An RDMA device plugin advertises rdma/ib on gpu-node-000."""
-    offered = {"capacity": {"rdma/ib": "64"}, "allocatable": {"rdma/ib": "64"}}
-    patch(cluster, "node", "gpu-node-000", body={"status": offered}, subresource="status")
-    yield
-    gone = {"capacity": {"rdma/ib": None}, "allocatable": {"rdma/ib": None}}
-    patch(cluster, "node", "gpu-node-000", body={"status": gone}, subresource="status")
-
-
-@contextlib.contextmanager
 def binding_deleted(cluster, name: str):
     run(cluster, "delete", "validatingadmissionpolicybinding", name)
     yield
@@ -378,8 +370,8 @@ WRONG = {
     "local-queue-elsewhere": (lambda c: local_queue_feeding(c, "other"), (), "kueue-queues", "LocalQueue training/training sends runs to ClusterQueue 'other', but the claim raises", "deploy/kueue-queues.yaml"),
     "operand-without-trainops-tolerations": (operand_with_chart_tolerations, (), "daemonset-tolerations", "DaemonSet gpu-operator/nvidia-driver-daemonset does not tolerate trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
     "cluster-policy-without-trainops-tolerations": (cluster_policy_with_chart_tolerations, (), "daemonset-tolerations", "ClusterPolicy cluster-policy spec.daemonsets.tolerations lacks trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
-    "training-restricted": (lambda c: namespace_enforcing(c, "training", "restricted"), (), "namespaces", "namespace training enforces Pod Security restricted; the training pods need baseline", f"{ENFORCE}=baseline"),
-    "rdma-under-baseline": (rdma_device_plugin, (), "namespaces", "GPU nodes offer rdma/ib: runs that ask for it add IPC_LOCK and need privileged", f"{ENFORCE}=privileged"),
+    "training-restricted": (lambda c: namespace_enforcing(c, "training", "restricted"), (), "namespaces", "namespace training enforces Pod Security restricted; GPU nodes offer rdma/ib", f"{ENFORCE}=privileged"),
+    "rdma-under-baseline": (lambda c: namespace_enforcing(c, "training", "baseline"), (), "namespaces", "GPU nodes offer rdma/ib: runs that ask for it add IPC_LOCK and need privileged", f"{ENFORCE}=privileged"),
     "probe-namespace-baseline": (lambda c: namespace_enforcing(c, "kube-system", "baseline"), (), "namespaces", "namespace kube-system enforces Pod Security baseline; the node probe", f"kubectl label namespace kube-system {ENFORCE}=privileged"),
     "policy-unbound": (lambda c: binding_deleted(c, POLICIES[1]), (), "probe-admission", f"ValidatingAdmissionPolicy {POLICIES[1]} is not bound with validationActions [Deny]", "deploy/node-probe-admission.yaml"),
 }  # fmt: skip

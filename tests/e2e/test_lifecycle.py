@@ -23,6 +23,7 @@ from tests.e2e.conftest import (
 )
 from tests.training.conftest import heartbeat_step, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
+from trainops.checkpoints.owner import derived_run_name
 from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
 from trainops.kube.client import Kube
 
@@ -186,14 +187,17 @@ def test_user_marking_the_training_failed_stops_the_job_and_gives_everything_bac
     assert_capacity_back(api, capacity_before)
 
 
-def test_scheduled_retraining_runs_the_same_lifecycle_under_a_dated_run_path(
+def test_scheduled_retraining_runs_the_same_lifecycle_under_a_run_path_of_its_own(
     cluster, api, s3, bucket, run_dag, capacity_before
 ):
-    dag_run = run_dag("scheduled_retraining", lifecycle_conf(bucket, "retrain"))
+    """A scheduled run leaves run_name empty: its run path is derived from the DAG run, so next
+    week's run never resumes from this one's checkpoints."""
+    dag_run = run_dag("scheduled_retraining", lifecycle_conf(bucket, ""))
 
     assert dag_run.state == "success"
     verified = xcom_value(dag_run, "verify_checkpoint")
-    dated = f"s3://{bucket}/runs/retrain-{dag_run.run_after.strftime('%Y%m%d-%H%M%S')}/"
-    assert verified["uri"] == f"{dated}step-60/"
-    assert latest_verified(dated).checkpoint.step == 60
+    own = f"s3://{bucket}/runs/{derived_run_name('scheduled_retraining', dag_run.run_id, dag_run.run_after)}/"
+    assert own.startswith(f"s3://{bucket}/runs/scheduled-retraining-{dag_run.run_after:%Y%m%d-%H%M%S}-")
+    assert verified["uri"] == f"{own}step-60/"
+    assert latest_verified(own).checkpoint.step == 60
     assert_capacity_back(api, capacity_before)
