@@ -211,9 +211,12 @@ class DevCluster:
         query = f"count((timestamp({up}) > {since:.3f}) and ({up} == 1))"
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            body = requests.get(
-                f"{self.prometheus_url}/api/v1/query", params={"query": query}, timeout=10
-            ).json()
+            try:
+                body = requests.get(
+                    f"{self.prometheus_url}/api/v1/query", params={"query": query}, timeout=30
+                ).json()
+            except requests.Timeout:  # a busy machine and a large fleet: ask again until the deadline
+                continue
             result = body["data"]["result"]
             if result and int(float(result[0]["value"][1])) >= exporting:
                 return
