@@ -1,13 +1,15 @@
 """Benchmarks of fleet health: the gate at two fleet sizes, and what the node probe writes.
 
 ``health_gate`` (at 4,096 and 8,192 nodes; ``--nodes`` picks others): the gate against the floor
-of reading its inputs on the same devcluster, alternately, best of ``ROUNDS``. The floor is one
-paginated list of the candidate nodes and of the probes' report ConfigMaps, plus one query per
-dcgm-exporter metric to the devcluster's real Prometheus (scraping every exporter at the real
-15 s interval), fetched and decoded. The gate adds parsing the reports, merging in the metrics,
-the policy and the speed tiers. It also prints the gate's own CPU per node (this process's CPU
-time; the devcluster runs in a child process) and, between the two sizes, how that
-grows (linear: within ``LINEAR`` of the smaller size's).
+of reading its inputs on the same devcluster, alternately, best of ``ROUNDS``. The floor issues
+the gate's own reads the gate's way: one paginated list of the candidate nodes and then of the
+probes' report ConfigMaps, while a second thread sends the very PromQL queries the gate sent
+(recorded from a first gate run: aggregated ``max by (node, gpu)``, one per metric) to the
+devcluster's real Prometheus (scraping every exporter at the real 15 s interval), everything
+fetched and decoded with garbage collection paused as in the gate. The gate adds parsing the
+reports, merging in the metrics, the policy and the speed tiers. It also prints the gate's own
+CPU per node (this process's CPU time; the devcluster runs in a child process) and, between the
+two sizes, how that grows (linear: within ``LINEAR`` of the smaller size's).
 
 ``probe_publish``: 10 simulated minutes of the node probe (one report a minute, as
 deploy/node-probe.yaml runs it) on 4,096 nodes with steady telemetry, through the production
@@ -22,11 +24,13 @@ exits 1 when one misses. The servers log to files.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from kubernetes import client, config
 from trainops_devcluster import topology
@@ -38,10 +42,10 @@ from trainops_devcluster.store import Store
 from trainops_devcluster.telemetry import NodeTelemetry
 
 from trainops.conventions import HEALTH_NAMESPACE
-from trainops.health.gate import GateConfig, list_paginated, run_gate
+from trainops.health.gate import GateConfig, gc_paused, list_paginated, run_gate
 from trainops.health.policy import DEFAULT_POLICY, evaluate, load_policy
 from trainops.health.probe import gpu_healthy_condition, replace_condition
-from trainops.health.prometheus import GAUGES, XID_COUNT, XID_LAST, PrometheusClient
+from trainops.health.prometheus import PrometheusClient
 from trainops.health.published import REPORT_SELECTOR
 from trainops.kube.retry import Deadline
 
@@ -67,13 +71,27 @@ def load() -> str:
     return "load=" + "/".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def floor(core_v1, prometheus: PrometheusClient) -> int:
-    deadline = Deadline(600)
-    nodes = list_paginated(core_v1.list_node, "", PAGE_SIZE, deadline, "nodes")
-    lister = lambda **kw: core_v1.list_namespaced_config_map(HEALTH_NAMESPACE, **kw)  # noqa: E731
-    reports = list_paginated(lister, REPORT_SELECTOR, PAGE_SIZE, deadline, "reports")
-    series = sum(len(prometheus.query(metric)) for metric in [*GAUGES, XID_LAST, XID_COUNT])
-    return len(nodes) + len(reports) + series
+class RecordingPrometheus(PrometheusClient):
+    """A Prometheus client that remembers the queries it was asked, so the floor can send the same."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: list[str] = []
+
+    def query(self, promql: str, at: float | None = None) -> list[dict]:
+        self.asked.append(promql)
+        return super().query(promql, at=at)
+
+
+def floor(core_v1, prometheus: PrometheusClient, config: GateConfig, queries: list[str]) -> int:
+    """The gate's reads done as the gate does them (see the module docstring); returns the items read."""
+    deadline, now = Deadline(600), time.time()
+    lister = functools.partial(core_v1.list_namespaced_config_map, HEALTH_NAMESPACE)
+    with gc_paused(), ThreadPoolExecutor(1) as pool:
+        series = pool.submit(lambda: sum(len(prometheus.query(promql, at=now)) for promql in queries))
+        nodes = list_paginated(core_v1.list_node, config.selector, config.page_size, deadline, "nodes")
+        reports = list_paginated(lister, REPORT_SELECTOR, config.page_size, deadline, "reports")
+        return len(nodes) + len(reports) + series.result()
 
 
 def serve_devcluster(nodes: int) -> None:
@@ -111,15 +129,16 @@ def bench_gate(nodes: int) -> tuple[bool, float]:
             raise RuntimeError(f"the {nodes}-node devcluster did not start (exit {server.wait()})")
         api_client = config.new_client_from_config(config_file=ready["kubeconfig"])
         core_v1 = client.CoreV1Api(api_client)
-        prometheus = PrometheusClient(ready["prometheus"], timeout=600)
+        prometheus = RecordingPrometheus(ready["prometheus"], timeout=600)
         # Reports are published once, at setup; on a busy machine setup plus the rounds outlast the
         # policy's 300 s staleness bound, which would make every node unknown (and the gate cheaper).
         fresh = load_policy({"report_age": {"threshold": 24 * 3600}})
         gate_config = GateConfig(min_nodes=nodes // 2, page_size=PAGE_SIZE, policy=fresh, api_deadline_s=600)
-        floors, gates, cpu, chosen = [], [], [], 0
+        run_gate(core_v1, gate_config, prometheus=prometheus)  # warms both sides, records the queries
+        queries, floors, gates, cpu, chosen = list(prometheus.asked), [], [], [], 0
         for _ in range(ROUNDS):
             start = time.perf_counter()
-            floor(core_v1, prometheus)
+            floor(core_v1, prometheus, gate_config, queries)
             floors.append(time.perf_counter() - start)
             start, start_cpu = time.perf_counter(), time.process_time()
             result = run_gate(core_v1, gate_config, prometheus=prometheus)
@@ -135,6 +154,7 @@ def bench_gate(nodes: int) -> tuple[bool, float]:
     passed = ratio <= TARGET and chosen >= nodes // 2
     print(
         f"bench health_gate: nodes={nodes} chosen={chosen} gate={min(gates):.2f}s floor={min(floors):.2f}s "
+        f"(same {len(queries)} PromQL queries, concurrent, GC paused) "
         f"gate_cpu_per_node={per_node * 1e3:.3f}ms ratio={ratio:.2f} target<={TARGET} "
         f"{'PASS' if passed else 'FAIL'} ({load()})",
         flush=True,
