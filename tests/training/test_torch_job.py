@@ -17,7 +17,7 @@ TRAINER = Path(__file__).resolve().parents[2] / "examples" / "torch_trainer" / "
 
 
 @pytest.fixture
-def cluster(make_devcluster, s3):
+def devcluster(make_devcluster, s3):
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
     return make_devcluster(process_env={**s3.env(), "PATH": path})
 
@@ -54,6 +54,7 @@ def test_two_torch_ranks_rendezvous_through_the_headless_service_and_save_sharde
         run_uri=f"s3://{bucket}/runs/torch/",
         nodes=2,
         gpus_per_node=0,  # gloo on CPU
+        cpu="1",  # a pod that requests nothing gets no flavor, which a TAS-only ClusterQueue cannot place
         node_names=nodes,
     )
     core, batch = client.CoreV1Api(k8s), client.BatchV1Api(k8s)
