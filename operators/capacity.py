@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from trainops.operators._errors import translate_errors
+from trainops.provider.errors import translate_errors
 
 from trainops.capacity.claims import NodesHeld
 from trainops.capacity.coverage import check_queue

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from trainops.operators._errors import translate_errors
 from trainops.plugins.links import TrainingRunLink
+from trainops.provider.errors import translate_errors
 
 from trainops.errors import TemporaryError
 

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from trainops.operators._errors import translate_errors
-from trainops.triggers.health import GateSpec, HealthGateTrigger
+from trainops.hooks.health_gate import GateSpec
+from trainops.provider.errors import translate_errors
+from trainops.triggers.health import HealthGateTrigger
 
 from trainops.errors import TemporaryError
 from trainops.health.gate import DEFAULT_SELECTOR, GateResult

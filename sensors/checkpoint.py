@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 from airflow.sdk.exceptions import AirflowSensorTimeout
-from trainops.operators._errors import translate_errors
+from trainops.provider.errors import translate_errors
 from trainops.triggers.checkpoint import CheckpointTrigger
 
 from trainops.errors import TemporaryError

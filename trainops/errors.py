@@ -4,7 +4,7 @@
 deadline, nodes are held by another run, a step of the return failed).  ``PermanentError``:
 nothing changes until a person does (bad input or records, a node that must be released by hand,
 a checkpoint that is not what it claims).  The Airflow side maps the first to a failed try that
-Airflow retries and the second to a task failure without retries (``trainops.operators._errors``).
+Airflow retries and the second to a task failure without retries (``trainops.provider.errors``).
 """
 
 from __future__ import annotations

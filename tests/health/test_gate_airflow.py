@@ -7,7 +7,8 @@ import threading
 import time
 
 import pytest
-from trainops.triggers.health import GateSpec, HealthGateTrigger
+from trainops.hooks.health_gate import GateSpec
+from trainops.triggers.health import HealthGateTrigger
 from trainops_devcluster.airflow_home import xcom_value
 
 # SLOW is one of the idle nodes (inference fills 000-011): the probe times its GEMM on idle GPUs only.

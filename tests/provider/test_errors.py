@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException
-from trainops.operators._errors import translate_errors
+from trainops.provider.errors import translate_errors
 
 from trainops.capacity.claims import ClaimError, NodesHeld
 from trainops.errors import PermanentError, TemporaryError, TrainopsError
