@@ -1,9 +1,11 @@
 """``GangTrainingOperator``: the training run as one deferrable task, resumed after crashes.
 
-A try reattaches to the run's Job when it is still alive, and otherwise submits a new attempt
-that resumes from the latest verified checkpoint (a fresh start when there is none).  It then
-defers to ``GangRunTrigger``, which follows the attempt, judges its end and, for a resume, submits
-the next attempt at once and follows that, ``max_resumes`` times per run (a Clear gives a fresh
+Every step is ``trainops.training.reconcile.TrainingRun.reconcile()``: it reads the run's attempts
+from their Jobs (the cluster is the ledger), decides the one next step and takes it.  A try follows the
+run's attempt when it is still alive, judges one that ended while nobody watched, and otherwise begins
+a new attempt that resumes from the latest verified checkpoint (a fresh start when there is none).
+It then defers to ``GangRunTrigger``, which follows the attempt, judges its end and, for a resume,
+begins the next attempt at once and follows that, ``max_resumes`` times per run (a Clear gives a fresh
 budget).  How an end is judged:
 
 - infrastructure (node fault, XID, NCCL timeout, node lost, eviction), a hang, pods that never
@@ -16,8 +18,9 @@ budget).  How an end is judged:
 - preemption by Kueue: not an end; the trigger keeps following the requeued attempt.
 
 Airflow's ``retries`` are for a try that fails on its own (a worker lost, the API unreachable): the
-next try reattaches to the run's Job, or judges and resumes it.  Every attempt is in the ledger
-(task state store), shown in the task's log and returned.
+next try reattaches to the run's Job, or judges and resumes it.  Every attempt is on its Job (number,
+the try that began it, resume point, kept-out nodes, and once judged its end, verdict and culprits),
+shown in the task's log and returned; ``on_kill`` stops the run and records the stop.
 
 Its return value (XCom): run URI, Job, attempts, resumes used, preemptions, excluded nodes and
 the latest verified checkpoint.
@@ -30,10 +33,9 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from trainops.operators._errors import translate_errors
 from trainops.plugins.links import TrainingRunLink
+from trainops.provider.errors import translate_errors
 
-LEDGER_KEY = "trainops.gang_training"
 EVIDENCE_WAIT_S = 150.0  # the node probe publishes every 60 s: two rounds and a margin
 
 
@@ -218,16 +220,14 @@ class GangTrainingOperator(BaseOperator):
             topology=dict(self.topology) if self.topology else None,
         )
 
-    def trigger(self, run):
-        """The ``GangRunTrigger`` that follows ``run``'s current attempt and resumes it as its budget allows."""
-        from trainops.triggers.training import GangRunTrigger
-
+    def follow_config(self):
+        """How the trigger follows an attempt (its Job's name is filled in per attempt)."""
         from trainops.training.follow import FollowConfig
         from trainops.training.progress import HangPolicy
 
-        config = FollowConfig(
+        return FollowConfig(
             namespace=self.namespace,
-            job_name=run.ledger.current.job,
+            job_name="",
             run_uri=self.spec().run_path,
             nodes=self.nodes,
             hang=HangPolicy(**{**self.hang_policy, "hang_timeout": self.hang_timeout}),
@@ -235,69 +235,83 @@ class GangTrainingOperator(BaseOperator):
             start_timeout=self.start_timeout,
             heartbeat_poll=self.heartbeat_poll,
         )
-        return GangRunTrigger(
-            config.to_dict(),
-            run.to_dict(),
-            self.kubernetes_conn_id,
-            self.kubeconfig,
-            self.aws_conn_id,
-        )
 
-    def gang_run(self, context):
+    def training_run(self, context):
+        """The run this try reconciles: its spec, its cluster and store, and its resume budget."""
         from trainops.hooks.checkpoint_store import CheckpointStoreHook
         from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
 
-        from trainops.training.attempts import RunLedger
         from trainops.training.cluster import GangCluster
-        from trainops.training.runner import GangRun
+        from trainops.training.decide import Budget, Options
+        from trainops.training.reconcile import TrainingRun
 
-        state, ti = context["task_state_store"], context["ti"]
+        ti = context["ti"]
         kube = KubernetesClusterHook(conn_id=self.kubernetes_conn_id, config_file=self.kubeconfig).kube()
-        return GangRun(
-            self.spec(),
+        self._run = TrainingRun(
+            GangCluster(kube),
+            self.namespace,
             context["dag_run"].dag_id,
             context["dag_run"].run_id,
-            GangCluster(kube),
-            CheckpointStoreHook(aws_conn_id=self.aws_conn_id).get_store(),
-            RunLedger.from_dict(state.get(LEDGER_KEY)),
-            save=lambda ledger: state.set(LEDGER_KEY, ledger),
-            fail_fast_on_user_error=self.fail_fast_on_user_error,
-            unconfirmed_fault_retries=self.unconfirmed_fault_retries,
-            quarantine_culprits=self.quarantine_culprits,
-            evidence_wait_s=self.evidence_wait_s,
-            try_number=ti.try_number,
+            spec=self.spec(),
+            store=CheckpointStoreHook(aws_conn_id=self.aws_conn_id).get_store(),
+            budget=Budget(try_number=ti.try_number, **self.resume_budget(ti)),
+            options=Options(
+                fail_fast_on_user_error=self.fail_fast_on_user_error,
+                quarantine_culprits=self.quarantine_culprits,
+                evidence_wait_s=self.evidence_wait_s,
+            ),
+            follow_config=self.follow_config(),
             logger=self.log,
-            **self.resume_budget(ti),
         )
+        return self._run
 
     def resume_budget(self, ti) -> dict:
-        """``max_resumes`` (None: ``retries``) and the try it counts from: a Clear sets ``max_tries`` to its
-        last try + ``retries``, so the first try since the run started or was last cleared is
-        ``max_tries - retries + 1`` (every Clear gives a fresh budget)."""
+        """The budget (one semantics for both, ``trainops.training.decide.Budget``): ``max_resumes`` (None:
+        ``retries``) and ``unconfirmed_fault_retries`` resumes, counted from the run's first try or its last
+        Clear: a Clear sets ``max_tries`` to its last try + ``retries``, so that try is
+        ``max_tries - retries + 1``."""
         return {
-            "max_resumes": self.retries if self.max_resumes is None else int(self.max_resumes),
             "first_try": ti.max_tries - self.retries + 1,
+            "max_resumes": self.retries if self.max_resumes is None else int(self.max_resumes),
+            "unconfirmed_fault_retries": self.unconfirmed_fault_retries,
         }
 
     # ---- Airflow -----------------------------------------------------------------------
     @translate_errors
     def execute(self, context):
-        run = self.gang_run(context)
-        run.start()
-        self.defer(trigger=self.trigger(run), method_name="execute_complete")
+        return self._next(self.training_run(context).reconcile())
 
     @translate_errors
     def execute_complete(self, context, event: dict):
-        from trainops.errors import PermanentError
-        from trainops.training.runner import Decision
+        """The trigger ended the run (its event says how); what stands is what the cluster shows."""
+        run = self.training_run(context)
+        self.log.info("the trigger ended: %s", event.get("message"))
+        return self._next(run.reconcile())
 
-        run = self.gang_run(context)
-        verdict = run.adopt(event)
-        self.log.info(
-            "%d attempts, %d resumes: %s", len(run.ledger.attempts), run.ledger.resumes_used, verdict.message
-        )
-        if verdict.decision is Decision.SUCCEEDED:
-            return verdict.result
-        if verdict.decision is Decision.RETRY:  # the trigger resumes while the budget allows
-            raise PermanentError(run.exhausted_message(verdict.message))
-        raise PermanentError(verdict.message)
+    def _next(self, action):
+        """Succeed with the result, fail with the reason, or defer to follow the running attempt."""
+        from trainops.triggers.training import GangRunTrigger
+
+        from trainops.errors import PermanentError
+        from trainops.training.decide import Fail, Follow, Succeed
+
+        run = self._run
+        if isinstance(action, Follow):
+            trigger = GangRunTrigger(
+                run.to_dict(), self.kubernetes_conn_id, self.kubeconfig, self.aws_conn_id
+            )
+            self.defer(trigger=trigger, method_name="execute_complete")
+        ledger = run.observe()
+        self.log.info("%d attempts, %d resumes", len(ledger.attempts), max(0, len(ledger.attempts) - 1))
+        if isinstance(action, Succeed):
+            return run.result(ledger)
+        if isinstance(action, Fail):
+            raise PermanentError(run.failure_message(action))
+        raise PermanentError(f"the run did not settle: {action}")
+
+    def on_kill(self) -> None:
+        """The task was killed while this try reconciled (a Clear, mark-failed): stop the run, recorded
+        as stopped, and begin nothing more in this process."""
+        run = getattr(self, "_run", None)
+        if run is not None:
+            run.halt("the task was killed (Clear, mark failed or success)")

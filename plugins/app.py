@@ -21,8 +21,8 @@ from trainops.plugins.auth import current_user, require_dag_run
 from trainops.plugins.links import FLEET_ROUTE, run_path
 
 User = Annotated[Any, Depends(current_user)]
-JOBS_DEADLINE_S = (
-    15.0  # the run view waits this long for the attempts' Jobs, then shows it without their times
+VIEW_DEADLINE_S = (
+    15.0  # the run view waits this long for each of its reads of the cluster, then shows it without
 )
 # The two React apps (ES modules the Airflow UI imports) and what they share
 STATIC = {
@@ -181,7 +181,7 @@ def get_run(dag_id: str, run_id: str, user: User) -> dict:
                 dag_id,
                 run_id,
                 setting("aws_conn_id", "aws_default"),
-                lambda: attempt_jobs(dag_id, run_id),
+                lambda: run_ledger(dag_id, run_id),
             )
     except RunNotFound as error:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(error)) from None
@@ -196,23 +196,26 @@ def get_run_inference(dag_id: str, run_id: str, user: User) -> dict:
 
     require_dag_run(user, "GET", dag_id)
     with cluster_answers():
-        return {"workloads": serving(kube(), f"{dag_id}/{run_id}", Deadline(JOBS_DEADLINE_S))}
+        return {"workloads": serving(kube(), f"{dag_id}/{run_id}", Deadline(VIEW_DEADLINE_S))}
 
 
-def attempt_jobs(dag_id: str, run_id: str) -> list[dict]:
-    """The Jobs of the run's attempts (labelled with the run), one list in ``[trainops] training_namespace``;
-    Unavailable with the cluster's answer when it cannot be read."""
+def run_ledger(dag_id: str, run_id: str) -> dict:
+    """The run's attempt ledger, read from its Jobs in ``[trainops] training_namespace`` exactly as the
+    run's own tries and trigger read it (``TrainingRun.observe``: it reads, it never acts); Unavailable
+    with the cluster's answer when it cannot be read."""
     from trainops.plugins.progress import Unavailable
 
-    from trainops.kube.retry import Deadline
     from trainops.training.cluster import GangCluster
+    from trainops.training.reconcile import TrainingRun
 
     namespace = setting("training_namespace", "training")
     try:
         with cluster_answers():
-            return GangCluster(kube()).run_jobs(namespace, f"{dag_id}/{run_id}", Deadline(JOBS_DEADLINE_S))
+            cluster = kube()
+            fast = cluster.with_settings(cluster.settings.with_deadline(VIEW_DEADLINE_S))
+            return TrainingRun(GangCluster(fast), namespace, dag_id, run_id).observe().to_dict()
     except HTTPException as error:
-        raise Unavailable(f"{error.detail} (the attempts' times come from their Jobs)") from None
+        raise Unavailable(f"{error.detail} (the attempt ledger is read from the run's Jobs)") from None
 
 
 def _confirmed(confirm: str | None, expected: str) -> None:

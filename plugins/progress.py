@@ -7,9 +7,9 @@ What exists to read (nothing here writes):
   overwrites it: step, ``time`` on the trainer's clock, ``saving``, ``phase``);
 - ``<run path>/<checkpoint>/_COMMITTED``: written once per checkpoint by the helper's ``commit``; its
   S3 ``LastModified`` is when the step was committed;
-- each attempt's Job (named in the ledger, labelled with the run): created when the attempt was
-  submitted, ``Complete``/``Failed`` (or ``Suspended``, when trainops stopped it) when it ended, and
-  the nodes kept out of it (so the culprits of attempt n are the nodes kept out of attempt n+1 only).
+- the run's attempt ledger, read from its Jobs (``TrainingRun.observe``): when each attempt's Job was
+  created, when it ended (``Complete``/``Failed``, or ``Suspended`` once stopped), where it resumed
+  from, how it was judged and its culprits.
 
 Training pods write the S3 objects, so they are hostile input: each read is bounded in size and
 count, and an object that is too large or malformed fails alone with the reason, naming the field.
@@ -21,7 +21,6 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
 from typing import Any
 
 from trainops.checkpoints import helper
@@ -30,7 +29,6 @@ from trainops.checkpoints.formats.manifest import COMMITTED_FILE
 from trainops.checkpoints.helper import SHOWN
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
-from trainops.training.job import ATTEMPT_LABEL, condition, finished, kept_out, resume_point
 
 MAX_COMMITS = 200  # the newest checkpoints plotted; older ones are counted, not read
 COMMIT_READERS = 16  # concurrent one-key listings of _COMMITTED
@@ -39,14 +37,6 @@ RATE_SPAN_S = 10.0  # the shortest span the rate is measured over when the run h
 
 class Unavailable(Exception):
     """A source of the view (the cluster, the S3 connection) could not be reached; the message says why."""
-
-
-def _stamp(value: Any) -> float | None:
-    """A Kubernetes timestamp (``2026-11-30T19:00:00Z``) as Unix seconds; None when absent or bad."""
-    try:
-        return datetime.fromisoformat(value).timestamp() if isinstance(value, str) else None
-    except ValueError:
-        return None
 
 
 # ---- the heartbeat -------------------------------------------------------------------------------
@@ -88,56 +78,23 @@ def commit_times(store: CheckpointStore, run: S3Uri) -> tuple[list[dict[str, Any
 
 
 # ---- attempts ------------------------------------------------------------------------------------
-def _ended_at(job: Mapping) -> float | None:
-    for kind in ("Failed", "Complete", "Suspended"):
-        if (ended := condition(job, kind)) is not None:
-            return _stamp(ended.get("lastTransitionTime"))
-    return None
-
-
-def _attempt_number(job: Mapping) -> int | None:
-    value = ((job.get("metadata") or {}).get("labels") or {}).get(ATTEMPT_LABEL)
-    return int(value) if isinstance(value, str) and value.isdigit() else None
-
-
-def _unrecorded(ledger_attempts: list[Mapping], jobs: list[Mapping]) -> list[dict[str, Any]]:
-    """Attempts that have a Job but no ledger entry yet: begun by the trigger, which hands the ledger
-    back when the run ends (how they ended is then known; here only what their Jobs say)."""
-    return [
-        {"number": number, "job": job["metadata"]["name"], "resume_step": resume_point(job)[1]}
-        for job in sorted(jobs, key=lambda j: _attempt_number(j) or 0)
-        if (number := _attempt_number(job) or 0) > len(ledger_attempts)
-    ]
-
-
-def attempt_times(ledger: Mapping, jobs: list[Mapping] | None) -> list[dict[str, Any]]:
-    """One entry per attempt of the ledger, and per attempt the trigger began since (from its Job): when
-    it started and ended (its Job's times, whole seconds as S3's commit times are; None when the Job is
-    gone or was not read), where it resumed from, how it ended and its culprits (None: unknown)."""
-    by_name = {(j.get("metadata") or {}).get("name"): j for j in jobs or []}
-    recorded = list(ledger.get("attempts") or [])
-    attempts = recorded + _unrecorded(recorded, jobs or [])
-    found = [by_name.get(a.get("job")) for a in attempts]
-    # the nodes kept out of each attempt, and after the last one: the ledger's own list, once it has
-    # the last attempt's end (mid-run the trigger holds a newer one)
-    current = bool(recorded) and len(attempts) == len(recorded) and recorded[-1].get("phase") == "ended"
-    kept_out_of = [kept_out(job) if job is not None else None for job in found] + [
-        set(ledger.get("excluded") or {}) if current else None
-    ]
+def attempt_times(ledger: Mapping) -> list[dict[str, Any]]:
+    """The plot's rows, one per attempt of the ledger: when its Job was created and when it ended (the
+    Job's own times, whole seconds as S3's commit times are; else when its end was seen), where it
+    resumed from, how it ended and its culprits (None while it has not ended)."""
     rows = []
-    for index, (attempt, job) in enumerate(zip(attempts, found, strict=True)):
-        ended = attempt.get("phase") == "ended" or (job is not None and finished(job))
-        before, after = kept_out_of[index], kept_out_of[index + 1]
+    for attempt in ledger.get("attempts") or []:
+        ended = attempt.get("kind") is not None
         rows.append(
             {
                 "number": attempt.get("number"),
                 "job": attempt.get("job"),
-                "started_at": _stamp(((job or {}).get("metadata") or {}).get("creationTimestamp")),
-                "ended_at": _ended_at(job) if job is not None and ended else None,
+                "started_at": attempt.get("created_at"),
+                "ended_at": (attempt.get("finished_at") or attempt.get("ended_at")) if ended else None,
                 "resume_step": attempt.get("resume_step"),
                 "kind": attempt.get("kind"),
                 "ended": attempt.get("ended"),
-                "culprits": sorted(after - before) if ended and None not in (before, after) else None,
+                "culprits": sorted(attempt.get("culprits") or {}) if ended else None,
             }
         )
     return rows
@@ -196,17 +153,14 @@ def _alone(read: Callable[[], Any], errors: dict[str, str | None], name: str, de
 
 
 def run_progress(
-    ledger: Mapping,
-    run_uri: str | None,
-    store: Callable[[], CheckpointStore],
-    jobs: Callable[[], list[Mapping]],
-    now: float | None = None,
+    ledger: Mapping, run_uri: str | None, store: Callable[[], CheckpointStore], now: float | None = None
 ) -> dict[str, Any]:
     """``{"heartbeat", "rate", "attempts", "commits", "checkpoints_unread", "errors": {part: reason}}``;
-    each part is read alone, and one that cannot be read is empty with its reason in ``errors``."""
+    each part is read alone, and one that cannot be read is empty with its reason in ``errors``
+    (``ledger``: as ``runs`` read it, with its own ``error``)."""
     now = time.time() if now is None else now
-    errors: dict[str, str | None] = {"heartbeat": None, "commits": None, "attempts": None}
-    attempts = attempt_times(ledger, _alone(jobs, errors, "attempts", None))
+    errors: dict[str, str | None] = {"heartbeat": None, "commits": None, "attempts": ledger.get("error")}
+    attempts = attempt_times(ledger)
     heartbeat, commits, unread = None, [], 0
     if run_uri is not None:
         run = S3Uri.parse(run_uri, field="run_uri")

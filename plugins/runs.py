@@ -1,19 +1,17 @@
-"""The run view's data: the train task's attempt ledger, the run's checkpoints as verified now
-(``trainops.checkpoints.latest``), its progress (``trainops.plugins.progress``: heartbeat, rate, the
-plot's data) and the capacity the run claimed and returned, read from Airflow's metadata database
-(task instances, task state store, rendered fields, XCom), S3 and the attempts' Jobs.  Each part
-that cannot be read is empty with its reason; the rest of the view is still answered."""
+"""The run view's data: the run's attempt ledger (read from its Jobs, as the run's tries read it:
+``TrainingRun.observe``), its checkpoints as verified now (``trainops.checkpoints.latest``), its progress
+(``trainops.plugins.progress``: heartbeat, rate, the plot's data) and the capacity the run claimed and
+returned, read from Airflow's metadata database (task instances, rendered fields, XCom), S3 and the
+cluster.  Each part that cannot be read is empty with its reason; the rest of the view is still answered."""
 
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from trainops.operators.training import LEDGER_KEY
 
 from trainops.errors import TrainopsError
 
@@ -25,32 +23,14 @@ class RunNotFound(LookupError):
     """No DAG run with this dag_id and run_id."""
 
 
-LEDGER_LIMIT = 4 << 20  # characters; a ledger of hundreds of attempts with their hints is well under
+def _ledger(read: Callable[[], dict]) -> dict[str, Any]:
+    """The attempt ledger from the run's Jobs; when the cluster cannot be read, empty with ``error`` saying why."""
+    from trainops.plugins.progress import Unavailable
 
-
-def _ledger(session: Session, dag_id: str, run_id: str) -> dict[str, Any]:
-    """The train task's attempt ledger; an unreadable one is empty with ``error`` saying why."""
-    from airflow.models.task_state_store import TaskStateStoreModel
-
-    from trainops.training.attempts import RunLedger
-
-    value = session.scalar(
-        select(TaskStateStoreModel.value).where(
-            TaskStateStoreModel.dag_id == dag_id,
-            TaskStateStoreModel.run_id == run_id,
-            TaskStateStoreModel.task_id == TRAIN,
-            TaskStateStoreModel.key == LEDGER_KEY,
-        )
-    )
-    where = f"the attempt ledger ({TRAIN}'s task state {LEDGER_KEY!r})"
     try:
-        if value is not None and len(value) > LEDGER_LIMIT:
-            raise ValueError(f"{where} is {len(value)} characters, over the {LEDGER_LIMIT}-character limit")
-        ledger = RunLedger.from_dict(json.loads(value) if value else None).to_dict()
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as error:
-        reason = str(error) if str(error).startswith(where) else f"{where} cannot be read: {error}"
-        return {**RunLedger().to_dict(), "error": reason[:500]}
-    return {**ledger, "error": None}
+        return {**read(), "error": None}
+    except (Unavailable, TrainopsError, OSError) as error:
+        return {"attempts": [], "excluded": {}, "preemptions": 0, "error": str(error)[:500]}
 
 
 def _xcom(session: Session, dag_id: str, run_id: str, task_id: str) -> Any:
@@ -115,9 +95,9 @@ def checkpoints(run_uri: str | None, store: Callable[[], Any]) -> dict[str, Any]
 
 
 def run_view(
-    session: Session, dag_id: str, run_id: str, aws_conn_id: str, jobs: Callable[[], list[dict]]
+    session: Session, dag_id: str, run_id: str, aws_conn_id: str, ledger: Callable[[], dict]
 ) -> dict[str, Any]:
-    """Everything the run view shows; raises RunNotFound. ``jobs()``: the Jobs of the run's attempts."""
+    """Everything the run view shows; raises RunNotFound. ``ledger()``: the run's ledger, read from its Jobs."""
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from trainops.plugins.progress import run_progress
@@ -133,17 +113,17 @@ def run_view(
     }
     run_uri = _run_uri(session, dag_id, run_id)
     store = functools.cache(lambda: _store(aws_conn_id))
-    ledger = _ledger(session, dag_id, run_id)
+    attempts = _ledger(ledger)
     claimed = _xcom(session, dag_id, run_id, CLAIM)
     return {
         "dag_id": dag_id,
         "run_id": run_id,
         "state": run.state,
         "tasks": tasks,
-        "ledger": ledger,
+        "ledger": attempts,
         "result": _xcom(session, dag_id, run_id, TRAIN),
         "checkpoints": checkpoints(run_uri, store),
-        "progress": run_progress(ledger, run_uri, store, jobs),
+        "progress": run_progress(attempts, run_uri, store),
         "published_checkpoint": _xcom(session, dag_id, run_id, VERIFY),
         "capacity": {
             "claimed": claimed,

@@ -18,11 +18,9 @@ import contextlib
 import os
 import random
 import statistics
-import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from benchmarks.campaign.faults import FAULTS, S3Errors
 from benchmarks.campaign.lifecycle import RunResult
@@ -89,12 +87,12 @@ def world(*, nodes: int = 16) -> Iterator:
     from benchmarks.campaign.lifecycle import World
     from trainops.checkpoints.store import CheckpointStore
 
-    with local_s3() as s3, _environ(s3.env()), tempfile.TemporaryDirectory(prefix="campaign-") as tmp:
+    with local_s3() as s3, _environ(s3.env()):
         with DevCluster(nodes=nodes, gpus_per_node=8, process_env=s3.env()) as cluster:
             cluster.wait_until_settled()
             client = boto3.client("s3", endpoint_url=s3.endpoint_url)
             errors = S3Errors(client, random.Random(0))
-            yield World(cluster, s3.create_bucket("campaign"), CheckpointStore(client), errors, Path(tmp))
+            yield World(cluster, s3.create_bucket("campaign"), CheckpointStore(client), errors)
 
 
 @contextlib.contextmanager

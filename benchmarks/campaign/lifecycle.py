@@ -40,8 +40,8 @@ from trainops.health.gate import GateConfig, run_gate
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.kube.client import Kube
 from trainops.kube.retry import Deadline
+from trainops.training.decide import Fail, Succeed
 from trainops.training.follow import read_heartbeat
-from trainops.training.runner import Decision
 
 REPO = Path(__file__).resolve().parents[2]
 TRIES = 4  # the train task's retries=3 (+1): a try that fails on its own (its worker killed) is retried
@@ -69,7 +69,6 @@ class World:
     bucket: str
     store: CheckpointStore  # the worker's store (its client gets the S3 faults)
     s3_errors: kinds.S3Errors
-    workdir: Path
     recorder: Recorder = None
     quota_before: str = ""
 
@@ -176,7 +175,6 @@ class Run:
             world.kubeconfig,
             f"campaign/run_{index}",
             self.run_uri,
-            str(world.workdir / f"ledger-{index}.json"),
         )
         self.rival = f"campaign/rival_{index}"
         self.faulted: set[str] = set()
@@ -200,7 +198,7 @@ class Run:
             self.beats.stopped.set()
         for key in (self.step.run, self.rival):  # the teardown, on every path
             try:
-                give_back(Step(self.world.kubeconfig, key, "", "").kube(), key, cluster_queue="training")
+                give_back(Step(self.world.kubeconfig, key, "").kube(), key, cluster_queue="training")
             except Exception as error:  # noqa: BLE001 - a failed return is a violation
                 self.result.violations.append(f"give_back({key}) raised {error!r}")
         seen = self.world.recorder.take()
@@ -282,7 +280,7 @@ class Run:
     def rival_claim(self) -> None:
         """A second run claiming from the same gate result at the same time (so the same nodes); it
         holds what it won for a moment, then returns it."""
-        rival = Step(self.world.kubeconfig, self.rival, "", "", list(self.step.nodes))
+        rival = Step(self.world.kubeconfig, self.rival, "", list(self.step.nodes))
         kube = rival.kube()
         try:
             self.result.notes.append(f"the rival won {claim_step(rival)}")
@@ -334,22 +332,19 @@ class Run:
         tries are ``first_try`` to ``first_try + retries``); the try a Clear came in, or None."""
         for number in range(first, first_try + TRIES):
             try:
-                verdict = train_try(
-                    self.step, self.world.store, number, first_try, cleared, on_start=on_start
-                )
+                action = train_try(self.step, self.world.store, number, first_try, cleared, on_start=on_start)
             except PermanentError:  # Airflow fails the task without a retry
                 raise
             except Exception as error:  # noqa: BLE001 - Airflow fails the try and retries it
                 self.result.notes.append(f"try {number} raised {type(error).__name__}: {error}"[:300])
                 continue
-            if verdict is None:
+            if action is None:
                 return number
-            if verdict.decision is Decision.SUCCEEDED:
+            if isinstance(action, Succeed):
                 return None
-            self.result.notes.append(f"try {number}: {verdict.message}"[:300])
-            if verdict.decision is Decision.RETRY:  # the trigger resumes while the budget allows
-                raise RuntimeError(f"resumes exhausted: {verdict.message}")
-            raise RuntimeError(verdict.message)
+            reason = action.reason if isinstance(action, Fail) else str(action)
+            self.result.notes.append(f"try {number}: {reason}"[:300])
+            raise RuntimeError(reason)  # GangTrainingOperator raises PermanentError: no retry
         raise RuntimeError(f"tries exhausted: {self.result.notes[-1]}")
 
     def inject_mid_train(self, cleared: threading.Event) -> None:

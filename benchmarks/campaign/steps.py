@@ -1,10 +1,11 @@
-"""The lifecycle's steps, Airflow-free, as the operators run them: claim, one try of ``train`` (with its
-trigger's resumes), give back.
+"""The lifecycle's steps, Airflow-free, through the product's own calls: claim, one try of ``train``
+(``TrainingRun.reconcile`` as ``execute`` calls it, ``follow_to_end`` as its trigger runs it, ``halt``
+as a Clear's ``on_kill`` calls it, ``reconcile`` again as ``execute_complete``), give back.
 
 Each takes a ``Step`` (what an Airflow task would have from its context and connections: the
-cluster, the run key, the run's task state) so it runs the same in the campaign's process and in a
-child process it SIGKILLs (``python -m benchmarks.campaign.steps STEP JSON``).  The ledger, which
-Airflow keeps in the task state store, is a JSON file here; the S3 endpoint comes from the environment.
+cluster, the run key, the run path) so it runs the same in the campaign's process and in a child
+process it SIGKILLs (``python -m benchmarks.campaign.steps STEP JSON``).  The run's ledger is its Jobs,
+as in Airflow; the S3 endpoint comes from the environment.
 """
 
 from __future__ import annotations
@@ -15,17 +16,16 @@ import json
 import sys
 import threading
 from collections.abc import Awaitable
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 
 from trainops.capacity.procedure import Deadlines, claim, give_back
 from trainops.checkpoints.store import CheckpointStore
 from trainops.kube.client import Kube
-from trainops.training.attempts import RunLedger
 from trainops.training.cluster import GangCluster
-from trainops.training.follow import FollowConfig, Outcome, RunFollower
+from trainops.training.decide import Action, Budget, Follow, Options, Succeed
+from trainops.training.follow import FollowConfig
 from trainops.training.progress import HangPolicy
-from trainops.training.runner import Decision, GangRun, Verdict
+from trainops.training.reconcile import TrainingRun
 from trainops.training.spec import TrainingSpec
 
 DEPLOYMENTS = ["inference/llm-chat", "inference/embeddings"]
@@ -53,20 +53,10 @@ class Step:
     kubeconfig: str
     run: str  # <dag_id>/<run_id>, the claim key
     run_uri: str
-    ledger: str  # the task state store's file
     nodes: list[str] = field(default_factory=list)  # claim: candidates; train: the claimed nodes
 
     def kube(self) -> Kube:
         return Kube.from_kubeconfig(self.kubeconfig)
-
-    def load_ledger(self) -> RunLedger:
-        path = Path(self.ledger)
-        return RunLedger.from_dict(json.loads(path.read_text()) if path.exists() else None)
-
-    def save_ledger(self, ledger: dict) -> None:
-        tmp = Path(self.ledger).with_suffix(".tmp")
-        tmp.write_text(json.dumps(ledger))
-        tmp.replace(self.ledger)  # atomic: a SIGKILL leaves the old state or the new
 
 
 def claim_step(step: Step) -> list[str]:
@@ -93,8 +83,9 @@ def give_back_step(step: Step) -> None:
     give_back(step.kube(), step.run, cluster_queue=QUEUE, deadlines=DEADLINES)
 
 
-def gang_run(step: Step, store: CheckpointStore, try_number: int = 1, first_try: int = 1) -> GangRun:
-    """The train task's run for one try; its resume budget counts from try ``first_try``."""
+def training_run(step: Step, store: CheckpointStore, try_number: int = 1, first_try: int = 1) -> TrainingRun:
+    """The train task's run for one try, as ``GangTrainingOperator.training_run`` makes it: its resume
+    budget counts from try ``first_try``."""
     dag_id, _, run_id = step.run.partition("/")
     spec = TrainingSpec(
         image="devcluster.trainops.io/local",
@@ -105,19 +96,26 @@ def gang_run(step: Step, store: CheckpointStore, try_number: int = 1, first_try:
         node_names=step.nodes,
         termination_grace_seconds=5,  # a hung trainer holds its nodes this long after the stop
     )
-    return GangRun(
-        spec,
+    follow = FollowConfig(
+        "training",
+        "",
+        step.run_uri,
+        GANG,
+        hang=HANG,
+        start_timeout=60,
+        admission_timeout=120,
+        heartbeat_poll=0.2,
+    )
+    return TrainingRun(
+        GangCluster(step.kube()),
+        "training",
         dag_id,
         run_id,
-        GangCluster(step.kube()),
-        store,
-        step.load_ledger(),
-        save=step.save_ledger,
-        unconfirmed_fault_retries=1,
-        evidence_wait_s=5,
-        try_number=try_number,
-        max_resumes=RESUMES,
-        first_try=first_try,
+        spec=spec,
+        store=store,
+        budget=Budget(try_number, first_try, max_resumes=RESUMES, unconfirmed_fault_retries=1),
+        options=Options(evidence_wait_s=5),
+        follow_config=follow,
     )
 
 
@@ -137,8 +135,8 @@ def async_client(kubeconfig: str):
     return client
 
 
-async def _until_cleared(followed: Awaitable[Verdict], cleared: threading.Event) -> Verdict | None:
-    """``followed``'s verdict, or None when ``cleared`` is set first (the trigger is killed)."""
+async def _until_cleared(followed: Awaitable[Action], cleared: threading.Event) -> Action | None:
+    """``followed``'s end, or None when ``cleared`` is set first (the trigger is killed)."""
     task = asyncio.ensure_future(followed)
     while not task.done():
         if cleared.is_set():
@@ -157,36 +155,23 @@ def train_try(
     first_try: int,
     cleared: threading.Event | None = None,
     on_start=lambda: None,
-) -> Verdict | None:
-    """GangTrainingOperator.execute (start), its trigger (follow, judge, resume while the budget counted
-    from try ``first_try`` allows), execute_complete (the ledger saved).  None when ``cleared`` stopped the trigger first (the Clear's
-    on_kill stops the Job; the trigger's ledger is lost, as in Airflow).
-    ``on_start()``: called once the attempt is submitted or reattached."""
-    run = gang_run(step, store, try_number, first_try)
-    run.start()
+) -> Action | None:
+    """One try of ``train``: ``execute`` (reconcile), its trigger (rebuilt from ``to_dict`` as the triggerer
+    does; ``follow_to_end``), ``execute_complete`` (reconcile): ``Succeed`` or ``Fail``.  None when
+    ``cleared`` killed the trigger first (its ``on_kill``: ``halt``).  ``on_start()``: called once the
+    try has its attempt (followed, or begun)."""
+    run = training_run(step, store, try_number, first_try)
+    action = run.reconcile()
     on_start()
-    trigger = GangRun.from_dict(run.to_dict(), run.cluster, store)
-    client = async_client(step.kubeconfig)
-
-    def follow_attempt(job: str) -> Awaitable[Outcome]:
-        config = FollowConfig(
-            "training",
-            job,
-            step.run_uri,
-            GANG,
-            hang=HANG,
-            start_timeout=60,
-            admission_timeout=120,
-            heartbeat_poll=0.2,
-        )
-        return RunFollower(config, trigger.cluster, client, store).follow()
-
-    verdict = asyncio.run(_until_cleared(trigger.run_attempts(follow_attempt), cleared or threading.Event()))
-    if verdict is None:
-        GangCluster(step.kube()).stop("training", trigger.stop_submitting())  # the trigger's on_kill
+    if not isinstance(action, Follow):
+        return action
+    trigger = TrainingRun.from_dict(run.to_dict(), GangCluster(step.kube()), store)
+    following = trigger.follow_to_end(trigger.follower(async_client(step.kubeconfig)))
+    ended = asyncio.run(_until_cleared(following, cleared or threading.Event()))
+    if ended is None:
+        trigger.halt("the task was killed (Clear)")
         return None
-    step.save_ledger(trigger.ledger.to_dict())
-    return verdict
+    return run.reconcile()
 
 
 def main(argv: list[str]) -> int:
@@ -194,9 +179,9 @@ def main(argv: list[str]) -> int:
     if name == "claim":
         claim_step(step)
     elif name == "train":
-        verdict = train_try(step, CheckpointStore(), try_number=1, first_try=1)
-        print(json.dumps(asdict(verdict), default=str))
-        return 0 if verdict.decision is Decision.SUCCEEDED else 1
+        action = train_try(step, CheckpointStore(), try_number=1, first_try=1)
+        print(action)
+        return 0 if isinstance(action, Succeed) else 1
     elif name == "give_back":
         give_back_step(step)
     else:

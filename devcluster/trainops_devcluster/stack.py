@@ -140,6 +140,20 @@ def down(state: Path) -> list[str]:
     return stopped
 
 
+def crash(state: Path, name: str) -> None:
+    """SIGKILL the Airflow service ``name`` (``airflow-worker``, ``airflow-triggerer``...) with everything
+    it spawned, as a node failure or the OOM killer would, and start it again as its supervisor (the
+    kubelet, systemd) does: a new process with the same command and environment, and no goodbye."""
+    state = state.resolve()
+    record = json.loads((state / "pids" / f"{name}.json").read_text())
+    _signal_group(record["pid"], signal.SIGKILL)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while _alive(record) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    at = Endpoints(**json.loads((state / "endpoints.json").read_text()))
+    _start(state, name, record["argv"], env={**_local_env(), **service_environment(at, name)})
+
+
 def create_bucket(endpoint_url: str, name: str = BUCKET) -> None:
     """Create the lifecycle DAGs' default bucket (idempotent)."""
     import boto3

@@ -8,7 +8,7 @@ import pytest
 from benchmarks.campaign import campaign, world
 from benchmarks.campaign.invariants import end_state, run_label
 from benchmarks.campaign.lifecycle import set_quarantine
-from benchmarks.campaign.steps import GANG, Step, claim_step, gang_run, give_back_step
+from benchmarks.campaign.steps import GANG, Step, claim_step, give_back_step, training_run
 from tests.capacity.helpers import snapshot
 from trainops.checkpoints.helper import commit
 from trainops.kube.client import JOBS
@@ -43,7 +43,7 @@ def check(fleet, before) -> list[str]:
 def test_the_checker_reports_nodes_and_quota_held_after_the_run_ended(fleet):
     before = snapshot(fleet.cluster)
     fleet.recorder.take()
-    step = Step(fleet.kubeconfig, "campaign/broken_1", "", "", sorted(fleet.cluster.telemetry)[: GANG + 1])
+    step = Step(fleet.kubeconfig, "campaign/broken_1", "", sorted(fleet.cluster.telemetry)[: GANG + 1])
     claim_step(step)  # ... and no give_back: the run "ended" holding its nodes
 
     found = check(fleet, before)
@@ -58,13 +58,13 @@ def test_the_checker_reports_nodes_and_quota_held_after_the_run_ended(fleet):
 def test_the_checker_reports_a_second_job_for_one_attempt_and_a_resume_from_a_torn_checkpoint(fleet):
     before = snapshot(fleet.cluster)
     fleet.recorder.take()
-    step = Step(fleet.kubeconfig, "campaign/broken_2", f"s3://{fleet.bucket}/runs/broken-2/", "/nonexistent")
+    step = Step(fleet.kubeconfig, "campaign/broken_2", f"s3://{fleet.bucket}/runs/broken-2/")
     torn = f"{step.run_uri}step-20/"
     put = fleet.store.client.put_object
     put(Bucket=fleet.bucket, Key="runs/broken-2/step-20/rank-0.bin", Body=b"shard")
     commit(torn, step=20, store=fleet.store)
     put(Bucket=fleet.bucket, Key="runs/broken-2/step-20/rank-0.bin", Body=b"torn!")
-    run = gang_run(step, fleet.store)
+    run = training_run(step, fleet.store)
     for name in ("job-a", "job-b"):  # two Jobs for attempt 1 (no quota is granted: neither is admitted)
         job = build_job(
             run.spec, name=name, dag_id="campaign", run_id="broken_2", attempt=1, resume_from=torn

@@ -131,13 +131,11 @@ def test_a_resume_leaves_out_the_node_the_attempts_step_times_show_slow(make_dev
     import sys
 
     from tests.devcluster.ctrl_support import wait_for
+    from tests.training.conftest import training_run
     from trainops.capacity.procedure import claim
-    from trainops.checkpoints.store import CheckpointStore
     from trainops.kube.client import Kube
-    from trainops.training.attempts import RunLedger
-    from trainops.training.cluster import GangCluster
+    from trainops.training.decide import Follow
     from trainops.training.follow import Outcome, Status
-    from trainops.training.runner import Decision, GangRun
     from trainops.training.spec import TrainingSpec
 
     cluster = make_devcluster(nodes=6, process_env=s3.env())
@@ -152,23 +150,27 @@ def test_a_resume_leaves_out_the_node_the_attempts_step_times_show_slow(make_dev
         nodes=3,
         node_names=nodes,
     )
-    calls = GangCluster(kube)
-    run = GangRun(spec, "dag", "slow", calls, CheckpointStore(), RunLedger(), lambda _: None)
-    record_, _ = run.start()
+    run = training_run(kube, spec, "slow")
+    first = run.reconcile().attempt
+    calls = run.cluster
 
     def running() -> list[dict] | None:
-        pods = [p for p in calls.job_pods("training", record_.job) if p["status"].get("phase") == "Running"]
+        pods = [p for p in calls.job_pods("training", first.job) if p["status"].get("phase") == "Running"]
         return pods if len(pods) == 3 else None
 
     placed = nodes_by_rank(wait_for(running, "three running pods"))
     slow_node = placed["2"]
     beat = {"step": 120, "time": time.time(), "node_step_s": {"0": 1.0, "1": 1.02, "2": 1.5}}
     # the slow rank holds every step back until the run is judged hung (the follower's verdict)
-    pods = calls.job_pods("training", record_.job)
-    verdict = run.finish(Outcome(Status.HANG, "no progress", record_.job, pods, heartbeat=beat).to_dict())
+    pods = calls.job_pods("training", first.job)
+    run.followed = first
+    action = run.reconcile(seen=Outcome(Status.HANG, "no progress", first.job, pods, heartbeat=beat))
 
-    assert verdict.decision is Decision.RETRY
-    assert run.ledger.excluded[slow_node].startswith("slowed down in training of run dag/slow: 1.5s per step")
+    assert isinstance(action, Follow) and action.attempt.number == 2  # resumed
+    assert action.attempt.kept_out[slow_node].startswith(
+        "slowed down in training of run dag/slow: 1.5s per step"
+    )
     kept = recorded(cluster.store.get("nodes", "", slow_node)["metadata"]["annotations"])
     assert (kept.node, kept.pct_slower, kept.run) == (slow_node, 47.1, "dag/slow")
-    assert set(run.ledger.excluded) == {slow_node}
+    assert set(action.attempt.kept_out) == {slow_node}
+    assert run.observe().attempts[0].end.slowed.keys() == {slow_node}  # on the ledger, not blamed

@@ -1,14 +1,15 @@
 """The run view's API after a real ``training_lifecycle`` run (dag.test) with an XID mid-run:
 where the run resumed from and why, the culprit, the checkpoints, the heartbeat and its rate, the
 plot's data (when each attempt started and ended, when each checkpoint was committed) and the
-capacity, from Airflow's database, S3 and the attempts' Jobs.  Then the trainer's objects and the
-ledger turn hostile, and each fails alone with its reason while the rest is still answered."""
+capacity, from Airflow's database, S3 and the attempts' Jobs (the ledger).  Then the trainer's objects
+and an attempt's recorded end turn hostile, and each fails alone with its reason while the rest is
+still answered."""
 
 from __future__ import annotations
 
 import json
 
-from sqlalchemy import update
+from trainops_devcluster.airflow_home import xcom_value
 
 from tests.e2e.conftest import DAG_ID, api, cluster, lifecycle_conf, xid_mid_run  # noqa: F401
 from trainops.checkpoints.uri import S3Uri
@@ -91,44 +92,36 @@ def test_the_run_view_answers_where_the_run_resumed_from_and_why(
     assert "time must be Unix seconds no later than now" in future["progress"]["errors"]["heartbeat"]
     assert future["progress"]["commits"] == commits
 
-    # The ledger is unreadable (oversized, then malformed): empty with its reason; S3's parts still answer.
-    from airflow.models.task_state_store import TaskStateStoreModel
-    from airflow.utils.session import create_session
+    # The ledger is the run's Jobs, read as the run's own tries read them: the same attempts, ends and
+    # culprits as the task returned.
+    assert [(a["number"], a["kind"], a["ended"]) for a in view["ledger"]["attempts"]] == [
+        (h["number"], h["kind"], h["ended"]) for h in xcom_value(dag_run, "train")["history"]
+    ]
 
-    def with_ledger(value: str) -> dict:
-        with create_session() as session:
-            session.execute(
-                update(TaskStateStoreModel)
-                .where(TaskStateStoreModel.run_id == dag_run.run_id, TaskStateStoreModel.task_id == "train")
-                .values(value=value)
-            )
+    # An attempt's end on its Job turns hostile (oversized, then malformed): that attempt shows the reason
+    # and no end; the other attempt, S3's parts and the checkpoints still answer.
+    from trainops.kube.client import JOBS, Kube
+    from trainops.training.ledger import END_ANNOTATION, MAX_END
+
+    kube = Kube(api)
+
+    def with_end(value: str) -> dict:
+        kube.patch(JOBS, crashed["job"], {"metadata": {"annotations": {END_ANNOTATION: value}}}, "training")
         answer = http.get(path, headers=headers)
         assert answer.status_code == 200, answer.text
         return answer.json()
 
-    # Mid-run the task state holds the ledger as the task deferred (attempt 1 live); the attempt its
-    # trigger began since is shown from its Job.
-    as_deferred = {
-        "attempts": [first | {"phase": "submitted", "kind": None, "ended": None}],
-        "excluded": {},
-        "preemptions": 0,
-    }
-    mid_run = with_ledger(json.dumps(as_deferred))["progress"]["attempts"]
-    assert [(a["number"], a["job"]) for a in mid_run] == [(1, crashed["job"]), (2, resumed["job"])]
-    assert mid_run[1]["resume_step"] == second["resume_step"] and mid_run[1]["kind"] is None
-
-    oversized = with_ledger(json.dumps({"attempts": [], "pad": "x" * (4 << 20)}))
-    assert oversized["ledger"]["attempts"] == []
-    assert [a["number"] for a in oversized["progress"]["attempts"]] == [1, 2]  # from the Jobs alone
-    assert "over the 4194304-character limit" in oversized["ledger"]["error"]
+    oversized = with_end("x" * (MAX_END + 1))
+    hostile, kept = oversized["ledger"]["attempts"]
+    assert hostile["kind"] is None and "over the 32768-character limit" in hostile["problems"][0]
+    assert kept["kind"] == "succeeded" and oversized["ledger"]["error"] is None
     assert oversized["checkpoints"] == view["checkpoints"] and oversized["progress"]["commits"] == commits
-    malformed = with_ledger(json.dumps({"attempts": [{"number": 1, "phase": "exploded"}]}))
-    assert malformed["ledger"]["error"].startswith("the attempt ledger (train's task state")
-    assert "cannot be read" in malformed["ledger"]["error"]
+    malformed = with_end(json.dumps({"verdict": "exploded"}))["ledger"]["attempts"][0]
+    assert malformed["kind"] is None and "trainops.io/end.verdict must be one of" in malformed["problems"][0]
 
-    # Without a usable cluster connection the attempts' times are unknown, and the connection is named.
-    with_ledger(json.dumps(view["ledger"] | {"error": None}))
+    # Without a usable cluster connection the ledger is unknown, and the connection is named.
     monkeypatch.setenv("AIRFLOW__TRAINOPS__KUBERNETES_CONN_ID", "gone_cluster")
-    blind = http.get(path, headers=headers).json()["progress"]
-    assert "no Airflow connection 'gone_cluster'" in blind["errors"]["attempts"]
-    assert [a["started_at"] for a in blind["attempts"]] == [None, None] and blind["commits"] == commits
+    blind = http.get(path, headers=headers).json()
+    assert "no Airflow connection 'gone_cluster'" in blind["ledger"]["error"]
+    assert "no Airflow connection 'gone_cluster'" in blind["progress"]["errors"]["attempts"]
+    assert blind["ledger"]["attempts"] == [] and blind["progress"]["commits"] == commits

@@ -41,31 +41,35 @@ def xcom(airflow, run_id: str, task_id: str):
     )["value"]
 
 
+def followed_past_step_20(services, airflow, api, run_id: str) -> str:
+    """Wait until the triggerer holds ``run_id``'s trigger and attempt 1 trains past its step-20 checkpoint;
+    returns a node attempt 1 runs on."""
+    run_uri = f"s3://{stack_spec.BUCKET}/runs/{run_id}/"
+    wait_for(
+        lambda: (
+            (airflow.ok("GET", f"/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances/train")["trigger"] or {}).get(
+                "triggerer_id"
+            )
+            is not None
+            and heartbeat_step(services.s3, run_uri) >= 25
+            and any(p.status.phase == "Running" for p in training_pods(api, run_id, "1"))
+        ),
+        "attempt 1 followed by the triggerer and past its step-20 checkpoint",
+    )
+    return next(p.spec.node_name for p in training_pods(api, run_id, "1") if p.status.phase == "Running")
+
+
 def test_an_xid_mid_run_quarantines_the_node_and_the_trigger_resumes_on_the_spare(services, airflow):
     from kubernetes import client
 
     api = services.kube()
     before = Capacity.read(api)
     airflow.unpause(DAG_ID)
-    run_uri = f"s3://{stack_spec.BUCKET}/runs/api-xid/"
     answer = airflow.trigger(DAG_ID, "api-xid", {"run_name": "api-xid", "command": trainer(200, 0.05)})
     assert answer.status_code == 200, answer.text
     airflow.follow(DAG_ID, "api-xid", lambda _, states: states["train"] == "deferred")
     # Inject once the triggerer holds the trigger, so the XID lands while the trigger follows the run.
-    wait_for(
-        lambda: (
-            (airflow.ok("GET", f"/dags/{DAG_ID}/dagRuns/api-xid/taskInstances/train")["trigger"] or {}).get(
-                "triggerer_id"
-            )
-            is not None
-            and heartbeat_step(services.s3, run_uri) >= 25
-            and any(p.status.phase == "Running" for p in training_pods(api, "api-xid", "1"))
-        ),
-        "attempt 1 followed by the triggerer and past its step-20 checkpoint",
-    )
-    culprit = next(
-        p.spec.node_name for p in training_pods(api, "api-xid", "1") if p.status.phase == "Running"
-    )
+    culprit = followed_past_step_20(services, airflow, api, "api-xid")
     injected = requests.post(
         f"{services.at.devcluster_url}/devcluster/faults/xid",
         json={"target": culprit, "code": 79},

@@ -108,3 +108,44 @@ def claimed_run(cluster, api, bucket: str, run_id: str, args: list[str], claimed
         node_names=nodes,
     )
     return kube, spec
+
+
+def training_run(kube, spec, run_id: str, try_number: int = 1, first_try: int = 1, **options):
+    """The run ``dag/<run_id>`` as a try ``try_number`` of ``train`` makes it (its resume budget counting from
+    try ``first_try``: ``max_resumes`` 3 and ``unconfirmed_fault_retries`` 1 unless given), followed with a
+    0.2 s heartbeat poll; ``options``: the budget's and ``Options``' fields, and ``hang`` (a HangPolicy)."""
+    from trainops.checkpoints.store import CheckpointStore
+    from trainops.training.cluster import GangCluster
+    from trainops.training.decide import Budget, Options
+    from trainops.training.follow import FollowConfig
+    from trainops.training.progress import HangPolicy
+    from trainops.training.reconcile import TrainingRun
+
+    budget = Budget(
+        try_number,
+        first_try,
+        options.pop("max_resumes", 3),
+        options.pop("unconfirmed_fault_retries", 1),
+    )
+    hang = options.pop("hang", HangPolicy())
+    follow = FollowConfig("training", "", spec.run_uri, spec.nodes, hang=hang, heartbeat_poll=0.2)
+    return TrainingRun(
+        GangCluster(kube),
+        "training",
+        "dag",
+        run_id,
+        spec=spec,
+        store=CheckpointStore(),
+        budget=budget,
+        options=Options(**options),
+        follow_config=follow,
+    )
+
+
+def run_to_end(cluster, run):
+    """What the trigger does with ``run``: ``follow_to_end`` with its follower, to ``Succeed`` or ``Fail``."""
+    import asyncio
+
+    from benchmarks.campaign.steps import async_client
+
+    return asyncio.run(run.follow_to_end(run.follower(async_client(str(cluster.kubeconfig)))))

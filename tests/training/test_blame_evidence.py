@@ -43,28 +43,17 @@ def test_a_node_that_reports_its_fault_after_the_pods_failed_is_blamed_once_it_d
     watch of the nodes and blames the node when its report lands (not the user's code).  The XID reaches
     the node only once the judgement has read the nodes for the wait, so only the watch can see it."""
     from tests.devcluster.ctrl_support import wait_for
-    from trainops.checkpoints.store import CheckpointStore
-    from trainops.training.attempts import RunLedger
-    from trainops.training.cluster import GangCluster
+    from tests.training.conftest import training_run
+    from trainops.training.decide import Follow
     from trainops.training.follow import Outcome, Status
-    from trainops.training.runner import Decision, GangRun
 
     kube, spec = claimed_run(
         cluster, api, bucket, "late-report", ["--steps", "400", "--step-seconds", "0.05"]
     )
     nodes = list(spec.node_names)
-    cluster_calls = GangCluster(kube)
-    run = GangRun(
-        spec,
-        "dag",
-        "late-report",
-        cluster_calls,
-        CheckpointStore(),
-        RunLedger(),
-        lambda _: None,
-        evidence_wait_s=60,
-    )
-    record, _ = run.start()
+    run = training_run(kube, spec, "late-report", evidence_wait_s=60)
+    cluster_calls = run.cluster
+    record = run.reconcile().attempt
     pod = wait_for(lambda: running_pod(api, "1"), "a running pod")
     culprit = pod["spec"]["nodeName"]
     cluster.inject(
@@ -87,14 +76,17 @@ def test_a_node_that_reports_its_fault_after_the_pods_failed_is_blamed_once_it_d
 
     cluster_calls.node_changes = node_changes
 
-    verdict = run.finish(
-        Outcome(
+    run.followed = record
+    action = run.reconcile(
+        seen=Outcome(
             Status.FAILED, "a pod failed", record.job, cluster_calls.job_pods("training", record.job)
-        ).to_dict()
+        )
     )
 
-    assert verdict.decision is Decision.RETRY and "node fault" in verdict.message, verdict.message
-    assert run.ledger.excluded.keys() == {culprit}
+    assert isinstance(action, Follow) and action.attempt.number == 2, action  # resumed
+    judged = run.observe().attempts[0].end
+    assert judged.verdict == "resume" and judged.reason.startswith("node fault"), judged
+    assert run.observe().excluded.keys() == {culprit} and action.attempt.kept_out.keys() == {culprit}
     assert node(api, culprit)["metadata"]["labels"][HEALTH_LABEL] == "quarantined"
     assert not any(
         HEALTH_LABEL in (node(api, n)["metadata"].get("labels") or {}) for n in nodes if n != culprit
@@ -110,24 +102,13 @@ def test_waiting_for_a_nodes_report_leaves_the_triggerers_shared_threads_free(cl
     from concurrent.futures import ThreadPoolExecutor
 
     from tests.devcluster.ctrl_support import wait_for
-    from trainops.checkpoints.store import CheckpointStore
-    from trainops.training.attempts import RunLedger
-    from trainops.training.cluster import GangCluster
+    from tests.training.conftest import training_run
+    from trainops.training.decide import Fail
     from trainops.training.follow import Outcome, Status
-    from trainops.training.runner import Decision, GangRun
 
     kube, spec = claimed_run(cluster, api, bucket, "shared", ["--steps", "400", "--step-seconds", "0.05"])
-    cluster_calls = GangCluster(kube)
-    run = GangRun(
-        spec,
-        "dag",
-        "shared",
-        cluster_calls,
-        CheckpointStore(),
-        RunLedger(),
-        lambda _: None,
-        evidence_wait_s=3,
-    )
+    run = training_run(kube, spec, "shared", evidence_wait_s=3, unconfirmed_fault_retries=0)
+    cluster_calls = run.cluster
     waiting = threading.Event()
     watched = cluster_calls.node_changes
 
@@ -137,7 +118,8 @@ def test_waiting_for_a_nodes_report_leaves_the_triggerers_shared_threads_free(cl
 
     cluster_calls.node_changes = node_changes
 
-    def crash_and_wait(job: str) -> Outcome:
+    def crash_and_wait(attempt) -> Outcome:
+        job = attempt.job
         pod = wait_for(lambda: running_pod(api, "1"), "a running pod")
         cluster.inject(
             "crash-pod",
@@ -154,17 +136,17 @@ def test_waiting_for_a_nodes_report_leaves_the_triggerers_shared_threads_free(cl
         )
         return Outcome(Status.FAILED, "a pod failed", job, pods)
 
-    async def follow_attempt(job: str) -> Outcome:
-        return await asyncio.to_thread(crash_and_wait, job)
+    async def follow_attempt(attempt) -> Outcome:
+        return await asyncio.to_thread(crash_and_wait, attempt)
 
-    async def triggerer() -> tuple[bool, Decision]:
+    async def triggerer() -> tuple[bool, object]:
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
         judged = asyncio.Event()
 
-        async def judge() -> Decision:
-            verdict = await run.run_attempts(follow_attempt)
+        async def judge():
+            action = await run.follow_to_end(follow_attempt)
             judged.set()
-            return verdict.decision
+            return action
 
         judging = asyncio.create_task(judge())
         while not waiting.is_set():
@@ -172,7 +154,7 @@ def test_waiting_for_a_nodes_report_leaves_the_triggerers_shared_threads_free(cl
         await asyncio.to_thread(lambda: None)  # another trigger's call
         return judged.is_set(), await judging
 
-    judged_first, decision = asyncio.run(triggerer())
+    judged_first, action = asyncio.run(triggerer())
 
-    assert decision is Decision.FAIL  # nobody confirmed the XID: the user's code
+    assert isinstance(action, Fail)  # nobody confirmed the XID: the user's code
     assert not judged_first, "another trigger's call waited for the judgement"

@@ -8,7 +8,7 @@ import pytest
 from trainops.kube.client import Kube
 from trainops.training.cluster import GangCluster
 from trainops.training.failures import FailureKind, classify
-from trainops.training.spec import CONTAINER_NAME
+from trainops.training.job import CONTAINER_NAME
 
 LOG_PATH = r"/api/v1/namespaces/training/pods/job-1-0/log"
 

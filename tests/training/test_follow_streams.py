@@ -13,7 +13,7 @@ from trainops.kube.client import Kind
 from trainops.training import follow
 from trainops.training.failures import FailureKind, classify
 from trainops.training.follow import FollowConfig, RunFollower, Status
-from trainops.training.spec import CONTAINER_NAME
+from trainops.training.job import CONTAINER_NAME
 
 CONFIG = FollowConfig("training", "job-1", "s3://b/runs/r/", nodes=1)
 JOB_META = {"name": "job-1", "namespace": "training", "uid": "u-1"}

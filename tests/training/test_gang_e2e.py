@@ -259,18 +259,19 @@ def test_resumes_exhausted_is_a_clear_final_error_and_the_teardown_still_runs(
 
 
 def start_attempt(cluster, api, run: str, run_uri: str):
-    """``run`` (``<dag_id>/<run_id>``) claims the idle nodes and submits its first attempt of the demo
-    trainer on 2 of them, as ``train`` does; returns the operator, the attempt's record and the nodes."""
+    """``run`` (``<dag_id>/<run_id>``) claims the idle nodes and begins its first attempt of the demo
+    trainer on 2 of them, as ``train``'s first try does; returns its trigger, the run and the nodes."""
     import sys
 
     from trainops.operators.training import GangTrainingOperator
+    from trainops.triggers.training import GangRunTrigger
 
     from trainops.capacity.procedure import claim
     from trainops.checkpoints.store import CheckpointStore
     from trainops.kube.client import Kube
-    from trainops.training.attempts import RunLedger
     from trainops.training.cluster import GangCluster
-    from trainops.training.runner import GangRun
+    from trainops.training.decide import Budget
+    from trainops.training.reconcile import TrainingRun
 
     nodes = idle_nodes(api)
     claim(Kube(api), run, nodes, cluster_queue="training")
@@ -284,18 +285,18 @@ def start_attempt(cluster, api, run: str, run_uri: str):
         kubeconfig=str(cluster.kubeconfig),
     )
     dag_id, _, run_id = run.partition("/")
-    gang = GangRun(
-        operator.spec(),
+    gang = TrainingRun(
+        GangCluster(Kube(api)),
+        "training",
         dag_id,
         run_id,
-        GangCluster(Kube(api)),
-        CheckpointStore(),
-        RunLedger(),
-        print,
-        max_resumes=1,
+        spec=operator.spec(),
+        store=CheckpointStore(),
+        budget=Budget(max_resumes=1),
+        follow_config=operator.follow_config(),
     )
-    gang.start()
-    return operator, gang, nodes
+    gang.reconcile()
+    return GangRunTrigger(gang.to_dict(), kubeconfig=str(cluster.kubeconfig)), gang, nodes
 
 
 def assert_training_stopped(api, s3, run_uri: str) -> None:
@@ -322,8 +323,7 @@ def test_killing_the_deferred_task_stops_the_job_and_its_pods(cluster, api, s3, 
     import asyncio
 
     run_uri = f"s3://{bucket}/runs/killed-by-user/"
-    operator, gang, _ = start_attempt(cluster, api, "tests/kill", run_uri)
-    trigger = operator.trigger(gang)
+    trigger, _, _ = start_attempt(cluster, api, "tests/kill", run_uri)
 
     async def follow_then_kill():
         following = asyncio.create_task(anext(trigger.run()))
@@ -348,15 +348,16 @@ def test_a_trigger_that_starts_after_the_teardown_stopped_the_run_does_not_resum
     from trainops.kube.client import Kube
     from trainops.kube.retry import Deadline
     from trainops.training.cluster import GangCluster
+    from trainops.training.reconcile import stop_run
 
     run_uri = f"s3://{bucket}/runs/torn-down/"
-    operator, gang, _ = start_attempt(cluster, api, "tests/torn-down", run_uri)
+    trigger, _, _ = start_attempt(cluster, api, "tests/torn-down", run_uri)
     wait_for(lambda: heartbeat_step(s3, run_uri) >= 5, "attempt 1 training")
-    GangCluster(Kube(api)).stop_run("training", "tests/torn-down", Deadline(60))  # the teardown
+    stop_run(GangCluster(Kube(api)), "training", "tests/torn-down", "the teardown", Deadline(60))
 
-    event = asyncio.run(anext(operator.trigger(gang).run())).payload
+    event = asyncio.run(anext(trigger.run())).payload
 
-    assert event["decision"] == "fail" and "deactivated" in event["message"], event["message"]
+    assert event["status"] == "failed" and "stopped: the teardown" in event["message"], event["message"]
     assert [j["metadata"]["labels"]["trainops.io/attempt"] for j in jobs(api)] == ["1"]
 
 

@@ -6,43 +6,32 @@ is no stop."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 
 import pytest
 from trainops_devcluster.kueue import KueueConfig
 
-from benchmarks.campaign.steps import async_client
 from tests.devcluster.ctrl_support import wait_for
-from tests.training.conftest import claimed_run, idle_nodes, when
+from tests.training.conftest import claimed_run, idle_nodes, run_to_end, training_run, when
 from trainops.capacity.procedure import give_back
 from trainops.capacity.quota import grants_of
-from trainops.checkpoints.store import CheckpointStore
-from trainops.kube.kueue import read, resource, workload_facts
+from trainops.kube.kueue import BY_KUEUE, read, resource, workload_facts
 from trainops.kube.retry import Deadline
-from trainops.training.attempts import RunLedger
 from trainops.training.cluster import GangCluster
+from trainops.training.decide import Fail, Succeed
 from trainops.training.failures import FailureKind
-from trainops.training.follow import FollowConfig, RunFollower
 from trainops.training.job import build_job
 from trainops.training.naming import job_name
-from trainops.training.runner import Decision, GangRun
 
 VERSIONS = pytest.mark.parametrize("version", ["v1beta1", "v1beta2"])
 ARGS = ["--steps", "150", "--checkpoint-every", "20", "--step-seconds", "0.02"]
 
 
 def run_to_verdict(cluster, kube, spec, run_id: str):
-    """The trigger's loop (``GangRun.run_attempts`` following with ``RunFollower``): verdict and ledger."""
-    store = CheckpointStore()
-    run = GangRun(spec, "dag", run_id, GangCluster(kube), store, RunLedger.from_dict(None), lambda _: None)
-    client = async_client(str(cluster.kubeconfig))
-
-    def follow_attempt(job: str):
-        config = FollowConfig("training", job, spec.run_uri, spec.nodes, heartbeat_poll=0.2)
-        return RunFollower(config, run.cluster, client, store).follow()
-
-    return asyncio.run(run.run_attempts(follow_attempt)), run.ledger
+    """The trigger's loop (``TrainingRun.follow_to_end`` following with ``RunFollower``): its end, and the
+    ledger read back from the cluster."""
+    run = training_run(kube, spec, run_id, max_resumes=0)
+    return run_to_end(cluster, run), run.observe()
 
 
 def workload_of(kube, job: str) -> dict | None:
@@ -102,7 +91,7 @@ def test_quota_a_preempted_gang_run_to_completion_and_a_stop(start, bucket, vers
     verdict, ledger = run_to_verdict(cluster, kube, spec, "preempted")
     thread.join(timeout=60)
 
-    assert verdict.decision is Decision.SUCCEEDED, verdict.message
+    assert isinstance(verdict, Succeed), verdict
     assert (ledger.preemptions, len(ledger.attempts)) == (1, 1)  # requeued by Kueue: no resume used
     done = workload_of(kube, first)
     assert done["apiVersion"] == f"kueue.x-k8s.io/{version}"
@@ -112,8 +101,8 @@ def test_quota_a_preempted_gang_run_to_completion_and_a_stop(start, bucket, vers
     second = job_name("dag", "stopped", 1)
     when(lambda: running(gang, second), lambda: gang.stop("training", second))
     verdict, ledger = run_to_verdict(cluster, kube, stopped, "stopped")
-    assert verdict.decision is Decision.FAIL and ledger.attempts[0].kind == FailureKind.STOPPED
-    assert "was deactivated (Deactivated" in verdict.message
+    assert isinstance(verdict, Fail) and ledger.attempts[0].end.kind == FailureKind.STOPPED
+    assert "was deactivated (Deactivated" in verdict.reason
 
     give_back(kube, "dag/preempted", cluster_queue="training")
     assert grants_of(read(kube.custom, "clusterqueues", "training", Deadline(30))) == {}
@@ -136,11 +125,11 @@ def test_kueues_requeuing_limit_is_reported_with_kueues_reason_not_as_a_stop(sta
 
     verdict, ledger = run_to_verdict(cluster, kube, stuck, "stuck")
 
-    ended = [(a.kind, a.ended) for a in ledger.attempts]
-    assert verdict.decision is Decision.FAIL, ended
+    ended = [(a.end.kind, a.end.reason) for a in ledger.attempts]
+    assert isinstance(verdict, Fail), ended
     assert ended[0][0] == FailureKind.KUEUE_DEACTIVATED and len(ended) == 1, ended
-    assert "Kueue deactivated Workload" in verdict.message
-    assert "DeactivatedDueToRequeuingLimitExceeded" in verdict.message
+    assert "Kueue deactivated Workload" in verdict.reason
+    assert "DeactivatedDueToRequeuingLimitExceeded" in verdict.reason
     # the follow may end on DeactivationTarget, before Kueue set spec.active=false and evicted it
     workload = wait_for(
         lambda: (w := workload_of(kube, job_name("dag", "stuck", 1))) and workload_facts(w).evicted and w,
@@ -148,8 +137,5 @@ def test_kueues_requeuing_limit_is_reported_with_kueues_reason_not_as_a_stop(sta
     )
     assert workload["spec"]["active"] is False
     assert workload_facts(workload).evicted.reason == "DeactivatedDueToRequeuingLimitExceeded"
-    assert (
-        GangCluster(kube).stopped("training", {"metadata": workload["metadata"]["ownerReferences"][0]})
-        is None
-    )
+    assert training_run(kube, stuck, "stuck").observe().attempts[0].stopped_by == BY_KUEUE  # not a stop
     give_back(kube, "dag/stuck", cluster_queue="training")

@@ -1,225 +1,170 @@
-"""A try of ``train`` that finds its attempt stopped (a Clear's or a mark-failed's ``on_kill`` deactivated
-the Workload) starts a new attempt from the last verified checkpoint; it does not reattach to the
-stopped Job, whose follow would end at once as "deactivated" and fail the run the Clear was to resume.
-Found by the fault campaign (issue 15): a Clear failed its run whenever the next try came before the
-stopped Job happened to be marked Failed."""
+"""The races of a try, a trigger, a Clear and a teardown, on the devcluster: what each finds on the
+cluster (the run's Jobs are its ledger) and the one thing it does about it.  The same races are rows of
+the pure decision table (test_decide.py); these show the acts on real Jobs: one Job per attempt, the
+stop and the judgement recorded where every later reader finds them."""
 
 from __future__ import annotations
 
 import pytest
 
 from tests.devcluster.ctrl_support import wait_for
-from tests.training.conftest import claimed_run
-from trainops.capacity.procedure import give_back
-from trainops.checkpoints.store import CheckpointStore
-from trainops.training.attempts import RunLedger
+from tests.training.conftest import claimed_run, jobs, training_run
+from tests.training.test_gang_e2e import running_pod
+from trainops.errors import PermanentError
 from trainops.training.cluster import GangCluster
+from trainops.training.decide import Begin, Fail, Follow, Succeed
 from trainops.training.failures import FailureKind
+from trainops.training.follow import Outcome, Status
 from trainops.training.job import finished
-from trainops.training.runner import GangRun
+from trainops.training.ledger import Spent
 
 ARGS = ["--steps", "400", "--checkpoint-every", "20", "--step-seconds", "0.02"]
+KILLED = "the task was killed (Clear, mark failed or success)"
 
 
-def tries(kube, spec, run_id: str, state: dict):
-    """``a_try(try_number, **budget)``: the run's ``GangRun`` for one try, which reads the ledger the
-    previous try saved in ``state`` (as Airflow's task state store) and saves its own there."""
-
-    def a_try(try_number: int = 1, **budget) -> GangRun:
-        ledger = RunLedger.from_dict(state.get("ledger"))
-        return GangRun(
-            spec,
-            "dag",
-            run_id,
-            GangCluster(kube),
-            CheckpointStore(),
-            ledger,
-            lambda d: state.update(ledger=d),
-            try_number=try_number,
-            **budget,
-        )
-
-    return a_try
+def names(api) -> list[str]:
+    return sorted(j["metadata"]["name"] for j in jobs(api))
 
 
-def test_a_try_after_the_attempt_was_stopped_submits_a_new_attempt(cluster, api, s3, bucket):
+def followed(run, job_name: str, status: Status, message: str, pods=()):
+    """``run``'s trigger saw ``job_name`` end as ``status``: what it reconciles next."""
+    run.followed = next(a for a in run.observe().attempts if a.job == job_name)
+    return run.reconcile(seen=Outcome(status, message, job_name, list(pods)))
+
+
+def test_a_clear_after_its_on_kill_stopped_the_attempt_resumes_with_a_fresh_budget(cluster, api, s3, bucket):
     kube, spec = claimed_run(cluster, api, bucket, "clear", ARGS)
-    state: dict = {}
-    a_try = tries(kube, spec, "clear", state)
+    first = training_run(kube, spec, "clear").reconcile()
+    assert isinstance(first, Follow) and first.attempt.number == 1
+    wait_for(lambda: GangCluster(kube).job_pods("training", first.attempt.job), "the attempt's pods")
+    training_run(kube, spec, "clear").halt(KILLED)  # the Clear's on_kill, in the trigger of try 1
 
-    first, _ = a_try().start()
-    wait_for(lambda: GangCluster(kube).job_pods("training", first.job), "the attempt's pods")
-    GangCluster(kube).stop("training", first.job)  # the Clear's on_kill
+    second = training_run(kube, spec, "clear", try_number=2, first_try=2).reconcile()  # the Clear's try
 
-    second, reattached = a_try(2, first_try=2).start()  # the Clear's try
-
-    assert not reattached and second.number == 2 and second.job != first.job
-    ended = RunLedger.from_dict(state["ledger"]).attempts[0]
-    assert ended.kind == FailureKind.STOPPED and "deactivated" in ended.ended
-    GangCluster(kube).stop("training", second.job)
-    give_back(kube, "dag/clear", cluster_queue="training")
+    assert isinstance(second, Follow) and second.attempt.number == 2
+    ledger = training_run(kube, spec, "clear").observe()
+    assert ledger.attempts[0].end.kind == FailureKind.STOPPED and KILLED in ledger.attempts[0].end.reason
+    assert ledger.attempts[1].began_by_try == 2 and ledger.attempts[1].spent == Spent(2, 0, 0)
+    assert len(jobs(api)) == 2
+    GangCluster(kube).stop("training", second.attempt.job)
 
 
-def test_a_try_after_a_clear_killed_a_trigger_that_had_resumed_starts_past_its_attempts(
-    cluster, api, s3, bucket
-):
-    """The trigger resumed (attempt 2) and was killed by a Clear before its event: the task state store
-    still names attempt 1.  The next try finds attempt 2 by its Job, sees it stopped, and starts attempt 3,
-    instead of taking the stopped Job 2 for a new attempt and failing the run."""
+def test_a_clear_that_killed_a_trigger_after_it_resumed_starts_past_its_attempts(cluster, api, s3, bucket):
+    """The trigger judged attempt 1 hung and began attempt 2, then the Clear's on_kill stopped attempt 2.
+    The Clear's try begins attempt 3, instead of taking the stopped Job 2 for a new attempt."""
     kube, spec = claimed_run(cluster, api, bucket, "clear2", ARGS)
-    state: dict = {}
-    a_try = tries(kube, spec, "clear2", state)
-    run = a_try()
-    first, _ = run.start()
-    trigger = GangRun.from_dict(
-        run.to_dict(), GangCluster(kube), CheckpointStore()
-    )  # keeps its ledger to itself
-    GangCluster(kube).stop("training", first.job)  # the trigger judged attempt 1 and stopped it
-    trigger.ledger.end(FailureKind.HANG, "no progress")
-    resumed = trigger.new_attempt()
-    wait_for(lambda: GangCluster(kube).job_pods("training", resumed.job), "attempt 2's pods")
-    GangCluster(kube).stop("training", resumed.job)  # the Clear's on_kill
+    trigger = training_run(kube, spec, "clear2")
+    first = trigger.reconcile()
+    resumed = followed(trigger, first.attempt.job, Status.HANG, "no progress for 30.0s")
+    assert isinstance(resumed, Follow) and resumed.attempt.number == 2
+    wait_for(lambda: GangCluster(kube).job_pods("training", resumed.attempt.job), "attempt 2's pods")
+    trigger.halt(KILLED)
 
-    third, reattached = a_try(2, first_try=2).start()
+    third = training_run(kube, spec, "clear2", try_number=2, first_try=2).reconcile()
 
-    assert not reattached and third.number == 3
-    ledger = RunLedger.from_dict(state["ledger"])
-    assert [a.job for a in ledger.attempts[:2]] == [first.job, resumed.job]
-    assert ledger.attempts[1].kind == FailureKind.STOPPED
-    GangCluster(kube).stop("training", third.job)
+    assert isinstance(third, Follow) and third.attempt.number == 3
+    ended = [(a.number, a.end.kind) for a in trigger.observe().attempts if a.end]
+    assert ended == [(1, FailureKind.HANG), (2, FailureKind.STOPPED)]
+    assert len(jobs(api)) == 3
+    GangCluster(kube).stop("training", third.attempt.job)
 
 
-def test_a_try_after_its_worker_died_fails_on_a_user_code_failure_it_finds_without_resuming(
+def test_a_try_after_its_worker_died_judges_a_user_code_failure_it_finds_and_fails_without_resuming(
     cluster, api, s3, bucket
 ):
     """The worker died after submitting; the trainer then failed on its own (exit 1, nothing on the nodes).
     The next try judges it as the trigger would have: the user's code, no resume, no second Job."""
-    from tests.training.conftest import jobs
-    from tests.training.test_gang_e2e import running_pod
-    from trainops.errors import PermanentError
-
     kube, spec = claimed_run(cluster, api, bucket, "died", ARGS)
-    state: dict = {}
-    a_try = tries(kube, spec, "died", state)
-
-    first, _ = a_try().start()
+    first = training_run(kube, spec, "died").reconcile()
     pod = wait_for(lambda: running_pod(api, "1"), "attempt 1 running")
     cluster.inject(
         "crash-pod", f"training/{pod['metadata']['name']}", exit_code=1, message="ValueError: bad batch"
     )
-    wait_for(lambda: finished(GangCluster(kube).read_job("training", first.job)), "Job 1 Failed")
+    wait_for(lambda: finished(GangCluster(kube).read_job("training", first.attempt.job)), "Job 1 Failed")
 
-    with pytest.raises(PermanentError, match="exited with code 1"):
-        a_try().start()
-    assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]
-    assert RunLedger.from_dict(state["ledger"]).attempts[0].kind == FailureKind.USER_CODE
+    action = training_run(kube, spec, "died", try_number=2).reconcile()
+
+    assert isinstance(action, Fail) and "exited with code 1" in action.reason, action
+    assert names(api) == [first.attempt.job]
+    judged = training_run(kube, spec, "died").observe().attempts[0].end
+    assert judged.kind == FailureKind.USER_CODE and judged.by == "try 2"
 
 
-def test_a_try_after_its_worker_died_with_the_resume_budget_spent_fails_without_a_new_attempt(
+def test_a_try_after_the_trigger_spent_the_budget_fails_until_a_clear_gives_a_fresh_one(
     cluster, api, s3, bucket
 ):
-    """The trigger ran out of resumes and its event's ledger was saved, then the worker died before it
-    failed the task: the next try must not resume once more (it reads what is left of the budget)."""
-    from tests.training.conftest import jobs
-    from trainops.errors import PermanentError
-
-    def attempts() -> set[str]:
-        return {j["metadata"]["labels"]["trainops.io/attempt"] for j in jobs(api)}
-
+    """The trigger ran out of resumes, then the worker died before it failed the task: the next try must
+    not resume once more (each Job records the budget spent with it); a Clear resumes."""
     kube, spec = claimed_run(cluster, api, bucket, "spent", ARGS)
-    state: dict = {}
-    a_try = tries(kube, spec, "spent", state)
-    run = a_try(1, max_resumes=1)
-    first, _ = run.start()
-    GangCluster(kube).stop("training", first.job)
-    run.ledger.end(FailureKind.HANG, "no progress for 300 s")
-    second = run.new_attempt()  # the trigger's one resume
-    GangCluster(kube).stop("training", second.job)
-    run.ledger.end(FailureKind.HANG, "no progress for 300 s")
-    run.save()  # execute_complete saved the event's ledger, then its worker died
+    trigger = training_run(kube, spec, "spent", max_resumes=1)
+    first = trigger.reconcile()
+    second = followed(trigger, first.attempt.job, Status.HANG, "no progress for 300 s")
+    assert isinstance(second, Follow) and second.attempt.spent == Spent(1, 1, 0)
+    assert isinstance(followed(trigger, second.attempt.job, Status.HANG, "no progress for 300 s"), Fail)
 
-    with pytest.raises(
-        PermanentError, match="resumes exhausted after 2 attempts; last: no progress for 300 s"
-    ):
-        a_try(2, max_resumes=1).start()
-    assert "3" not in attempts(), "a third attempt was submitted"
-    assert len(RunLedger.from_dict(state["ledger"]).attempts) == 2
+    action = training_run(kube, spec, "spent", try_number=2, max_resumes=1).reconcile()
 
-    cleared, _ = a_try(3, max_resumes=1, first_try=3).start()  # a Clear gives a fresh budget
-    assert cleared.number == 3 and "3" in attempts()
-    GangCluster(kube).stop("training", cleared.job)
+    assert isinstance(action, Fail) and action.exhausted, action
+    assert action.reason == "resumes exhausted after 2 attempts; last: no progress for 300 s"
+    assert len(jobs(api)) == 2, "a third attempt was submitted"
+    cleared = training_run(kube, spec, "spent", try_number=3, first_try=3, max_resumes=1).reconcile()
+    assert isinstance(cleared, Follow) and cleared.attempt.number == 3 and len(jobs(api)) == 3
+    GangCluster(kube).stop("training", cleared.attempt.job)
 
 
-def test_a_try_after_its_worker_died_on_a_succeeded_run_follows_the_completed_job_again(
-    cluster, api, s3, bucket
-):
-    """The trigger's event said succeeded and was saved, then the worker died: the next try must not
-    train once more from the last checkpoint."""
-    from tests.training.conftest import jobs
-    from trainops.training.follow import Status
-
+def test_a_try_after_the_trigger_judged_success_trains_nothing_more(cluster, api, s3, bucket):
+    """The trigger's event said succeeded, then the worker died: the next try must not train once more
+    from the last checkpoint."""
     kube, spec = claimed_run(cluster, api, bucket, "done", ["--steps", "20", "--checkpoint-every", "10"])
-    state: dict = {}
-    a_try = tries(kube, spec, "done", state)
-    run = a_try(1, max_resumes=3)
-    first, _ = run.start()
-    wait_for(lambda: finished(GangCluster(kube).read_job("training", first.job)), "the Job completed")
-    run.ledger.end(Status.SUCCEEDED, "completed")
-    run.save()
+    trigger = training_run(kube, spec, "done")
+    first = trigger.reconcile()
+    wait_for(lambda: finished(GangCluster(kube).read_job("training", first.attempt.job)), "the Job completed")
+    assert isinstance(followed(trigger, first.attempt.job, Status.SUCCEEDED, "Job completed"), Succeed)
 
-    again, reattached = a_try(2, max_resumes=3).start()
+    again = training_run(kube, spec, "done", try_number=2).reconcile()
 
-    assert (again.number, reattached) == (1, True)
-    assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]
+    assert isinstance(again, Succeed) and again.attempt.number == 1
+    assert names(api) == [first.attempt.job]
 
 
-def test_a_try_after_its_worker_died_on_a_failed_verdict_fails_until_a_clear(cluster, api, s3, bucket):
-    """The trigger judged the user's code failed (no resume) and its event was saved, then the worker
-    died before it failed the task: the next try fails too; a Clear resumes."""
-    from tests.training.conftest import jobs
-    from tests.training.test_gang_e2e import running_pod
-    from trainops.errors import PermanentError
-    from trainops.training.follow import Outcome, Status
-    from trainops.training.runner import Decision
-
+def test_a_fail_verdict_stands_for_every_later_try_until_a_clear(cluster, api, s3, bucket):
+    """The trigger judged the user's code failed (no resume), then the worker died before it failed the
+    task: the next try fails too; a Clear resumes."""
     kube, spec = claimed_run(cluster, api, bucket, "failed", ARGS)
-    state: dict = {}
-    a_try = tries(kube, spec, "failed", state)
-    run = a_try(1, max_resumes=3)
-    first, _ = run.start()
+    trigger = training_run(kube, spec, "failed")
+    first = trigger.reconcile()
     pod = wait_for(lambda: running_pod(api, "1"), "attempt 1 running")
     cluster.inject("crash-pod", f"training/{pod['metadata']['name']}", exit_code=1, message="KeyError: 'x'")
-    wait_for(lambda: finished(GangCluster(kube).read_job("training", first.job)), "Job 1 Failed")
-    pods = GangCluster(kube).job_pods("training", first.job)
-    verdict = run.finish(Outcome(Status.FAILED, "a pod failed", first.job, pods).to_dict())  # the trigger
-    assert verdict.decision is Decision.FAIL
+    wait_for(lambda: finished(GangCluster(kube).read_job("training", first.attempt.job)), "Job 1 Failed")
+    pods = GangCluster(kube).job_pods("training", first.attempt.job)
+    assert isinstance(followed(trigger, first.attempt.job, Status.FAILED, "a pod failed", pods), Fail)
 
-    with pytest.raises(
-        PermanentError, match=r"attempt 1 failed, no resume \(user_code\): .*exited with code 1"
-    ):
-        a_try(2, max_resumes=3).start()
-    assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]
+    again = training_run(kube, spec, "failed", try_number=2).reconcile()
+    assert isinstance(again, Fail)
+    assert (
+        again.reason.startswith("attempt 1 failed, no resume (user_code): ")
+        and "exited with code 1" in again.reason
+    )
+    assert names(api) == [first.attempt.job]
 
-    cleared, reattached = a_try(3, max_resumes=3, first_try=3).start()
-    assert (cleared.number, reattached) == (2, False)
-    GangCluster(kube).stop("training", cleared.job)
+    cleared = training_run(kube, spec, "failed", try_number=3, first_try=3).reconcile()
+    assert isinstance(cleared, Follow) and cleared.attempt.number == 2
+    GangCluster(kube).stop("training", cleared.attempt.job)
 
 
-def test_a_killed_trigger_submits_nothing_after_its_on_kill(cluster, api, s3, bucket):
-    """Mark-failed came as the trigger began: its on_kill stopped attempt 1 while its start() still read
-    the run in a thread (cancelling the coroutine does not stop that thread).  That start() finds attempt 1
-    stopped and must not submit attempt 2, which nobody would stop (seen once on the services stack)."""
-    from tests.training.conftest import jobs
-    from trainops.errors import PermanentError
-
+def test_a_killed_trigger_begins_nothing_after_its_on_kill(cluster, api, s3, bucket):
+    """Mark-failed came as the trigger began: its on_kill stopped attempt 1 while its thread still
+    reconciled the run (cancelling the coroutine does not stop that thread).  What that thread decides
+    next finds the stop recorded, and a begin it had already decided is refused in this process."""
     kube, spec = claimed_run(cluster, api, bucket, "killed", ARGS)
-    run = tries(kube, spec, "killed", {})(1, max_resumes=3)
-    first, _ = run.start()
-    wait_for(lambda: GangCluster(kube).job_pods("training", first.job), "the attempt's pods")
-    trigger = GangRun.from_dict(run.to_dict(), GangCluster(kube), CheckpointStore())
+    trigger = training_run(kube, spec, "killed")
+    first = trigger.reconcile()
+    wait_for(lambda: GangCluster(kube).job_pods("training", first.attempt.job), "the attempt's pods")
+    ledger = trigger.observe()
 
-    GangCluster(kube).stop("training", trigger.stop_submitting())  # the trigger's on_kill
+    trigger.halt(KILLED)  # the trigger's on_kill
+
+    assert isinstance(trigger.reconcile(), Fail)  # what its thread goes on with
     with pytest.raises(PermanentError, match="the task was killed: attempt 2's Job .* is not created"):
-        trigger.start()  # what its thread goes on with
-
-    assert [j["metadata"]["name"] for j in jobs(api)] == [first.job]
+        trigger.act(Begin(2, {}, Spent(1, 1, 0)), ledger)  # a begin decided before the on_kill
+    assert names(api) == [first.attempt.job]

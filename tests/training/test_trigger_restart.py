@@ -1,6 +1,7 @@
 """The trigger resumes a crashed run itself, and a triggerer that dies while it does loses nothing: a new
-trigger, built from the same serialized kwargs (as the triggerer rebuilds it), finds the attempt the
-first one began instead of submitting another, and follows the run to its end."""
+trigger, built from the same serialized kwargs (as the triggerer rebuilds it), reads the run from its
+Jobs, follows the attempt the first one began instead of submitting another, and ends the run; the
+first attempt's judgement is on its Job, as the first trigger recorded it."""
 
 from __future__ import annotations
 
@@ -10,16 +11,11 @@ import pytest
 from trainops.triggers.training import GangRunTrigger
 
 from tests.devcluster.ctrl_support import wait_for
-from tests.training.conftest import claimed_run, heartbeat_step, jobs, node
+from tests.training.conftest import claimed_run, heartbeat_step, jobs, node, training_run
 from tests.training.test_gang_e2e import running_pod
 from trainops.capacity.procedure import give_back
-from trainops.checkpoints.store import CheckpointStore
 from trainops.conventions import HEALTH_LABEL
-from trainops.training.attempts import UNRECORDED, RunLedger
-from trainops.training.cluster import GangCluster
-from trainops.training.follow import FollowConfig
 from trainops.training.progress import HangPolicy
-from trainops.training.runner import GangRun
 
 ARGS = ["--steps", "120", "--checkpoint-every", "20", "--step-seconds", "0.05", "--heartbeat-every", "5"]
 
@@ -33,20 +29,10 @@ def test_a_trigger_restarted_after_it_resumed_finds_the_attempt_it_began(cluster
     """xid: attempt 1's Job failed; hang: the trigger stopped it (Workload deactivated, the Job not failed)."""
     kube, spec = claimed_run(cluster, api, bucket, "restart", ARGS, claimed=3)  # a gang of 2 and a spare
     run_uri = spec.run_path
-    run = GangRun(
-        spec,
-        "dag",
-        "restart",
-        GangCluster(kube),
-        CheckpointStore(),
-        RunLedger(),
-        lambda _: None,
-        evidence_wait_s=60,
-        max_resumes=2,
-    )
-    first, _ = run.start()
-    follow = FollowConfig("training", first.job, run_uri, 2, HangPolicy(floor=3.0, startup_timeout=30.0))
-    deferred = GangRunTrigger(follow.to_dict(), run.to_dict(), kubeconfig=str(cluster.kubeconfig))
+    hang = HangPolicy(floor=3.0, startup_timeout=30.0)
+    run = training_run(kube, spec, "restart", evidence_wait_s=60, max_resumes=2, hang=hang)
+    first = run.reconcile().attempt
+    deferred = GangRunTrigger(run.to_dict(), kubeconfig=str(cluster.kubeconfig))
     _, kwargs = deferred.serialize()
 
     async def first_trigger() -> None:
@@ -72,11 +58,13 @@ def test_a_trigger_restarted_after_it_resumed_finds_the_attempt_it_began(cluster
 
     event = asyncio.run(second_trigger())
 
-    assert event["decision"] == "succeeded", event["message"]
+    assert event["status"] == "succeeded", event["message"]
     assert attempts_of(api) == ["1", "2"]  # attempt 2's Job was found, not made again
-    ledger = RunLedger.from_dict(event["ledger"])
-    assert [(a.number, a.kind) for a in ledger.attempts] == [(1, UNRECORDED), (2, "succeeded")]
-    assert ledger.attempts[1].resume_from.startswith(f"{run_uri}step-")  # read from the Job it found
+    ledger = run.observe()
+    ended = "infrastructure" if fault == "xid" else "hang"
+    assert [(a.number, a.end.kind) for a in ledger.attempts] == [(1, ended), (2, "succeeded")]
+    assert ledger.attempts[0].end.by == ledger.attempts[1].end.by == "try 1"
+    assert ledger.attempts[1].resume_from.startswith(f"{run_uri}step-")
     if fault == "xid":
         assert culprit in ledger.excluded
         assert node(api, culprit)["metadata"]["labels"][HEALTH_LABEL] == "quarantined"

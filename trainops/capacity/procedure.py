@@ -472,9 +472,13 @@ def give_back(
     failures: list[str] = []
     if training_namespace:
         from trainops.training.cluster import GangCluster
+        from trainops.training.reconcile import stop_run
 
         try:
-            for stopped in GangCluster(kube).stop_run(training_namespace, run, Deadline(deadlines.ready_s)):
+            why = "its capacity is given back (the teardown, the reaper or a user's return)"
+            for stopped in stop_run(
+                GangCluster(kube), training_namespace, run, why, Deadline(deadlines.ready_s)
+            ):
                 log.info("stopped the run's training before returning its capacity: %s", stopped)
         except Exception as error:
             raise ReturnIncomplete(

@@ -3,9 +3,12 @@
 A worker killed by SIGKILL or the OOM killer while claiming runs no ``on_kill``, and Airflow
 skips a teardown whose setup failed, so nodes can stay claimed after their DAG run ended.
 ``reap`` finds every run that holds something (a node's ``trainops.io/claimed-by``, a grant on
-the training ClusterQueue), asks ``alive(run)`` whether its DAG run is still queued or running,
-and gives back (``procedure.give_back``) the capacity of each run that is not, once its claim is
-older than ``grace_s``. ``alive`` answers True, False, or None (unknown: never reaped on a guess).
+the training ClusterQueue, an attempt still running in the training namespace), asks
+``alive(run)`` whether its DAG run is still queued or running, and gives back
+(``procedure.give_back``: it stops the run's training first, through the run's own
+``TrainingRun`` reconcile, recording the stop on its attempts) what each run that is not holds,
+once its claim is older than ``grace_s``. ``alive`` answers True, False, or None (unknown: never
+reaped on a guess).
 
     reap(kube, AirflowRuns(url, token).alive, cluster_queue="training", grace_s=600)
 """
@@ -34,11 +37,13 @@ ALIVE_STATES = ("queued", "running")
 
 @dataclass
 class Holding:
-    """What one run holds: its claimed nodes, its quota grant, and its oldest claim's age (None: unknown)."""
+    """What one run holds: its claimed nodes, its quota grant, its attempts still running, and its
+    oldest claim's (or running attempt's) age (None: unknown)."""
 
     run: str
     node_names: list[str] = field(default_factory=list)
     gpus_granted: int = 0
+    running: list[str] = field(default_factory=list)
     age_s: float | None = None
     loans: list[str] = field(default_factory=list)  # inference workloads still lending to it
 
@@ -50,10 +55,12 @@ class ReapSummary:
     failed: dict[str, str] = field(default_factory=dict)  # run -> why its return failed
 
 
-def holdings(kube: Kube, cluster_queue: str, now: datetime) -> dict[str, Holding]:
-    """Every run holding nodes, a grant on ``cluster_queue`` (a queue that does not exist holds none)
-    or inference loans (a return killed after its nodes went back, e.g. with replicas still in an
-    overflow pool)."""
+def holdings(
+    kube: Kube, cluster_queue: str, now: datetime, training_namespace: str | None = None
+) -> dict[str, Holding]:
+    """Every run holding nodes, a grant on ``cluster_queue`` (a queue that does not exist holds none),
+    inference loans (a return killed after its nodes went back, e.g. with replicas still in an
+    overflow pool) or, with ``training_namespace``, an attempt that still runs there."""
     held: dict[str, Holding] = {}
     for node in list_nodes(kube.core):
         annotations = node["metadata"].get("annotations") or {}
@@ -70,7 +77,27 @@ def holdings(kube: Kube, cluster_queue: str, now: datetime) -> dict[str, Holding
         held.setdefault(run, Holding(run)).gpus_granted = int(grant.get("gpus", 0))
     for run, lenders in loans_by_run(kube.custom, Deadline(Deadlines.api_s)).items():
         held.setdefault(run, Holding(run)).loans = [str(ref) for ref, _ in lenders]
+    for run, job, created in _running_attempts(kube, training_namespace) if training_namespace else ():
+        holding = held.setdefault(run, Holding(run))
+        holding.running.append(job)
+        if created is not None:
+            holding.age_s = max((now - created).total_seconds(), holding.age_s or 0.0)
     return held
+
+
+def _running_attempts(kube: Kube, namespace: str) -> list[tuple[str, str, datetime | None]]:
+    """``(run, Job, created)`` of every unfinished training attempt in ``namespace`` (by the run label)."""
+    from trainops.kube.client import JOBS
+    from trainops.training.job import DAG_RUN_ANNOTATION, RUN_LABEL, finished
+
+    found = []
+    for job in kube.list(JOBS, namespace, labels=RUN_LABEL):
+        meta = job["metadata"]
+        run = (meta.get("annotations") or {}).get(DAG_RUN_ANNOTATION)
+        if run and "/" in run and not finished(job):
+            created = meta.get("creationTimestamp")
+            found.append((run, meta["name"], datetime.fromisoformat(created) if created else None))
+    return found
 
 
 def reap(
@@ -92,10 +119,11 @@ def reap(
     if not grace_s >= 0:
         raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s!r}")
     summary = ReapSummary()
-    for run, holding in sorted(holdings(kube, cluster_queue, now or datetime.now(UTC)).items()):
+    found = holdings(kube, cluster_queue, now or datetime.now(UTC), training_namespace)
+    for run, holding in sorted(found.items()):
         held = (
             f"{len(holding.node_names)} node(s), {holding.gpus_granted} GPUs of quota, "
-            f"{len(holding.loans)} inference loan(s)"
+            f"{len(holding.loans)} inference loan(s), {len(holding.running)} running attempt(s)"
         )
         if holding.age_s is not None and holding.age_s < grace_s:
             summary.kept[run] = f"claimed {holding.age_s:.0f}s ago, within the {grace_s:g}s grace period"

@@ -8,9 +8,8 @@ import logging
 from collections.abc import Iterator, Mapping
 
 from trainops.kube.client import JOBS, NODES, PODS, SERVICES, Kind, Kube
-from trainops.kube.kueue import BY_USER, workload_facts
 from trainops.kube.retry import Deadline
-from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL, finished
+from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
 from trainops.training.naming import run_key
 
 log = logging.getLogger(__name__)
@@ -52,18 +51,6 @@ class GangCluster:
             self.workload_kind(), namespace, labels=f"{JOB_UID_LABEL}={job['metadata']['uid']}"
         )
 
-    def stopped(self, namespace: str, job: dict) -> str | None:
-        """The name of ``job``'s Workload when someone stopped the run (``stop``), else None; one Kueue
-        deactivated itself is not a stop (the follow reports it with Kueue's reason)."""
-        return next(
-            (
-                w["metadata"]["name"]
-                for w in self.workloads(namespace, job)
-                if workload_facts(w).deactivated_by == BY_USER
-            ),
-            None,
-        )
-
     def stop(self, namespace: str, job_name: str) -> str:
         """Stop the run: deactivate its Workload (``spec.active=false``: Kueue evicts it and does not
         requeue it), or, when Kueue made no Workload for it, delete the Job with Foreground
@@ -79,35 +66,45 @@ class GangCluster:
         self.kube.delete(JOBS, job_name, namespace, propagation="Foreground")
         return f"deleted Job {namespace}/{job_name} (Foreground propagation)"
 
-    def stop_run(self, namespace: str, run: str, deadline: Deadline) -> list[str]:
-        """Stop every unfinished Job of ``run`` (``<dag_id>/<run_id>``; ``stop``: idempotent) and wait, until
-        ``deadline``, until none of its pods is pending or running; returns what was done.  Giving
-        the run's nodes back calls it first: the trigger that stops a run whose task was failed by
-        hand may come later than the teardown, or never (a triggerer that was down does not run
-        ``on_kill``), and a reaped or hand-returned run may still be training."""
+    def record_end(self, namespace: str, job_name: str, end) -> bool:
+        """Write the judged ``end`` (``ledger.End``) on the attempt's Job unless it has one already (the
+        first judgement stands: a try and a trigger that race judge the same end); False when it had
+        one or the Job is gone."""
+        from trainops.training.ledger import END_ANNOTATION, end_annotation
+
+        def change(job: dict) -> dict | None:
+            if END_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {}):
+                return None
+            return {"metadata": {"annotations": end_annotation(end)}}
+
+        current = self.read_job(namespace, job_name)
+        if current is None:
+            return False
+        return self.kube.edit(JOBS, job_name, change, namespace, current=current).wrote
+
+    def run_workloads(self, namespace: str, jobs: list[dict]) -> list[dict]:
+        """The Kueue Workloads of ``jobs`` (by their uids), one list."""
+        uids = sorted(j["metadata"]["uid"] for j in jobs if (j.get("metadata") or {}).get("uid"))
+        if not uids:
+            return []
+        return self.kube.list(
+            self.workload_kind(), namespace, labels=f"{JOB_UID_LABEL} in ({','.join(uids)})"
+        )
+
+    def live_pods(self, namespace: str, run: str) -> list[str]:
+        """The pods of ``run``'s attempts that are pending or running."""
         dag_id, _, run_id = run.partition("/")
-        selector = f"{RUN_LABEL}={run_key(dag_id, run_id)}"
-        done = [
-            self.stop(namespace, job["metadata"]["name"])
-            for job in self.run_jobs(namespace, run)
-            if not finished(job)
-        ]
-        while live := self._live_pods(namespace, selector):
-            deadline.sleep(0.5, f"the pods of run {run} to stop ({', '.join(live)})")
-        return done
+        return sorted(
+            pod["metadata"]["name"]
+            for pod in self.kube.list(PODS, namespace, labels=f"{RUN_LABEL}={run_key(dag_id, run_id)}")
+            if (pod.get("status") or {}).get("phase") in ("Pending", "Running", None)
+        )
 
     def run_jobs(self, namespace: str, run: str, deadline: Deadline | None = None) -> list[dict]:
         """The Jobs of ``run``'s attempts (``<dag_id>/<run_id>``, by the run label)."""
         dag_id, _, run_id = run.partition("/")
         return self.kube.list(
             JOBS, namespace, labels=f"{RUN_LABEL}={run_key(dag_id, run_id)}", deadline=deadline
-        )
-
-    def _live_pods(self, namespace: str, selector: str) -> list[str]:
-        return sorted(
-            pod["metadata"]["name"]
-            for pod in self.kube.list(PODS, namespace, labels=selector)
-            if (pod.get("status") or {}).get("phase") in ("Pending", "Running", None)
         )
 
     def job_pods(self, namespace: str, name: str) -> list[dict]:

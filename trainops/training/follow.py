@@ -13,8 +13,10 @@ checkpoints, see ``progress``). It returns an ``Outcome`` as soon as one of thes
   learned bound (see ``progress``);
 - ``start_timeout``: admitted, but the gang's pods are not all running within ``start_timeout``;
 - ``admission_timeout``: not admitted by Kueue within ``admission_timeout``;
-- ``pods_refused``: the API refuses the Job's pods (Pod Security, a quota, an admission policy
-  or webhook): the Job controller's ``FailedCreate`` event, whose message is the API's;
+- ``pods_refused``: the API refuses the Job's pods (Pod Security, an admission policy or webhook):
+  the Job controller's ``FailedCreate`` event, whose message is the API's.  A pod over a namespace's
+  ResourceQuota is refused too, but the quota may clear (other pods end): that refusal is named in
+  the ``start_timeout`` message instead;
 - ``deactivated``: the Workload was deactivated (``spec.active=false``) by someone else;
 - ``kueue_deactivated``: Kueue deactivated it (its requeuing limit, a maximum execution time, a
   rejected admission check), reported with Kueue's reason;
@@ -26,8 +28,8 @@ checkpoints, see ``progress``). It returns an ``Outcome`` as soon as one of thes
 Preemption (Workload ``Evicted`` with reason ``Preempted``), PodsReady timeouts and every other
 eviction but a deactivation are not outcomes: Kueue requeues the Workload, so the follower counts
 preemptions, restarts the admission clock and keeps following the same attempt.  The Workload is
-read by meaning, in either Kueue API version (``trainops.kube.kueue.workload_facts``).  For ``hang``, ``heartbeat_unreadable`` and the
-timeouts the follower stops the run before returning.  The watches are async
+read by meaning, in either Kueue API version (``trainops.kube.kueue.workload_facts``).  The
+follower only watches: judging and stopping the attempt are ``reconcile``'s.  The watches are async
 (``trainops.kube.aio``); the other cluster calls are ``GangCluster``'s, run in a thread.
 """
 
@@ -70,25 +72,20 @@ class Status(StrEnum):
     JOB_MISSING = "job_missing"
 
 
-STOPPED_BY_FOLLOWER = frozenset(
-    {
-        Status.HANG,
-        Status.HEARTBEAT_UNREADABLE,
-        Status.START_TIMEOUT,
-        Status.ADMISSION_TIMEOUT,
-        Status.PODS_REFUSED,
-    }
-)
 # a FailedCreate whose message is the API refusing the pod, not a transient failure to reach it
 _REFUSED = (" is forbidden: ", " is invalid: ", " denied the request")
+# ... of which these may clear by themselves: a ResourceQuota frees up as other pods end
+_MAY_CLEAR = (" exceeded quota: ",)
 
 
-def refusal(event: dict) -> str | None:
-    """The API's refusal of a pod, from the Job controller's ``FailedCreate`` event (None otherwise)."""
+def refusal(event: dict) -> tuple[str, bool] | None:
+    """The API's refusal of a pod, from the Job controller's ``FailedCreate`` event, and whether it is
+    permanent (Pod Security, an admission policy or webhook: nothing changes until a person does; a
+    ResourceQuota may clear); None for other events and transient failures."""
     message = event.get("message") or ""
     if event.get("reason") != "FailedCreate" or not any(mark in message for mark in _REFUSED):
         return None
-    return message.removeprefix("Error creating: ")[:2000]
+    return message.removeprefix("Error creating: ")[:2000], not any(mark in message for mark in _MAY_CLEAR)
 
 
 @dataclass(frozen=True)
@@ -121,8 +118,6 @@ class Outcome:
     preemptions: list[str] = field(default_factory=list)
     heartbeat: dict | None = None
     seen_at: float = 0.0
-    stopped: str | None = None
-    workload: str | None = None  # the attempt's Kueue Workload, as the follower last saw it
 
     def __post_init__(self) -> None:
         self.status = Status(self.status)
@@ -172,7 +167,8 @@ class RunState:
         self._eviction_seen: str | None = None
         self.first_failure_at: float | None = None
         self.unreadable_since: float | None = None
-        self.refused: str | None = None
+        self.refused: str | None = None  # the API's permanent refusal of the pods
+        self.held: str | None = None  # its refusal that may clear (a quota), for the start timeout
         self.failed_reads = 0
         self.last_read_error = ""
 
@@ -197,7 +193,12 @@ class RunState:
         elif kind == "workload" and event != "DELETED":
             self._workload(obj, now)
         elif kind == "event" and event != "DELETED":
-            self.refused = refusal(obj) or self.refused
+            if found := refusal(obj):
+                message, permanent = found
+                if permanent:
+                    self.refused = message
+                else:
+                    self.held = message
         self._clocks(now)
 
     def _workload(self, workload: dict, now: float) -> None:
@@ -288,9 +289,10 @@ class RunState:
                 running = sum(
                     1 for p in self.pods.values() if (p.get("status") or {}).get("phase") == "Running"
                 )
+                held = f"; the API last refused a pod: {self.held}" if self.held else ""
                 return Status.START_TIMEOUT, (
                     f"admitted, but only {running} of {self.config.nodes} pods running after "
-                    f"{self.config.start_timeout:g}s"
+                    f"{self.config.start_timeout:g}s{held}"
                 )
         if self.unreadable_since is not None:  # no progress can be judged without the heartbeat
             deadline = self._unreadable_deadline()
@@ -427,12 +429,7 @@ class RunFollower:
                     preemptions=state.preemptions,
                     heartbeat=dict(state.tracker.last) if state.tracker.last else None,
                     seen_at=state.first_failure_at or now,
-                    workload=(state.workload or {}).get("metadata", {}).get("name"),
                 )
-                if status in STOPPED_BY_FOLLOWER:
-                    outcome.stopped = await asyncio.to_thread(
-                        self.cluster.stop, self.config.namespace, self.config.job_name
-                    )
                 return outcome
             try:
                 item = await asyncio.wait_for(queue.get(), timeout=max(0.01, state.next_deadline(now) - now))

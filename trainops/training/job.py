@@ -13,9 +13,10 @@ torchrun variables (``PET_*``) from its completion index.  Objects are plain API
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from trainops.checkpoints.formats.base import step_from_name
 from trainops.conventions import (
     GPU_POOL_LABEL,
     GPU_RESOURCE,
@@ -29,13 +30,18 @@ from trainops.conventions import (
 from trainops.placement.request import TopologyRequest
 from trainops.training.naming import run_key
 from trainops.training.podtemplate import merge_under
-from trainops.training.spec import CONTAINER_NAME, TrainingSpec
 
+if TYPE_CHECKING:  # spec.py builds a trial Job to check itself: it imports this module, not the reverse
+    from trainops.training.spec import TrainingSpec
+
+CONTAINER_NAME = "trainer"  # the training container of every pod (a pod template's "trainer" merges into it)
 RUN_LABEL = "trainops.io/run"
 ATTEMPT_LABEL = "trainops.io/attempt"
 DAG_RUN_ANNOTATION = "trainops.io/dag-run"
 RESUME_ANNOTATION = "trainops.io/resume-from"
-EXCLUDED_ANNOTATION = "trainops.io/excluded-nodes"
+KEPT_OUT_ANNOTATION = "trainops.io/kept-out"
+MAX_REASON = 200  # characters of a kept-out node's reason on the Job
+MAX_KEPT_OUT = 192 << 10  # characters of trainops.io/kept-out (the API allows 256 KiB of annotations)
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
@@ -59,21 +65,6 @@ def finished(job: Mapping) -> bool:
     return condition(job, "Complete") is not None or condition(job, "Failed") is not None
 
 
-def _annotation(job: Mapping, key: str) -> str:
-    return str(((job.get("metadata") or {}).get("annotations") or {}).get(key) or "")
-
-
-def resume_point(job: Mapping) -> tuple[str | None, int | None]:
-    """Where the attempt's Job resumed from: the checkpoint URI and its step (None, None: a fresh start)."""
-    uri = _annotation(job, RESUME_ANNOTATION) or None
-    return uri, step_from_name(uri.rstrip("/").rpartition("/")[2]) if uri else None
-
-
-def kept_out(job: Mapping) -> set[str]:
-    """The nodes the attempt's Job was kept off (its node affinity, recorded as an annotation)."""
-    return {name for name in _annotation(job, EXCLUDED_ANNOTATION).split(",") if name}
-
-
 def master_addr(name: str, namespace: str) -> str:
     """Rank 0's stable DNS name: pod ``<job>-0`` under the Job's headless Service."""
     return f"{name}-0.{name}.{namespace}.svc"
@@ -88,15 +79,25 @@ def build_job(
     attempt: int,
     resume_from: str | None,
     excluded_nodes: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> dict:
-    """The Job of one attempt.  ``excluded_nodes``: node name -> why it is kept out of this run."""
+    """The Job of one attempt.  ``excluded_nodes``: node name -> why it is kept out of this run (its
+    node affinity, and the annotation ``trainops.io/kept-out``); ``annotations``: more for the Job
+    (the ledger's, ``trainops.training.ledger``)."""
     excluded = dict(excluded_nodes or {})
     labels = {RUN_LABEL: run_key(dag_id, run_id), ATTEMPT_LABEL: str(attempt)}
-    annotations = {DAG_RUN_ANNOTATION: f"{dag_id}/{run_id}"}
+    kept_out = json.dumps(
+        {n: str(why)[:MAX_REASON] for n, why in sorted(excluded.items())}, separators=(",", ":")
+    )
+    if len(kept_out) > MAX_KEPT_OUT:  # thousands of nodes: their names are the record, not the reasons
+        kept_out = json.dumps(dict.fromkeys(sorted(excluded), ""), separators=(",", ":"))
+    annotations = {
+        **(annotations or {}),
+        DAG_RUN_ANNOTATION: f"{dag_id}/{run_id}",
+        KEPT_OUT_ANNOTATION: kept_out,
+    }
     if resume_from:
         annotations[RESUME_ANNOTATION] = resume_from
-    if excluded:
-        annotations[EXCLUDED_ANNOTATION] = ",".join(sorted(excluded))
     template = merge_under(
         _owned_template(spec, name, labels, attempt, resume_from, excluded), _extras(spec), "parameters"
     )

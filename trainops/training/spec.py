@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainops.placement.request import TopologyRequest
+from trainops.training.job import build_job
 from trainops.training.naming import check_dns_label
 from trainops.training.podtemplate import normalize
 
 DEFAULT_NAMESPACE = "training"
 DEFAULT_QUEUE = "training"
 DEFAULT_PRIORITY_CLASS = "training-standard"
-CONTAINER_NAME = "trainer"
 DEFAULT_MASTER_PORT = 29500  # torchrun's static rendezvous default
 DEFAULT_SHM_SIZE = "16Gi"
 # set by trainops (and the Job controller) in every pod: the user's env must not set them
@@ -137,8 +137,7 @@ class TrainingSpec:
         object.__setattr__(self, "pod_template", normalize(self.pod_template))
         topology = TopologyRequest.from_value(self.topology)
         object.__setattr__(self, "topology", topology.to_dict() if topology.active else None)
-        from trainops.training.job import build_job  # a trial build finds template conflicts now
-
+        # a trial build finds template conflicts now, before anything is submitted
         build_job(self, name="check", dag_id="check", run_id="check", attempt=1, resume_from=None)
 
     def _check_pod_fields(self) -> None:

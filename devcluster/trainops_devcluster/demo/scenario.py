@@ -287,7 +287,8 @@ class Watcher:
                 for e in job["spec"]["template"]["spec"]["containers"][0].get("env", [])
             }
             resume = env.get("TRAINOPS_RESUME_FROM") or ""
-            excluded = job["metadata"].get("annotations", {}).get("trainops.io/excluded-nodes")
+            kept_out = job["metadata"].get("annotations", {}).get("trainops.io/kept-out") or "{}"
+            excluded = ", ".join(sorted(json.loads(kept_out)))
             self.once(
                 ("job", name),
                 f"attempt {attempt}: Job {name} submitted to Kueue; "
