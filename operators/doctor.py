@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from trainops.operators._errors import translate_errors
+from trainops.provider.errors import translate_errors
 
 from trainops.errors import PermanentError, TemporaryError
 from trainops.health.gate import DEFAULT_SELECTOR

@@ -67,14 +67,17 @@ class GangCluster:
         return f"deleted Job {namespace}/{job_name} (Foreground propagation)"
 
     def record_end(self, namespace: str, job_name: str, end) -> bool:
-        """Write the judged ``end`` (``ledger.End``) on the attempt's Job unless it has one already (the
-        first judgement stands: a try and a trigger that race judge the same end); False when it had
-        one or the Job is gone."""
-        from trainops.training.ledger import END_ANNOTATION, end_annotation
+        """Write the judged ``end`` (``ledger.End``) on the attempt's Job unless it has a readable one
+        already (the first judgement stands: a try and a trigger that race judge the same end; an
+        unreadable one is replaced); False when it had one or the Job is gone."""
+        from trainops.training.ledger import Unreadable, end_annotation, parse_end
 
         def change(job: dict) -> dict | None:
-            if END_ANNOTATION in ((job.get("metadata") or {}).get("annotations") or {}):
-                return None
+            try:
+                if parse_end((job.get("metadata") or {}).get("annotations") or {}) is not None:
+                    return None
+            except Unreadable:
+                pass
             return {"metadata": {"annotations": end_annotation(end)}}
 
         current = self.read_job(namespace, job_name)

@@ -195,7 +195,8 @@ class TrainingRun:
             if isinstance(action, Follow | Succeed | Fail | Stopped):
                 return action
             self.act(action, ledger)
-            seen = None  # what the follower saw is judged now
+            if isinstance(action, Judge):
+                seen = None  # what the follower saw is judged now
         raise TemporaryError(
             f"run {self.run}: its attempts did not settle in {MAX_STEPS} steps (last: {action})"
         )
