@@ -9,7 +9,7 @@ import requests
 from trainops_devcluster import stack
 
 from tests.e2e.conftest import Capacity, assert_capacity_back
-from tests.services.conftest import TERMINAL, trainer
+from tests.services.conftest import TERMINAL, trainer, wait_for
 from tests.services.test_resume_api import DAG_ID, followed_past_step_20, xcom
 from trainops.kube.client import JOBS, Kube
 from trainops.training.cluster import GangCluster
@@ -55,3 +55,25 @@ def test_killing_the_triggerer_as_it_judges_a_crash_and_the_worker_loses_nothing
     assert first["kind"] == "infrastructure" and culprit in first["culprits"], first
     assert (second["kind"], second["resume_from"] is not None) == ("succeeded", True)
     assert_capacity_back(api, before)
+    heal(services, kube, culprit)
+
+
+def heal(services, kube: Kube, node: str) -> None:
+    """Repair ``node`` and lift its quarantine once its probe reports it healthy, so that the tests after
+    this one have the whole fleet (8 nodes: two quarantined leave inference nowhere to go)."""
+    from trainops.health.quarantine import ReleaseRefused, release
+    from trainops.kube.retry import Deadline
+
+    repaired = requests.post(
+        f"{services.at.devcluster_url}/devcluster/faults/repair", json={"target": node}, timeout=30
+    )
+    assert repaired.status_code == 200, repaired.text
+
+    def released() -> bool:
+        try:
+            release(kube.core, node, Deadline(30))
+        except ReleaseRefused:
+            return False
+        return True
+
+    wait_for(released, f"{node} repaired and released")
