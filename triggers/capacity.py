@@ -11,8 +11,6 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from trainops.capacity.claims import holder_of
 
-API_DEADLINE_S = 60.0
-
 
 class NodesFreeTrigger(BaseTrigger):
     """Fires ``{"status": "free"}`` once none of ``node_names`` is claimed by a run other than ``run``,
@@ -47,19 +45,19 @@ class NodesFreeTrigger(BaseTrigger):
         )
 
     async def holders(self) -> dict[str, str]:
-        from kubernetes_asyncio import client
         from trainops.hooks.kubernetes_cluster import KubernetesClusterHook
 
-        from trainops.kube.retry import Deadline, acall
+        from trainops.kube.client import NODES
 
-        wanted = set(self.node_names)
-        async with KubernetesClusterHook(conn_id=self.kubernetes_conn_id).async_client() as api_client:
-            listed = await acall(
-                client.CoreV1Api(api_client).list_node, Deadline(API_DEADLINE_S), "list nodes"
+        def read() -> dict[str, dict | None]:  # the named nodes (a GET each): a fleet list is not needed
+            return (
+                KubernetesClusterHook(conn_id=self.kubernetes_conn_id).kube().get_all(NODES, self.node_names)
             )
-        nodes = listed.items
+
         held = {
-            n.metadata.name: holder_of(n.metadata.annotations) for n in nodes if n.metadata.name in wanted
+            name: holder_of(node["metadata"].get("annotations") or {})
+            for name, node in (await asyncio.to_thread(read)).items()
+            if node is not None
         }
         return {name: holder for name, holder in held.items() if holder and holder != self.run_key}
 
