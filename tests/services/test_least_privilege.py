@@ -38,9 +38,11 @@ NOT_EXERCISED_HERE = {
         ("", "configmaps", "get"),
     },
     "airflow-apiserver": {
-        # "Return this run's GPUs" on a run still training: GangCluster.stop reads each unfinished
-        # Job and deactivates its Workload.  The suite returns a run that has finished.
+        # "Return this run's GPUs" on a run still training: the stop records the attempt's end on its Job
+        # (trainops.io/end), reads the Job and deactivates its Workload.  The suite returns a run that
+        # has finished.
         ("batch", "jobs", "get"),
+        ("batch", "jobs", "patch"),
         ("kueue.x-k8s.io", "workloads", "list"),
         ("kueue.x-k8s.io", "workloads", "patch"),
         # "Return this run's GPUs" on a run whose inference served from an overflow pool deletes the
