@@ -310,8 +310,9 @@ class GangTrainingOperator(BaseOperator):
         raise PermanentError(f"the run did not settle: {action}")
 
     def on_kill(self) -> None:
-        """The task was killed while this try reconciled (a Clear, mark-failed): stop the run, recorded
-        as stopped, and begin nothing more in this process."""
+        """The task was killed while this try reconciled in the worker: begin no attempt more in this
+        process.  The run is not stopped here: a Clear of a running task restarts it in the same budget,
+        and its next try follows the attempt; mark-failed is followed by the teardown, which stops it."""
         run = getattr(self, "_run", None)
         if run is not None:
-            run.halt("the task was killed (Clear, mark failed or success)")
+            run.begin_nothing()

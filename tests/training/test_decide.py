@@ -242,10 +242,36 @@ ROWS = [
         check={"end.kind": "stopped", "end.verdict": Verdict.FAIL},
     ),
     Row(
-        "want=STOP after a stop: nothing is running, done",
-        [attempt(1, "stopped", end=STOPPED_BY_TEARDOWN)],
+        "want=STOP after a stop: nothing is running and the run is marked stopped, done",
+        [attempt(1, "stopped", end=STOPPED_BY_TEARDOWN, run_stopped="the teardown")],
         Stopped,
         want=Want.STOP,
+    ),
+    Row(
+        "want=STOP between a judgement and its resume: nothing runs, the newest attempt is marked stopped",
+        [attempt(1, "failed", end=RESUME, workload="w1", stopped_by="user")],
+        Stop,
+        want=Want.STOP,
+        check={"attempts": (), "mark.number": 1},
+    ),
+    Row(
+        "the trigger began attempt 2 after the teardown's stop had looked (another process): stopped by "
+        "whoever reads the run next",
+        [attempt(1, "stopped", end=HANG, run_stopped="the teardown"), attempt(2, "running", spent=(1, 1, 0))],
+        Stop,
+        check={"attempts.0.number": 2, "end.reason": "stopped: the teardown"},
+    ),
+    Row(
+        "a run marked stopped is not resumed in the same budget",
+        [attempt(1, "failed", end=RESUME, workload="w1", stopped_by="user", run_stopped="the teardown")],
+        Fail,
+        check={"reason": "the run was stopped (the teardown): no resume"},
+    ),
+    Row(
+        "... but a Clear resumes it (the mark is of the budget before)",
+        [attempt(1, "stopped", end=STOPPED_BY_KILL, run_stopped="on_kill")],
+        Begin,
+        Budget(try_number=2, first_try=2, max_resumes=3),
     ),
     Row(
         "pods cannot be created (Pod Security): the follower saw it at once; judge it",

@@ -85,6 +85,16 @@ class GangCluster:
             return False
         return self.kube.edit(JOBS, job_name, change, namespace, current=current).wrote
 
+    def mark_run_stopped(self, namespace: str, job_name: str, by: str) -> bool:
+        """Mark the run stopped by ``by`` on its newest attempt's Job (``ledger.RUN_STOPPED_ANNOTATION``);
+        False when the Job is gone."""
+        from trainops.training.ledger import run_stopped_annotation
+
+        marked = self.kube.patch(
+            JOBS, job_name, {"metadata": {"annotations": run_stopped_annotation(by)}}, namespace
+        )
+        return marked is not None
+
     def run_workloads(self, namespace: str, jobs: list[dict]) -> list[dict]:
         """The Kueue Workloads of ``jobs`` (by their uids), one list."""
         uids = sorted(j["metadata"]["uid"] for j in jobs if (j.get("metadata") or {}).get("uid"))

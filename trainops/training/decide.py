@@ -24,8 +24,10 @@ attempt's Job records what was spent with it (``ledger.Spent``), so the count su
 restarted triggerer and Jobs garbage-collected since.
 
 With ``want=STOP`` (the task was killed, the run is torn down or reaped) every attempt still running is
-stopped, and an attempt not judged yet is judged ``stopped`` (fail) as it is: a trigger that starts after
-the teardown must find it stopped, not resume it; the try after a Clear resumes it (it began before).
+stopped, an attempt not judged yet is judged ``stopped`` (fail) as it is, and the newest attempt is
+marked ``run-stopped``: a trigger that starts after the teardown must find the run stopped, not resume
+it, and an attempt another process began while the stop ran is stopped by whoever sees it next; the try
+after a Clear resumes it (its attempts began before the Clear).
 """
 
 from __future__ import annotations
@@ -93,10 +95,13 @@ class Judge:
 
 @dataclass(frozen=True)
 class Stop:
-    """Stop these attempts; ``end``: recorded first on those not judged yet (None: all are judged)."""
+    """Stop these attempts; ``end``: recorded first on those not judged yet (None: all are judged);
+    ``mark``: the attempt to mark ``run-stopped`` by ``end.by`` (``want=STOP``: no attempt begun after it
+    in the same budget may run, whichever process begins it)."""
 
     attempts: tuple[Attempt, ...]
     end: End | None = None
+    mark: Attempt | None = None
 
 
 @dataclass(frozen=True)
@@ -140,19 +145,26 @@ def decide(
 ) -> Action:
     """The one next step (see the module docstring).  ``seen``: what the follower of the newest attempt
     saw end it, when one followed it (its ``Outcome``); ``by``: who stops, for ``want=STOP``."""
-    attempts = ledger.attempts
+    attempts, newest = ledger.attempts, ledger.newest
+    running = tuple(a for a in attempts if a.state is State.RUNNING)
     if want is Want.STOP:
-        running = tuple(a for a in attempts if a.state is State.RUNNING)
-        if running:
-            return Stop(running, End(str(FailureKind.STOPPED), Verdict.FAIL, f"stopped: {by}", at=now, by=by))
+        unmarked = (
+            newest
+            if newest is not None and newest.state is not State.GONE and not newest.run_stopped
+            else None
+        )
+        if running or unmarked:
+            return Stop(running, _stopped(f"stopped: {by}", now, by), unmarked)
         return Stopped("no attempt is running")
-    newest = ledger.newest
     if newest is None:
         return Begin(1, {}, Spent(budget.first_try), "first attempt")
+    halted = next((a.run_stopped for a in attempts if a.run_stopped and budget.counts(a)), None)
+    if halted and running:  # a begin raced the stop (the teardown's, another process's): stop it too
+        return Stop(running, _stopped(f"stopped: {halted}", now, halted))
     superseded = tuple(a for a in attempts[:-1] if a.state is State.RUNNING)
     if superseded:  # a resume raced a stop: only the newest attempt may run
         why = f"superseded by attempt {newest.number}"
-        return Stop(superseded, End(str(FailureKind.STOPPED), Verdict.FAIL, why, at=now, by=by or why))
+        return Stop(superseded, _stopped(why, now, by or why))
     end = newest.end
     if end is None and newest.state is State.GONE:
         # nothing can be written on a Job that is gone: its end goes with the next attempt's budget
@@ -169,11 +181,17 @@ def decide(
         return Succeed(newest)
     if end.verdict is Verdict.FAIL:
         return Fail(f"attempt {newest.number} failed, no resume ({end.kind}): {end.reason}")
+    if halted:
+        return Fail(f"the run was stopped ({halted}): no resume")
     spent = budget.spent(ledger)
     if spent.resumes >= budget.max_resumes:
         return Fail(f"resumes exhausted after {len(attempts)} attempts; last: {end.reason}", exhausted=True)
     nxt = Spent(budget.first_try, spent.resumes + 1, spent.unconfirmed + int(end.unconfirmed))
     return Begin(newest.number + 1, ledger_excluded(ledger, end), nxt, f"{end.kind}: {end.reason}")
+
+
+def _stopped(reason: str, now: float, by: str) -> End:
+    return End(str(FailureKind.STOPPED), Verdict.FAIL, reason, at=now, by=by)
 
 
 def _still_admitted(attempt: Attempt) -> bool:

@@ -13,7 +13,9 @@ carries, in its label ``trainops.io/attempt`` and in annotations written when it
 and once its end is judged (``end_annotation``, one patch: the only write to a Job after its creation):
 
 - ``trainops.io/end``: how it ended, the verdict (``succeeded``, ``resume`` or ``fail``), why, the
-  culprit nodes, what its pods printed about GPUs (hints), when, and the Kueue preemptions it rode out.
+  culprit nodes, what its pods printed about GPUs (hints), when, and the Kueue preemptions it rode out;
+- ``trainops.io/run-stopped``: on the newest attempt when the run was stopped (the task killed, the run
+  torn down or reaped): who stopped it.  No attempt of the same budget may run after it.
 
 A Job the cluster no longer has (deleted, or garbage-collected by a TTL policy) leaves a gap in the
 numbers: that attempt is ``gone``, and what the next Job carries (its kept-out nodes, the budget spent)
@@ -43,6 +45,7 @@ from trainops.training.job import (
 
 BEGUN_ANNOTATION = "trainops.io/begun"
 END_ANNOTATION = "trainops.io/end"
+RUN_STOPPED_ANNOTATION = "trainops.io/run-stopped"
 # Bounds: what trainops writes always fits what it reads back (the texts and lists are cut to them).
 MAX_END = 48 << 10  # characters of trainops.io/end: a reason, 64 culprits, 64 slowed and 16 hints fit
 MAX_REASON = 1000  # characters of an end's reason
@@ -124,6 +127,7 @@ class Attempt:
     workload: str | None = None
     stopped_by: str | None = None
     stop_reason: str | None = None
+    run_stopped: str | None = None
     problems: tuple[str, ...] = ()
 
     @property
@@ -158,6 +162,7 @@ class Attempt:
             "slowed": dict(end.slowed) if end else {},
             "hints": list(end.hints) if end else [],
             "preemptions": end.preemptions if end else 0,
+            "run_stopped": self.run_stopped,
             "problems": list(self.problems),
         }
 
@@ -204,6 +209,11 @@ def begun_annotation(try_number: int, at: float, spent: Spent) -> dict[str, str]
     return {
         BEGUN_ANNOTATION: json.dumps({"try": try_number, "at": at, **asdict(spent)}, separators=(",", ":"))
     }
+
+
+def run_stopped_annotation(by: str) -> dict[str, str]:
+    """The annotation that marks the run stopped on its newest attempt."""
+    return {RUN_STOPPED_ANNOTATION: _cut(by) or "stopped"}
 
 
 def end_annotation(end: End) -> dict[str, str]:
@@ -358,6 +368,9 @@ def read_attempt(job: Mapping, workload: Mapping | None = None) -> Attempt:
         workload=(workload or {}).get("metadata", {}).get("name"),
         stopped_by=stopped_by,
         stop_reason=stop_reason,
+        run_stopped=_cut(annotations[RUN_STOPPED_ANNOTATION])
+        if annotations.get(RUN_STOPPED_ANNOTATION)
+        else None,
         problems=tuple(problems),
     )
 

@@ -312,6 +312,8 @@ class TrainingRun:
 
     # ---- stop --------------------------------------------------------------------------------------
     def _stop(self, action: Stop) -> None:
+        if action.mark is not None:  # first: a begin that races this stop finds it
+            self.cluster.mark_run_stopped(self.namespace, action.mark.job, action.end.by)
         for attempt in action.attempts:
             if attempt.end is None and action.end is not None:
                 self.cluster.record_end(self.namespace, attempt.job, action.end)
@@ -319,11 +321,16 @@ class TrainingRun:
             self.stops.append(done)
             self.log.info("stopping attempt %d: %s", attempt.number, done)
 
-    def halt(self, by: str) -> Action:
-        """The task was killed (``on_kill``): no Job is created from now on in this process, and every
-        attempt still running is stopped and recorded as stopped ``by``."""
+    def begin_nothing(self) -> None:
+        """No Job is created from now on in this process (a begin under way finishes first: it holds
+        the lock)."""
         with self.lock:
             self.halted = True
+
+    def halt(self, by: str) -> Action:
+        """The deferred task was killed (the trigger's ``on_kill``): ``begin_nothing``, and every attempt
+        still running is stopped and recorded as stopped ``by``, the run marked stopped."""
+        self.begin_nothing()
         return self.reconcile(want=Want.STOP, by=by)
 
     def stop(self, by: str, deadline: Deadline) -> list[str]:
