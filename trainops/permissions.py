@@ -59,6 +59,7 @@ PERMISSIONS: tuple[Permission, ...] = tuple(
         _grant("create", "", "pods/eviction", CLUSTER, (WORKER,), "the claim's drain (PDBs honoured)"),
         _grant("list", "policy", "poddisruptionbudgets", CLUSTER, (WORKER,), "the claim's drain"),
         _grant("get list delete", "batch", "jobs", TRAINING, _ALL, "stopping a run"),
+        _grant("patch", "batch", "jobs", TRAINING, _ALL, "the run's ledger: an attempt's judged end, a stop"),
         _grant("list", "", "pods", TRAINING, _ALL, "stopping a run, reading its attempt"),
         _grant("list patch", "kueue.x-k8s.io", "workloads", TRAINING, _ALL, "stopping a run (spec.active=false)"),
         _grant("watch", "batch", "jobs", TRAINING, _RUN, "following a run"),
