@@ -113,7 +113,7 @@ def test_the_run_view_answers_where_the_run_resumed_from_and_why(
 
     oversized = with_end("x" * (MAX_END + 1))
     hostile, kept = oversized["ledger"]["attempts"]
-    assert hostile["kind"] is None and "over the 32768-character limit" in hostile["problems"][0]
+    assert hostile["kind"] is None and f"over the {MAX_END}-character limit" in hostile["problems"][0]
     assert kept["kind"] == "succeeded" and oversized["ledger"]["error"] is None
     assert oversized["checkpoints"] == view["checkpoints"] and oversized["progress"]["commits"] == commits
     malformed = with_end(json.dumps({"verdict": "exploded"}))["ledger"]["attempts"][0]

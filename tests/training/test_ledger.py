@@ -115,7 +115,7 @@ def test_jobs_gone_leave_gaps_the_next_job_still_accounts_for():
 @pytest.mark.parametrize(
     "annotation, problem",
     [
-        ("x" * (MAX_END + 1), "over the 32768-character limit"),
+        ("x" * (MAX_END + 1), f"over the {MAX_END}-character limit"),
         ("{not json", "is not JSON"),
         (json.dumps({"verdict": "explode"}), "verdict must be one of"),
         (json.dumps({"verdict": "fail", "hints": "a string"}), "hints must be a list"),
