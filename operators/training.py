@@ -37,6 +37,7 @@ from trainops.plugins.links import TrainingRunLink
 from trainops.provider.errors import translate_errors
 
 EVIDENCE_WAIT_S = 150.0  # the node probe publishes every 60 s: two rounds and a margin
+ELASTIC_WAIT_S = 120.0  # a node back from a kubelet restart or a reboot; two rounds of the node probe
 
 
 class GangTrainingOperator(BaseOperator):
@@ -45,6 +46,13 @@ class GangTrainingOperator(BaseOperator):
     :param image: the trainer's container image. Templated.
     :param command: the trainer's command (a list of strings). Templated.
     :param nodes: how many nodes the run trains on: one pod per node, started together as one gang. Templated.
+    :param min_nodes: elastic resume: when a resume has fewer than ``nodes`` healthy nodes (a culprit
+        quarantined, no spare left), it waits up to ``elastic_wait_s`` for more, then resumes on the nodes
+        there are, never fewer than ``min_nodes``, from the last verified checkpoint; each pod learns the
+        smaller world size from the same environment (``WORLD_SIZE``, ``PET_NNODES``, ``TRAINOPS_WORLD_SIZE``),
+        and the trainer must load its checkpoint at that size (DCP reshards). A later resume goes back to
+        ``nodes`` when they are free. None: ``nodes`` (off). From 1 to ``nodes``. Templated.
+    :param elastic_wait_s: how long an elastic resume waits for nodes before it trains on fewer.
     :param gpus_per_node: GPUs each pod asks for (``nvidia.com/gpu``). Templated.
     :param args: arguments after ``command``. Templated.
     :param env: more environment variables for the trainer (``TRAINOPS_*`` are set by trainops). Templated.
@@ -119,6 +127,7 @@ class GangTrainingOperator(BaseOperator):
         "hang_timeout",
         "max_resumes",
         "topology",
+        "min_nodes",
     )
     ui_color = "#d7ecff"
 
@@ -129,6 +138,8 @@ class GangTrainingOperator(BaseOperator):
         command: Sequence[str],
         run_uri: str,
         nodes: int = 1,
+        min_nodes: int | None = None,
+        elastic_wait_s: float = ELASTIC_WAIT_S,
         gpus_per_node: int = 8,
         args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
@@ -169,6 +180,7 @@ class GangTrainingOperator(BaseOperator):
         super().__init__(retries=retries, retry_delay=retry_delay, **kwargs)
         self.image, self.command, self.args, self.run_uri = image, command, args, run_uri
         self.nodes, self.gpus_per_node, self.env = nodes, gpus_per_node, dict(env or {})
+        self.min_nodes, self.elastic_wait_s = min_nodes, elastic_wait_s
         self.namespace, self.local_queue, self.priority_class = namespace, local_queue, priority_class
         self.node_names = node_names or []
         self.topology = topology
@@ -218,6 +230,8 @@ class GangTrainingOperator(BaseOperator):
             volume_mounts=self.volume_mounts,
             pod_template=self.pod_template,
             topology=dict(self.topology) if self.topology else None,
+            min_nodes=self.min_nodes,
+            elastic_wait_s=self.elastic_wait_s,
         )
 
     def follow_config(self):
@@ -293,10 +307,10 @@ class GangTrainingOperator(BaseOperator):
         from trainops.triggers.training import GangRunTrigger
 
         from trainops.errors import PermanentError
-        from trainops.training.decide import Fail, Follow, Succeed
+        from trainops.training.decide import Fail, Follow, Succeed, Wait
 
         run = self._run
-        if isinstance(action, Follow):
+        if isinstance(action, Follow | Wait):  # the trigger follows the attempt, or waits for nodes
             trigger = GangRunTrigger(
                 run.to_dict(), self.kubernetes_conn_id, self.kubeconfig, self.aws_conn_id
             )

@@ -17,9 +17,11 @@ from trainops.training.decide import (
     Follow,
     Judge,
     Options,
+    Sizing,
     Stop,
     Stopped,
     Succeed,
+    Wait,
     Want,
     decide,
     verdict_of,
@@ -373,3 +375,89 @@ def test_verdict_of(row: VerdictRow):
     verdict, message = verdict_of(row.failure, Ledger(tuple(row.attempts)), row.budget, row.options)
 
     assert verdict is row.verdict and row.says in message, message
+
+
+# ---- elastic resume: how many nodes the next attempt trains on ------------------------------------
+CRASHED_AT = NOW - 10  # the newest attempt's end was seen 10 s ago
+CRASHED = end("infrastructure", "resume", "node fault: gpu-node-3", culprits=XID, at=CRASHED_AT)
+ELASTIC = Sizing(nodes=3, min_nodes=2, wait_s=60)
+
+
+@dataclass
+class SizeRow:
+    case: str
+    sizing: Sizing
+    free: int | None
+    expect: type
+    nodes: int | None = None  # Begin.nodes (None: the run's own size)
+    attempts: list[Attempt] = field(
+        default_factory=lambda: [attempt(1, "failed", end=CRASHED, workload="w1", stopped_by="user")]
+    )
+    budget: Budget = field(default_factory=lambda: Budget(max_resumes=3))
+
+
+SIZES = [
+    SizeRow("off (min_nodes unset): a resume short of a node waits for it in Kueue", Sizing(3), 2, Begin),
+    SizeRow("off (min_nodes == nodes): the same", Sizing(3, 3, 60), 2, Begin),
+    SizeRow(
+        "elastic, every node free (a spare took the culprit's place): the run's own size", ELASTIC, 3, Begin
+    ),
+    SizeRow("elastic, nodes not read (an attempt still live): the run's own size", ELASTIC, None, Begin),
+    SizeRow("elastic, a node short, within the wait: wait for a spare", ELASTIC, 2, Wait),
+    SizeRow("elastic, a node short, the wait is over: resume on the nodes there are", ELASTIC, 2, Begin, 2),
+    SizeRow("elastic, no wait: resume on fewer at once", Sizing(3, 2, 0), 2, Begin, 2),
+    SizeRow(
+        "elastic, fewer free than min_nodes after the wait: never below min_nodes (Kueue holds it for them)",
+        Sizing(4, 2, 0),
+        1,
+        Begin,
+        2,
+    ),
+    SizeRow(
+        "elastic, a Job gone with its end: nothing to wait from, resume on fewer at once",
+        Sizing(3, 2, 600),
+        2,
+        Begin,
+        2,
+        [attempt(1, "gone")],
+    ),
+    SizeRow(
+        "elastic, an attempt on 2 of 3 crashed and all 3 nodes are free again: grow back to 3",
+        ELASTIC,
+        3,
+        Begin,
+        None,
+        [attempt(1, "stopped", end=CRASHED), attempt(2, "failed", end=CRASHED, spent=(1, 1, 0), nodes=2)],
+    ),
+    SizeRow(
+        "elastic, resumes exhausted: the size does not matter, the run fails",
+        ELASTIC,
+        1,
+        Fail,
+        budget=Budget(max_resumes=0),
+    ),
+    SizeRow(
+        "elastic, a Clear's first try and a node short: shrinks too (the gate and the claim ran again)",
+        Sizing(3, 2, 0),
+        2,
+        Begin,
+        2,
+        budget=Budget(try_number=2, first_try=2, max_resumes=3),
+    ),
+]
+
+
+@pytest.mark.parametrize("row", SIZES, ids=[r.case for r in SIZES])
+def test_elastic_resume_size(row: SizeRow):
+    now = NOW if row.case.find("wait is over") < 0 else CRASHED_AT + row.sizing.wait_s
+    action = decide(Ledger(tuple(row.attempts)), row.budget, now, sizing=row.sizing, free=row.free)
+
+    assert type(action) is row.expect, action
+    if isinstance(action, Begin):
+        assert action.nodes == row.nodes, action
+        assert action.kept_out == (XID if row.attempts[-1].end else {})
+        if row.nodes is not None:
+            assert f"elastic resume on {row.nodes} of {row.sizing.nodes} nodes" in action.why
+    if isinstance(action, Wait):
+        assert action.until == CRASHED_AT + row.sizing.wait_s
+        assert "2 of 3 nodes free" in action.why

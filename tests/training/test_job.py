@@ -302,6 +302,10 @@ def test_pod_template_conflicts_are_refused_naming_the_field(template, field):
         ({"volume_mounts": [{"name": "data"}]}, "volume_mounts"),
         ({"node_selector": {"trainops.io/gpu-pool": "false"}}, "gpu-pool"),
         ({"env": {"WORLD_SIZE": "8"}}, "env"),
+        ({"nodes": 3, "min_nodes": 4}, "min_nodes must be an integer from 1 to nodes \\(3\\), got 4"),
+        ({"nodes": 3, "min_nodes": 0}, "min_nodes"),
+        ({"nodes": 3, "min_nodes": "2"}, "min_nodes"),
+        ({"elastic_wait_s": -1}, "elastic_wait_s"),
     ],
 )
 def test_bad_multi_node_fields_name_the_field(changes, field):
@@ -343,3 +347,41 @@ def test_gang_training_operator_hands_its_multi_node_parameters_to_the_job():
     assert template["metadata"]["annotations"] == {"k8s.v1.cni.cncf.io/networks": "rdma-net"}
     with pytest.raises(ValueError, match=r"pod_template\.spec\.restartPolicy"):
         operator(pod_template={"spec": {"restartPolicy": "Always"}}).spec()
+
+
+def test_an_elastic_resume_asks_kueue_for_the_smaller_gang_and_tells_every_rank_its_world_size():
+    """The same run on 2 of its 3 nodes: the Job's completions and parallelism (Kueue's PodSet count and
+    so its quota and topology request), and the environment each rank rendezvouses with."""
+    run = spec(
+        nodes=3,
+        min_nodes=2,
+        procs_per_node=4,
+        topology={"mode": "required", "level": "cloud.provider.com/topology-rack"},
+    )
+    job = build_job(
+        run, name="j", dag_id="d", run_id="r", attempt=2, resume_from="s3://b/runs/r1/step-40/", nodes=2
+    )
+    env = env_of(job)
+
+    assert job["spec"]["completions"] == job["spec"]["parallelism"] == 2
+    assert env["TRAINOPS_WORLD_SIZE"]["value"] == env["PET_NNODES"]["value"] == "2"
+    assert env["WORLD_SIZE"]["value"] == "8"  # 2 nodes x 4 processes
+    assert env["TRAINOPS_RESUME_FROM"]["value"] == "s3://b/runs/r1/step-40/"
+    annotations = job["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {"kueue.x-k8s.io/podset-required-topology": "cloud.provider.com/topology-rack"}
+    full = build_job(run, name="j", dag_id="d", run_id="r", attempt=1, resume_from=None)
+    assert full["spec"]["completions"] == 3 and env_of(full)["WORLD_SIZE"]["value"] == "12"
+
+
+def test_gang_training_operator_hands_min_nodes_to_the_run_and_refuses_a_bad_one_naming_it():
+    from trainops.operators.training import GangTrainingOperator
+
+    def operator(**changes):
+        values = dict(task_id="train", image="img", command=["train"], run_uri="s3://b/runs/r1/", nodes=3)
+        return GangTrainingOperator(**{**values, **changes})
+
+    assert operator(min_nodes=2, elastic_wait_s=30).spec().sizing.elastic
+    assert operator(min_nodes=2, elastic_wait_s=30).spec().sizing.wait_s == 30
+    assert not operator().spec().sizing.elastic  # off unless asked for
+    with pytest.raises(ValueError, match="min_nodes must be an integer from 1 to nodes"):
+        operator(min_nodes=5).spec()

@@ -79,6 +79,16 @@ def test_what_a_job_is_created_with_and_the_end_written_on_it_read_back_as_the_a
     assert attempt.kept_out == {"gpu-node-1": "ECC"}
     assert attempt.end == end and attempt.problems == ()
     assert attempt.finished_at - attempt.created_at == 300.0  # the Job's own times (whole seconds)
+    assert attempt.nodes == 2 and attempt.to_dict()["nodes"] == 2  # the gang's size, as the run view shows it
+
+
+def test_an_elastic_resumes_smaller_gang_is_its_attempts_world_size():
+    smaller = build_job(
+        SPEC, name="train-r-a2", dag_id="dag", run_id="r", attempt=2, resume_from=None, nodes=1
+    )
+    assert read_attempt(smaller).nodes == 1
+    smaller["spec"]["completions"] = "many"  # not what trainops writes: unknown, not a crash
+    assert read_attempt(smaller).nodes is None
 
 
 @pytest.mark.parametrize(

@@ -5,8 +5,16 @@ Jobs.  Transient API errors are retried until the settings' deadline (``trainops
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 
+from trainops.conventions import (
+    GPU_POOL_LABEL,
+    HEALTH_LABEL,
+    HEALTH_QUARANTINED,
+    MODE_TAINT,
+    MODE_TRAINING,
+    QUARANTINE_TAINT,
+)
 from trainops.kube.client import JOBS, NODES, PODS, SERVICES, Kind, Kube
 from trainops.kube.retry import Deadline
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
@@ -144,7 +152,41 @@ class GangCluster:
         """Each node by name, read concurrently (None for one that no longer exists)."""
         return self.kube.get_all(NODES, names)
 
+    def free_nodes(self, candidates: Collection[str], excluded: Collection[str]) -> list[str]:
+        """The nodes a new attempt could run on now: ``candidates`` (the run's claimed nodes; empty: the
+        GPU pool's nodes in training mode) that are not ``excluded``, exist, are Ready and schedulable,
+        and are not quarantined."""
+        if candidates:
+            nodes = [n for n in self.read_nodes(sorted(set(candidates) - set(excluded))).values() if n]
+        else:
+            pool = self.kube.list(NODES, labels=f"{GPU_POOL_LABEL}=true")
+            nodes = [n for n in pool if _tainted(n, MODE_TAINT) == MODE_TRAINING]
+        return sorted(
+            name for node in nodes if (name := node["metadata"]["name"]) not in excluded and _usable(node)
+        )
+
     def node_changes(self, names: list[str], until: float) -> Iterator[dict[str, dict | None]]:
         """The nodes ``names`` now, then again each time one of them changes, until ``until``
         (``time.monotonic()``): ``Kube.watch`` on nodes, filtered to these names."""
         yield from self.kube.watch(NODES, names=set(names), until=until)
+
+
+def _tainted(node: Mapping, key: str) -> str | None:
+    """The value of the node's taint ``key`` ("" for a taint without one; None: not tainted so)."""
+    taint = next((t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") == key), None)
+    return None if taint is None else str(taint.get("value") or "")
+
+
+def _usable(node: Mapping) -> bool:
+    """Ready, schedulable, not quarantined."""
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True"
+        for c in (node.get("status") or {}).get("conditions") or []
+    )
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    return (
+        ready
+        and not (node.get("spec") or {}).get("unschedulable")
+        and _tainted(node, QUARANTINE_TAINT) is None
+        and labels.get(HEALTH_LABEL) != HEALTH_QUARANTINED
+    )

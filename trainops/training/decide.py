@@ -15,6 +15,7 @@ The run's states, from the newest attempt (``docs/training-run.md`` draws them):
     judged succeeded -----------------------------------------------------> Succeed
     judged fail (user code, stopped by a person, never admitted) ---------> Fail, until a Clear
     judged resume, budget left -------------------------------------------> Begin, without the culprits
+      (elastic, too few nodes free) --> Wait for nodes up to ``wait_s``, then Begin on fewer (>= min_nodes)
     judged resume, budget spent ------------------------------------------> Fail (resumes exhausted)
 
 The budget (``Budget``): ``max_resumes`` resumes, and ``unconfirmed_fault_retries`` of them for failures
@@ -22,6 +23,13 @@ whose pods printed GPU/NCCL errors no node confirms, both counted from the run's
 Clear (``first_try``): a Clear gives both a fresh budget, and the first attempt since is free.  Each
 attempt's Job records what was spent with it (``ledger.Spent``), so the count survives a lost worker, a
 restarted triggerer and Jobs garbage-collected since.
+
+The size of a new attempt (``Sizing``): the run's ``nodes``, unless the run is elastic (``min_nodes`` below
+``nodes``) and fewer nodes are ``free`` (healthy, not kept out: what the caller read from the cluster):
+then it waits up to ``wait_s`` from the newest attempt's end for nodes to come back (``Wait``), and then
+begins on the nodes there are, never fewer than ``min_nodes``, from the same latest verified checkpoint
+(DCP reshards it to the new world size).  A later resume is sized again: the run grows back to ``nodes``
+at its next resume once they are free.
 
 With ``want=STOP`` (the task was killed, the run is torn down or reaped) every attempt still running is
 stopped, an attempt not judged yet is judged ``stopped`` (fail) as it is, and the newest attempt is
@@ -33,7 +41,7 @@ after a Clear resumes it (its attempts began before the Clear).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from trainops.training.failures import RETRYABLE, Failure, FailureKind
@@ -76,6 +84,20 @@ class Options:
     evidence_wait_s: float = 0.0
 
 
+@dataclass(frozen=True)
+class Sizing:
+    """How many nodes an attempt trains on: ``nodes``, or, elastic, as few as ``min_nodes`` (None:
+    ``nodes``, i.e. off) after waiting ``wait_s`` for the missing ones (the operator's parameters)."""
+
+    nodes: int = 1
+    min_nodes: int | None = None
+    wait_s: float = 0.0
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_nodes is not None and self.min_nodes < self.nodes
+
+
 # ---- actions -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Follow:
@@ -107,12 +129,23 @@ class Stop:
 @dataclass(frozen=True)
 class Begin:
     """Submit attempt ``number`` from the latest verified checkpoint, without the nodes ``kept_out``
-    (node -> why), with the budget ``spent`` counting this begin."""
+    (node -> why), with the budget ``spent`` counting this begin, on ``nodes`` nodes (None: the run's
+    own ``nodes``; fewer: an elastic resume)."""
 
     number: int
     kept_out: Mapping[str, str] = field(default_factory=dict)
     spent: Spent = field(default_factory=Spent)
     why: str = ""
+    nodes: int | None = None
+
+
+@dataclass(frozen=True)
+class Wait:
+    """An elastic resume lacks nodes: decide again when more are free, or at ``until`` (Unix time) at the
+    latest, when the run resumes on the nodes there are."""
+
+    until: float
+    why: str
 
 
 @dataclass(frozen=True)
@@ -136,16 +169,25 @@ class Stopped:
     reason: str
 
 
-Action = Follow | Judge | Stop | Begin | Succeed | Fail | Stopped
+Action = Follow | Judge | Stop | Begin | Wait | Succeed | Fail | Stopped
 
 
 # ---- the decision ------------------------------------------------------------------------------
 def decide(
-    ledger: Ledger, budget: Budget, now: float, want: Want = Want.RUN, seen=None, by: str = ""
+    ledger: Ledger,
+    budget: Budget,
+    now: float,
+    want: Want = Want.RUN,
+    seen=None,
+    by: str = "",
+    sizing: Sizing | None = None,
+    free: int | None = None,
 ) -> Action:
     """The one next step (see the module docstring).  ``seen``: what the follower of the newest attempt
-    saw end it, when one followed it (its ``Outcome``); ``by``: who stops, for ``want=STOP``."""
-    attempts, newest = ledger.attempts, ledger.newest
+    saw end it, when one followed it (its ``Outcome``); ``by``: who stops, for ``want=STOP``;
+    ``sizing``: the run's size; ``free``: how many nodes a new attempt could run on now (healthy, not
+    kept out; None: not read, the run's own size)."""
+    attempts, newest, sizing = ledger.attempts, ledger.newest, sizing or Sizing()
     running = tuple(a for a in attempts if a.state is State.RUNNING)
     if want is Want.STOP:
         unmarked = (
@@ -176,7 +218,13 @@ def decide(
     if newest.state is State.RUNNING or (end.verdict is Verdict.RESUME and _still_admitted(newest)):
         return Stop((newest,))  # judged, not stopped yet (a hang, a crash between the two): stop first
     if not budget.counts(newest):  # begun before the run's last Clear: a resume with a fresh budget
-        return Begin(newest.number + 1, ledger_excluded(ledger, end), Spent(budget.first_try), "cleared")
+        return _sized(
+            Begin(newest.number + 1, ledger_excluded(ledger, end), Spent(budget.first_try), "cleared"),
+            newest,
+            sizing,
+            free,
+            now,
+        )
     if end.verdict is Verdict.SUCCEEDED:
         return Succeed(newest)
     if end.verdict is Verdict.FAIL:
@@ -187,7 +235,25 @@ def decide(
     if spent.resumes >= budget.max_resumes:
         return Fail(f"resumes exhausted after {len(attempts)} attempts; last: {end.reason}", exhausted=True)
     nxt = Spent(budget.first_try, spent.resumes + 1, spent.unconfirmed + int(end.unconfirmed))
-    return Begin(newest.number + 1, ledger_excluded(ledger, end), nxt, f"{end.kind}: {end.reason}")
+    begin = Begin(newest.number + 1, ledger_excluded(ledger, end), nxt, f"{end.kind}: {end.reason}")
+    return _sized(begin, newest, sizing, free, now)
+
+
+def _sized(begin: Begin, newest: Attempt, sizing: Sizing, free: int | None, now: float) -> Begin | Wait:
+    """``begin`` on the run's own size, or (elastic, fewer nodes ``free``) a wait for nodes up to
+    ``wait_s`` after the newest attempt ended, then ``begin`` on the nodes there are, at least ``min_nodes``."""
+    if not sizing.elastic or free is None or free >= sizing.nodes:
+        return begin
+    since = newest.end.at if newest.end is not None and newest.end.at is not None else newest.finished_at
+    if since is not None and now < since + sizing.wait_s:
+        return Wait(
+            since + sizing.wait_s,
+            f"{free} of {sizing.nodes} nodes free for attempt {begin.number}: waiting up to "
+            f"{sizing.wait_s:g}s for more before resuming on fewer (min_nodes={sizing.min_nodes})",
+        )
+    nodes = max(free, sizing.min_nodes)
+    why = f"{begin.why}; elastic resume on {nodes} of {sizing.nodes} nodes ({free} free, min_nodes={sizing.min_nodes})"
+    return replace(begin, nodes=nodes, why=why)
 
 
 def _stopped(reason: str, now: float, by: str) -> End:

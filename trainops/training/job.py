@@ -80,11 +80,15 @@ def build_job(
     resume_from: str | None,
     excluded_nodes: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
+    nodes: int | None = None,
 ) -> dict:
     """The Job of one attempt.  ``excluded_nodes``: node name -> why it is kept out of this run (its
     node affinity, and the annotation ``trainops.io/kept-out``); ``annotations``: more for the Job
-    (the ledger's, ``trainops.training.ledger``)."""
+    (the ledger's, ``trainops.training.ledger``); ``nodes``: the gang's size (None: ``spec.nodes``;
+    fewer after an elastic resume: the Job's completions and parallelism, Kueue's PodSet count and the
+    world size every pod is told)."""
     excluded = dict(excluded_nodes or {})
+    size = spec.nodes if nodes is None else nodes
     labels = {RUN_LABEL: run_key(dag_id, run_id), ATTEMPT_LABEL: str(attempt)}
     kept_out = json.dumps(
         {n: str(why)[:MAX_REASON] for n, why in sorted(excluded.items())}, separators=(",", ":")
@@ -99,7 +103,7 @@ def build_job(
     if resume_from:
         annotations[RESUME_ANNOTATION] = resume_from
     template = merge_under(
-        _owned_template(spec, name, labels, attempt, resume_from, excluded), _extras(spec), "parameters"
+        _owned_template(spec, name, labels, attempt, resume_from, excluded, size), _extras(spec), "parameters"
     )
     return {
         "apiVersion": "batch/v1",
@@ -112,8 +116,8 @@ def build_job(
         },
         "spec": {
             "completionMode": "Indexed",
-            "completions": spec.nodes,
-            "parallelism": spec.nodes,
+            "completions": size,
+            "parallelism": size,
             "backoffLimit": 0,
             "suspend": True,
             "template": merge_under(template, spec.pod_template, "pod_template"),
@@ -154,7 +158,7 @@ def build_service(spec: TrainingSpec, job: Mapping) -> dict:
     }
 
 
-def _owned_template(spec, name, labels, attempt, resume_from, excluded) -> dict:
+def _owned_template(spec, name, labels, attempt, resume_from, excluded, size: int) -> dict:
     """The pod template fields trainops decides."""
     requests = {GPU_RESOURCE: str(spec.gpus_per_node)}
     if spec.cpu:
@@ -165,7 +169,7 @@ def _owned_template(spec, name, labels, attempt, resume_from, excluded) -> dict:
         "name": CONTAINER_NAME,
         "image": spec.image,
         "command": list(spec.command),
-        "env": _env(spec, name, attempt, resume_from),
+        "env": _env(spec, name, attempt, resume_from, size),
         "resources": {"requests": requests, "limits": {GPU_RESOURCE: str(spec.gpus_per_node)}},
     }
     if spec.args:
@@ -201,22 +205,22 @@ def _owned_template(spec, name, labels, attempt, resume_from, excluded) -> dict:
     return {"metadata": meta, "spec": pod}
 
 
-def _env(spec: TrainingSpec, name: str, attempt: int, resume_from: str | None) -> list[dict]:
+def _env(spec: TrainingSpec, name: str, attempt: int, resume_from: str | None, size: int) -> list[dict]:
     """trainops' variables and torchrun's (``PET_*`` are read by torchrun, the rest by
-    ``init_process_group``); the Job controller adds ``JOB_COMPLETION_INDEX``."""
+    ``init_process_group``) for a gang of ``size`` nodes; the Job controller adds ``JOB_COMPLETION_INDEX``."""
     index = {"valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}
     address = master_addr(name, spec.namespace)
     values = {
         "TRAINOPS_RUN_URI": spec.run_path,
         "TRAINOPS_RESUME_FROM": resume_from or "",
         "TRAINOPS_ATTEMPT": str(attempt),
-        "TRAINOPS_WORLD_SIZE": str(spec.nodes),
+        "TRAINOPS_WORLD_SIZE": str(size),
         "MASTER_ADDR": address,
         "MASTER_PORT": str(spec.master_port),
-        "WORLD_SIZE": str(spec.nodes * spec.procs_per_node),
+        "WORLD_SIZE": str(size * spec.procs_per_node),
         "PET_MASTER_ADDR": address,
         "PET_MASTER_PORT": str(spec.master_port),
-        "PET_NNODES": str(spec.nodes),
+        "PET_NNODES": str(size),
         "PET_NPROC_PER_NODE": str(spec.procs_per_node),
     }
     env = [{"name": k, "value": v} for k, v in values.items()]

@@ -10,7 +10,9 @@ carries, in its label ``trainops.io/attempt`` and in annotations written when it
 - ``trainops.io/begun``: the Airflow try that began it, when, and the resume budget spent with it
   (JSON ``{"try", "at", "since_try", "resumes", "unconfirmed"}``, see ``Spent``; ``begun_annotation``),
 
-and once its end is judged (``end_annotation``, one patch: the only write to a Job after its creation):
+and its ``spec.completions``: how many nodes the attempt trains on (fewer than the run's after an
+elastic resume).  Once its end is judged (``end_annotation``, one patch: the only write to a Job
+after its creation):
 
 - ``trainops.io/end``: how it ended, the verdict (``succeeded``, ``resume`` or ``fail``), why, the
   culprit nodes, what its pods printed about GPUs (hints), when, and the Kueue preemptions it rode out;
@@ -129,6 +131,7 @@ class Attempt:
     stop_reason: str | None = None
     run_stopped: str | None = None
     problems: tuple[str, ...] = ()
+    nodes: int | None = None  # how many nodes (pods) it trains on: its Job's completions
 
     @property
     def resume_step(self) -> int | None:
@@ -154,6 +157,7 @@ class Attempt:
             "finished_at": self.finished_at,
             "resume_from": self.resume_from,
             "resume_step": self.resume_step,
+            "nodes": self.nodes,
             "kept_out": dict(self.kept_out),
             "kind": end.kind if end else None,
             "verdict": str(end.verdict) if end else None,
@@ -352,6 +356,7 @@ def read_attempt(job: Mapping, workload: Mapping | None = None) -> Attempt:
         end = parse_end(annotations)
     except Unreadable as error:
         problems.append(f"{error}; the end is judged again")
+    completions = (job.get("spec") or {}).get("completions")
     finished = condition(job, "Complete") or condition(job, "Failed") or condition(job, "Suspended")
     return Attempt(
         number=number,
@@ -372,6 +377,7 @@ def read_attempt(job: Mapping, workload: Mapping | None = None) -> Attempt:
         if annotations.get(RUN_STOPPED_ANNOTATION)
         else None,
         problems=tuple(problems),
+        nodes=completions if isinstance(completions, int) and not isinstance(completions, bool) else None,
     )
 
 

@@ -50,6 +50,7 @@ from trainops.training.decide import (
     Stop,
     Stopped,
     Succeed,
+    Wait,
     Want,
     decide,
     follower_failure,
@@ -65,6 +66,7 @@ from trainops.training.spec import TrainingSpec
 log = logging.getLogger(__name__)
 MAX_STEPS = 12  # acts in one reconcile: a run settles in at most judge, stop, begin (a few more on races)
 STOP_POLL_S = 0.5
+WAIT_POLL_S = 5.0  # an elastic resume waiting for nodes reads them again this often
 
 # The trigger's blocking work runs here, not in the event loop's default executor, which every trigger
 # in the triggerer shares: judging may wait up to ``evidence_wait_s`` on the nodes' reports.
@@ -178,21 +180,34 @@ class TrainingRun:
     def next_action(
         self, ledger: Ledger, want: Want = Want.RUN, seen: Outcome | None = None, by: str = ""
     ) -> Action:
-        """``decide`` on ``ledger``, with what the follower of its newest attempt saw (if it is the one)."""
+        """``decide`` on ``ledger``, with what the follower of its newest attempt saw (if it is the one),
+        and, for an elastic run whose newest attempt is over, how many nodes a next attempt has."""
         newest = ledger.newest
         if seen is not None and (
             newest is None or self.followed is None or newest.number != self.followed.number
         ):
             seen = None
-        return decide(ledger, self.budget, self.clock(), want, seen, by)
+        sizing = self.spec.sizing if self.spec is not None else None
+        free = None
+        if (
+            want is Want.RUN
+            and sizing is not None
+            and sizing.elastic
+            and newest is not None
+            and not newest.live
+        ):
+            free = len(self.cluster.free_nodes(self.spec.node_names, ledger.excluded))
+        return decide(ledger, self.budget, self.clock(), want, seen, by, sizing, free)
 
     def reconcile(self, *, want: Want = Want.RUN, seen: Outcome | None = None, by: str = "") -> Action:
-        """Observe, decide and act until the action is to follow an attempt, to succeed or to fail (or,
-        ``want=STOP``, until nothing runs any more); returns that action."""
+        """Observe, decide and act until the action is to follow an attempt, to wait for nodes, to
+        succeed or to fail (or, ``want=STOP``, until nothing runs any more); returns that action."""
         for _ in range(MAX_STEPS):
             ledger = self.observe()
             action = self.next_action(ledger, want, seen, by)
-            if isinstance(action, Follow | Succeed | Fail | Stopped):
+            if isinstance(action, Follow | Wait | Succeed | Fail | Stopped):
+                if isinstance(action, Wait):
+                    self.log.info("%s", action.why)
                 return action
             self.act(action, ledger)
             if isinstance(action, Judge):
@@ -365,7 +380,8 @@ class TrainingRun:
                     action.spent.since_try,
                     action.why,
                 )
-            self.log.info("attempt %d: Job %s", action.number, name)
+            nodes = self.spec.nodes if action.nodes is None else action.nodes
+            self.log.info("attempt %d: Job %s on %d of %d nodes", action.number, name, nodes, self.spec.nodes)
             if checkpoint.uri:
                 self.log.info(
                     "resuming from %s (step %s, %s)", checkpoint.uri, checkpoint.step, checkpoint.how
@@ -385,6 +401,7 @@ class TrainingRun:
                 resume_from=checkpoint.uri,
                 excluded_nodes=action.kept_out,
                 annotations=begun_annotation(self.budget.try_number, self.clock(), action.spent),
+                nodes=action.nodes,
             )
             submitted, created = self.cluster.create_job(job)
         self.log.info(
@@ -400,7 +417,8 @@ class TrainingRun:
             raise ValueError(f"run {self.run}: following needs the follow config and the store")
 
         def follow_attempt(attempt: Attempt) -> Awaitable[Outcome]:
-            config = dataclasses.replace(self.follow_config, job_name=attempt.job)
+            nodes = attempt.nodes or self.follow_config.nodes
+            config = dataclasses.replace(self.follow_config, job_name=attempt.job, nodes=nodes)
             return RunFollower(config, self.cluster, async_client, self.store).follow()
 
         return follow_attempt
@@ -408,10 +426,15 @@ class TrainingRun:
     async def follow_to_end(self, follow_attempt: Callable[[Attempt], Awaitable[Outcome]]) -> Action:
         """Reconcile; while the next step is to follow an attempt, follow it (``follow_attempt``, e.g.
         ``follower(async_client)``) and reconcile what was seen: judge, stop, resume at once, follow the
-        next.  Returns the end: ``Succeed`` or ``Fail``.  The blocking steps run in ``_RUN_THREADS``."""
+        next; an elastic resume short of nodes is decided again every ``WAIT_POLL_S`` until it may begin.
+        Returns the end: ``Succeed`` or ``Fail``.  The blocking steps run in ``_RUN_THREADS``."""
         seen = None
         while True:
             action = await _in_thread(self.reconcile, seen=seen)
+            if isinstance(action, Wait):
+                await asyncio.sleep(max(0.0, min(WAIT_POLL_S, action.until - self.clock())))
+                seen = None
+                continue
             if not isinstance(action, Follow):
                 return action
             self.followed = action.attempt

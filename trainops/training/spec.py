@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from trainops.placement.request import TopologyRequest
+from trainops.training.decide import Sizing
 from trainops.training.job import build_job
 from trainops.training.naming import check_dns_label
 from trainops.training.podtemplate import normalize
@@ -61,6 +62,9 @@ class TrainingSpec:
     what trainops sets; a field both set differently is refused (see ``podtemplate``).
     ``topology``: where in the fabric Kueue places the pods (``TopologyRequest`` or its ``to_dict()``;
     ``trainops.placement``): its PodSet annotation goes on the pod template; kept as the dict.
+    ``min_nodes``: the fewest nodes a resume may train on when fewer than ``nodes`` are free (None:
+    ``nodes``, never fewer); ``elastic_wait_s``: how long such a resume waits for nodes before it does
+    (``trainops.training.decide.Sizing``).
     """
 
     image: str
@@ -88,6 +92,8 @@ class TrainingSpec:
     volume_mounts: Sequence[Mapping[str, Any]] = ()
     pod_template: Any = None
     topology: Mapping[str, Any] | None = None
+    min_nodes: int | None = None
+    elastic_wait_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.image, str) or not self.image.strip():
@@ -114,6 +120,21 @@ class TrainingSpec:
             ):
                 bounds = f">= {least}" if most is None else f"from {least} to {most}"
                 raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
+        if self.min_nodes is not None and (
+            not isinstance(self.min_nodes, int)
+            or isinstance(self.min_nodes, bool)
+            or not 1 <= self.min_nodes <= self.nodes
+        ):
+            raise ValueError(
+                f"min_nodes must be an integer from 1 to nodes ({self.nodes}), got {self.min_nodes!r}: "
+                "the fewest nodes a resume may train on (leave it empty to always resume on all nodes)"
+            )
+        if (
+            isinstance(self.elastic_wait_s, bool)
+            or not isinstance(self.elastic_wait_s, int | float)
+            or self.elastic_wait_s < 0
+        ):
+            raise ValueError(f"elastic_wait_s must be a number of seconds >= 0, got {self.elastic_wait_s!r}")
         if (
             not isinstance(self.run_uri, str)
             or not self.run_uri.startswith("s3://")
@@ -175,6 +196,11 @@ class TrainingSpec:
                 raise ValueError(
                     f"{name} must be a list of mappings, each with {' and '.join(keys)} (API form)"
                 )
+
+    @property
+    def sizing(self) -> Sizing:
+        """How many nodes an attempt trains on (elastic when ``min_nodes`` is below ``nodes``)."""
+        return Sizing(self.nodes, self.min_nodes, float(self.elastic_wait_s))
 
     @property
     def run_path(self) -> str:
