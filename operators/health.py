@@ -48,6 +48,9 @@ class NodeHealthGateOperator(BaseOperator):
         must hold ``min_nodes - spares`` in one domain of the level, else the gate waits as for too few
         nodes, naming the largest domains. None: no topology. Templated.
     :param spares: how many of ``min_nodes`` are spares, which may sit outside that domain. Templated.
+    :param resume_min_nodes: the training task's ``min_nodes`` (the fewest nodes it may resume on), checked
+        here to be from 1 to ``min_nodes - spares`` so that a bad one fails before the gate writes anything;
+        None: not checked. Templated.
     :param wait_timeout_s: with too few healthy nodes, wait (deferred, no worker slot) up to this many
         seconds for enough, then fail naming what is missing; 0 fails at once.
     :param poll_interval_s: how often the deferred wait re-evaluates.
@@ -74,6 +77,7 @@ class NodeHealthGateOperator(BaseOperator):
         "poll_interval_s",
         "topology",
         "spares",
+        "resume_min_nodes",
     )
     ui_color = "#f4d6a0"
 
@@ -92,6 +96,7 @@ class NodeHealthGateOperator(BaseOperator):
         fault_window_s: float | None = None,
         topology: dict[str, Any] | None = None,
         spares: int = 0,
+        resume_min_nodes: int | None = None,
         wait_timeout_s: float = 0,
         poll_interval_s: float = 30,
         kubernetes_conn_id: str = "kubernetes_default",
@@ -107,7 +112,7 @@ class NodeHealthGateOperator(BaseOperator):
         )
         self.speed_tiers, self.kubernetes_conn_id = speed_tiers, kubernetes_conn_id
         self.fabrics, self.fabric_label, self.fault_window_s = fabrics, fabric_label, fault_window_s
-        self.topology, self.spares = topology, spares
+        self.topology, self.spares, self.resume_min_nodes = topology, spares, resume_min_nodes
         self.wait_timeout_s, self.poll_interval_s, self.api_deadline_s = (
             wait_timeout_s,
             poll_interval_s,
@@ -115,6 +120,8 @@ class NodeHealthGateOperator(BaseOperator):
         )
 
     def _spec(self) -> GateSpec:
+        from trainops.training.spec import check_min_nodes
+
         if float(self.wait_timeout_s) < 0 or float(self.poll_interval_s) <= 0:
             raise ValueError(
                 f"wait_timeout_s must be >= 0 and poll_interval_s > 0, got {self.wait_timeout_s}, {self.poll_interval_s}"
@@ -135,6 +142,8 @@ class NodeHealthGateOperator(BaseOperator):
             spares=int(self.spares),
         )
         spec.config()  # bad input fails here, before anything is changed
+        if self.resume_min_nodes is not None and self.min_nodes is not None:
+            check_min_nodes(self.resume_min_nodes, int(self.min_nodes) - int(self.spares))
         return spec
 
     @translate_errors

@@ -17,6 +17,10 @@ budget).  How an end is judged:
   word (its probe's ``GPUHealthy`` condition, not Ready, lost) blames and quarantines it;
 - preemption by Kueue: not an end; the trigger keeps following the requeued attempt.
 
+Elastic resume (``min_nodes`` below ``nodes``): a resume that finds fewer healthy nodes than ``nodes`` (a
+culprit quarantined, no spare left) waits up to ``elastic_wait_s`` for more, then trains on the nodes
+there are, never fewer than ``min_nodes``; each attempt's size is on its Job (and in the run view).
+
 Airflow's ``retries`` are for a try that fails on its own (a worker lost, the API unreachable): the
 next try reattaches to the run's Job, or judges and resumes it.  Every attempt is on its Job (number,
 the try that began it, resume point, kept-out nodes, and once judged its end, verdict and culprits),
@@ -52,7 +56,7 @@ class GangTrainingOperator(BaseOperator):
         smaller world size from the same environment (``WORLD_SIZE``, ``PET_NNODES``, ``TRAINOPS_WORLD_SIZE``),
         and the trainer must load its checkpoint at that size (DCP reshards). A later resume goes back to
         ``nodes`` when they are free. None: ``nodes`` (off). From 1 to ``nodes``. Templated.
-    :param elastic_wait_s: how long an elastic resume waits for nodes before it trains on fewer.
+    :param elastic_wait_s: how long an elastic resume waits for nodes before it trains on fewer. Templated.
     :param gpus_per_node: GPUs each pod asks for (``nvidia.com/gpu``). Templated.
     :param args: arguments after ``command``. Templated.
     :param env: more environment variables for the trainer (``TRAINOPS_*`` are set by trainops). Templated.
@@ -128,6 +132,7 @@ class GangTrainingOperator(BaseOperator):
         "max_resumes",
         "topology",
         "min_nodes",
+        "elastic_wait_s",
     )
     ui_color = "#d7ecff"
 

@@ -116,6 +116,7 @@ def training_lifecycle(
         speed_tiers="{{ params.speed_tiers }}",
         topology=TOPOLOGY,
         spares="{{ params.spare_nodes }}",
+        resume_min_nodes="{{ params.min_nodes }}",  # train's: a bad one fails here, before any write
         wait_timeout_s="{{ params.health_wait_s }}",
         poll_interval_s=10,
         doc_md=GATE_DOC,
@@ -155,6 +156,8 @@ def training_lifecycle(
         run_uri=RUN_PATH,
         env={"TRAINOPS_RUN_NAME": RUN_NAME},
         nodes="{{ params.nodes }}",
+        min_nodes="{{ params.min_nodes }}",
+        elastic_wait_s="{{ params.elastic_wait_s }}",
         gpus_per_node="{{ params.gpus_per_node }}",
         local_queue="{{ params.kueue_queue }}",
         priority_class="{{ params.priority_class }}",

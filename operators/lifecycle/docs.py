@@ -103,6 +103,10 @@ Kueue's scheduling gate until it gives each its node, among the claimed ones.
   printed GPU or NCCL errors no node confirms, it first gets one resume of its own (a flaky link looks so);
 - preemption by a higher-priority Workload: Kueue requeues it; it keeps waiting, no resume used.
 
+With `min_nodes` below `nodes` (elastic resume), a resume short of healthy nodes (no spare left) waits up to
+`elastic_wait_s` for one, then trains on the nodes there are, never fewer than `min_nodes`; the log and the
+Training run tab show each attempt's size.
+
 Airflow's retries are for a try that fails on its own (a worker lost, the API unreachable): the next
 try reattaches to the running Job, or judges and resumes it.
 

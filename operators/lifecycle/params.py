@@ -106,6 +106,28 @@ PARAM_SPECS: dict[str, tuple[Any, dict[str, Any]]] = {
             "description": "How many GPU nodes the run trains on (one pod per node).",
         },
     ),
+    "min_nodes": (
+        None,
+        {
+            "type": ["null", "integer"],
+            "minimum": 1,
+            "title": "Min nodes (elastic resume)",
+            "description": "When a resume lacks nodes (a node quarantined, no spare left) it waits up to "
+            "elastic_wait_s for more, then resumes on the nodes there are, never fewer than this, from the last "
+            "verified checkpoint; the trainer learns the smaller world size from WORLD_SIZE / TRAINOPS_WORLD_SIZE "
+            "and must load its checkpoint at that size (DCP reshards). From 1 to nodes. Empty: always all nodes.",
+        },
+    ),
+    "elastic_wait_s": (
+        120,
+        {
+            "type": "number",
+            "minimum": 0,
+            "title": "Elastic wait (s)",
+            "description": "With min_nodes below nodes: how long a resume short of nodes waits for them before it "
+            "trains on fewer.",
+        },
+    ),
     "spare_nodes": (
         1,
         {

@@ -1,4 +1,4 @@
-// The Training run tab of a DAG run in the Airflow UI: the attempt ledger (where each attempt resumed from,
+// The Training run tab of a DAG run in the Airflow UI: the attempt ledger (its world size, where it resumed from,
 // how it ended, the culprit), the heartbeat and its rate, a plot of step against time with crash and resume
 // markers, the checkpoints as verified now, the capacity claimed and returned, and "Return this run's GPUs".
 import {C, ConfirmDialog, ErrorText, React, ago, formatTime, h, post, useApi, useTimezone} from "./common.js";
@@ -18,10 +18,11 @@ function Attempts({ledger, times, zone}) {
     ? `${formatTime(a.started_at, zone, {date: false})} – ${a.ended_at != null ? formatTime(a.ended_at, zone, {date: false}) : "now"}` : "");
   return h(C.Table.Root, {id: "attempts", size: "sm", striped: true},
     h(C.Table.Header, null, h(C.Table.Row, null,
-      ...["#", "Job", "Resumed from", "How it ended", "Why", "Culprit", "Hints"].map((t) => h(C.Table.ColumnHeader, {key: t}, t)))),
+      ...["#", "Job", "Nodes", "Resumed from", "How it ended", "Why", "Culprit", "Hints"].map((t) => h(C.Table.ColumnHeader, {key: t}, t)))),
     h(C.Table.Body, null, (ledger.attempts || []).map((a) => h(C.Table.Row, {key: a.number},
       h(C.Table.Cell, null, a.number),
       h(C.Table.Cell, null, h(C.Text, {fontSize: "sm"}, a.job), h(C.Text, {fontSize: "xs", color: "fg.muted"}, span(times[a.number]))),
+      h(C.Table.Cell, {fontSize: "sm", title: "the attempt's world size (nodes); fewer after an elastic resume"}, a.nodes ?? "?"),
       h(C.Table.Cell, {fontSize: "sm"}, a.resume_from
         ? `${a.resume_from}${a.resume_step != null ? ` (step ${a.resume_step})` : ""}` : h(C.Text, {as: "span", color: "fg.muted"}, "fresh start")),
       h(C.Table.Cell, null, h(C.Badge, {colorPalette: ENDED[a.kind] || "running"}, a.kind ?? a.phase)),

@@ -21,6 +21,7 @@ from trainops.checkpoints.store import CheckpointStore
         ("checkpoint_uri", "s3:///runs/", "s3:///runs/"),
         ("health_policy_overrides", {"no_such_row": {"threshold": 1}}, "no_such_row"),
         ("topology", "sometimes", "sometimes"),
+        ("min_nodes", 0, "0"),
     ],
 )
 def test_the_form_rejects_a_bad_param_naming_it_and_the_cluster_sees_no_write(
@@ -45,8 +46,14 @@ def test_the_form_rejects_a_bad_param_naming_it_and_the_cluster_sees_no_write(
             {"topology": "required", "topology_level": "rack"},
             "topology_level 'rack' is not one of the topology's levels",
         ),
+        ({"nodes": 2, "min_nodes": 3}, "min_nodes must be an integer from 1 to nodes (2), got 3"),
     ],
-    ids=["more-nodes-than-the-cluster", "more-gpus-per-node-than-any-node", "a-level-the-topology-lacks"],
+    ids=[
+        "more-nodes-than-the-cluster",
+        "more-gpus-per-node-than-any-node",
+        "a-level-the-topology-lacks",
+        "min-nodes-above-nodes",
+    ],
 )
 def test_a_run_the_cluster_cannot_hold_fails_at_the_gate_naming_the_field_before_any_write(
     cluster, bucket, run_dag, capfd, params, named

@@ -35,6 +35,7 @@ def test_the_run_view_answers_where_the_run_resumed_from_and_why(
     assert answer.status_code == 200, answer.text
     view = answer.json()
     first, second = view["ledger"]["attempts"]
+    assert first["nodes"] == second["nodes"] == 2  # each attempt's world size
     assert first["resume_from"] is None and first["kind"] not in (None, "succeeded")
     assert second["resume_from"].startswith(run_uri) and second["resume_step"] >= 20
     assert second["kind"] == "succeeded"

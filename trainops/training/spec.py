@@ -45,6 +45,18 @@ _RESOURCE_NAME = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A
 _CAPABILITY = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
+def check_min_nodes(min_nodes: Any, nodes: int) -> None:
+    """An elastic run's ``min_nodes``: None (off) or an integer from 1 to ``nodes``; else a ValueError
+    naming the field and the fix."""
+    if min_nodes is not None and (
+        not isinstance(min_nodes, int) or isinstance(min_nodes, bool) or not 1 <= min_nodes <= nodes
+    ):
+        raise ValueError(
+            f"min_nodes must be an integer from 1 to nodes ({nodes}), got {min_nodes!r}: the fewest nodes "
+            "a resume may train on (leave it empty to always resume on all nodes)"
+        )
+
+
 @dataclass(frozen=True)
 class TrainingSpec:
     """One training run.  ``nodes`` pods, one per node, each asking for ``gpus_per_node`` GPUs.
@@ -120,15 +132,7 @@ class TrainingSpec:
             ):
                 bounds = f">= {least}" if most is None else f"from {least} to {most}"
                 raise ValueError(f"{name} must be an integer {bounds}, got {value!r}")
-        if self.min_nodes is not None and (
-            not isinstance(self.min_nodes, int)
-            or isinstance(self.min_nodes, bool)
-            or not 1 <= self.min_nodes <= self.nodes
-        ):
-            raise ValueError(
-                f"min_nodes must be an integer from 1 to nodes ({self.nodes}), got {self.min_nodes!r}: "
-                "the fewest nodes a resume may train on (leave it empty to always resume on all nodes)"
-            )
+        check_min_nodes(self.min_nodes, self.nodes)
         if (
             isinstance(self.elastic_wait_s, bool)
             or not isinstance(self.elastic_wait_s, int | float)
