@@ -91,3 +91,30 @@ def test_a_three_rank_torch_run_loses_a_node_and_resumes_at_world_size_two_from_
     assert {f"step-{EVERY}/__{rank}_0.distcp" for rank in range(3)} <= keys  # saved by 3 ranks
     assert {f"step-{STEPS}/__{rank}_0.distcp" for rank in range(2)} <= keys  # then by 2
     assert f"step-{STEPS}/__2_0.distcp" not in keys and f"step-{STEPS}/_COMMITTED" in keys
+
+
+@pytest.mark.parametrize(
+    "change, usable",
+    [
+        ({}, True),
+        ({"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}, False),
+        ({"unschedulable": True}, False),
+        ({"taints": [{"key": "trainops.io/quarantine", "value": "xid-79", "effect": "NoSchedule"}]}, False),
+        ({"labels": {HEALTH_LABEL: "quarantined"}}, False),
+        ({"mode": "inference"}, False),  # not claimed (yet): the run's pods do not tolerate it
+    ],
+    ids=["ready-training-node", "not-ready", "cordoned", "quarantine-taint", "quarantine-label", "inference"],
+)
+def test_the_nodes_an_elastic_resume_counts_as_free(change, usable):
+    from trainops.training.cluster import _usable
+
+    mode = {"key": "trainops.io/mode", "value": change.get("mode", "training"), "effect": "NoSchedule"}
+    node_obj = {
+        "metadata": {"name": "gpu-node-1", "labels": change.get("labels", {})},
+        "spec": {
+            "taints": [mode, *change.get("taints", [])],
+            "unschedulable": change.get("unschedulable", False),
+        },
+        "status": change.get("status", {"conditions": [{"type": "Ready", "status": "True"}]}),
+    }
+    assert _usable(node_obj) is usable

@@ -154,13 +154,12 @@ class GangCluster:
 
     def free_nodes(self, candidates: Collection[str], excluded: Collection[str]) -> list[str]:
         """The nodes a new attempt could run on now: ``candidates`` (the run's claimed nodes; empty: the
-        GPU pool's nodes in training mode) that are not ``excluded``, exist, are Ready and schedulable,
-        and are not quarantined."""
+        GPU pool's nodes) that are not ``excluded``, exist, are in training mode (the pods tolerate only
+        that), Ready and schedulable, and are not quarantined."""
         if candidates:
             nodes = [n for n in self.read_nodes(sorted(set(candidates) - set(excluded))).values() if n]
         else:
-            pool = self.kube.list(NODES, labels=f"{GPU_POOL_LABEL}=true")
-            nodes = [n for n in pool if _tainted(n, MODE_TAINT) == MODE_TRAINING]
+            nodes = self.kube.list(NODES, labels=f"{GPU_POOL_LABEL}=true")
         return sorted(
             name for node in nodes if (name := node["metadata"]["name"]) not in excluded and _usable(node)
         )
@@ -178,7 +177,7 @@ def _tainted(node: Mapping, key: str) -> str | None:
 
 
 def _usable(node: Mapping) -> bool:
-    """Ready, schedulable, not quarantined."""
+    """In training mode, Ready, schedulable, not quarantined."""
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (node.get("status") or {}).get("conditions") or []
@@ -186,6 +185,7 @@ def _usable(node: Mapping) -> bool:
     labels = (node.get("metadata") or {}).get("labels") or {}
     return (
         ready
+        and _tainted(node, MODE_TAINT) == MODE_TRAINING
         and not (node.get("spec") or {}).get("unschedulable")
         and _tainted(node, QUARANTINE_TAINT) is None
         and labels.get(HEALTH_LABEL) != HEALTH_QUARANTINED
