@@ -96,6 +96,26 @@ def test_xid_on_a_training_node_quarantines_it_and_resumes_on_the_spare(
     assert_capacity_back(api, capacity_before)
 
 
+def test_with_no_spare_an_elastic_run_resumes_on_the_node_that_remains(
+    cluster, api, s3, bucket, run_dag, capacity_before
+):
+    """spare_nodes=0, min_nodes=1: the XID takes one of the run's two nodes; after elastic_wait_s the run
+    resumes on the other, told so by its environment, and finishes there."""
+    fault = xid_mid_run(cluster, api, s3, f"s3://{bucket}/runs/elastic/")
+    conf = lifecycle_conf(bucket, "elastic", spare_nodes=0, min_nodes=1, elastic_wait_s=1)
+    dag_run = run_dag(DAG_ID, conf)
+
+    assert dag_run.state == "success"
+    trained = xcom_value(dag_run, "train")
+    assert [a["nodes"] for a in trained["history"]] == [2, 1]  # each attempt's world size
+    assert trained["history"][1]["resume_step"] >= 20 and fault["node"] in trained["excluded_nodes"]
+    (second,) = [j for j in jobs(api) if j["metadata"]["labels"]["trainops.io/attempt"] == "2"]
+    env = {e["name"]: e.get("value") for e in second["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert second["spec"]["parallelism"] == 1 and env["WORLD_SIZE"] == env["TRAINOPS_WORLD_SIZE"] == "1"
+    assert xcom_value(dag_run, "verify_checkpoint")["step"] == 60
+    assert_capacity_back(api, capacity_before)
+
+
 def test_user_code_exit_1_fails_the_run_at_once_and_gives_everything_back(
     cluster, api, s3, bucket, run_dag, capacity_before
 ):
