@@ -154,6 +154,17 @@ def test_heartbeat_writes_step_time_ranks_and_saving(client, bucket, run, monkey
     assert body["time"] > 0 and body["time_iso"].endswith("+00:00")
 
 
+def test_the_heartbeat_after_a_save_says_how_long_it_took(client, bucket, run, monkeypatch):
+    monkeypatch.setenv("TRAINOPS_RUN_URI", run)
+    began = heartbeat(40, saving=True, phase="checkpoint")
+    heartbeat(40, saving=True, phase="checkpoint")  # still saving: the save began at the first
+    after = heartbeat(40)
+    later = heartbeat(45)
+
+    assert after["last_save_s"] == pytest.approx(after["time"] - began["time"], abs=0.002)
+    assert "last_save_s" not in began and "last_save_s" not in later
+
+
 def test_heartbeat_without_a_run_uri_names_the_variable(s3, monkeypatch):
     monkeypatch.delenv("TRAINOPS_RUN_URI", raising=False)
     with pytest.raises(ValueError, match="TRAINOPS_RUN_URI is not set"):

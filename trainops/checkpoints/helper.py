@@ -121,6 +121,9 @@ def _result(uri: S3Uri, written: bool, committed: bytes) -> CommitResult:
     return CommitResult(str(uri), written, body["manifest_sha256"], body["files"], body["bytes"])
 
 
+_saving_since: dict[str, float] = {}  # run path -> when this process's save in progress began
+
+
 def heartbeat(
     step: int,
     *,
@@ -135,13 +138,19 @@ def heartbeat(
     """Write ``heartbeat.json`` under the run path and return what was written.
 
     ``saving=True`` (with e.g. ``phase="checkpoint"``) tells a watcher a save is in progress,
-    so it pauses hang detection until the next heartbeat with ``saving=False``.
+    so it pauses hang detection until the next heartbeat with ``saving=False``, which then carries
+    ``last_save_s``: the seconds since the save began (what a save blocks training for; the run view
+    advises the checkpoint interval from it).
     ``node_step_s``: per node rank (``NODE_RANK``), the seconds its GPUs spent computing a step
     (:func:`gather_step_seconds` collects it); trainops keeps a node that is much slower than the
     run's others out of the run's next resume and of the next run (``trainops.health.slowdown``).
     """
     run = S3Uri.parse(run_uri or _require_env(RUN_URI_ENV), field="run_uri")
     now = time.time()
+    if saving:
+        _saving_since.setdefault(str(run), now)
+    elif (began := _saving_since.pop(str(run), None)) is not None:
+        extra = {"last_save_s": round(now - began, 3), **(extra or {})}
     document = {
         "step": int(step),
         "time": now,

@@ -5,9 +5,14 @@
 Every rank (``JOB_COMPLETION_INDEX`` of ``TRAINOPS_WORLD_SIZE``) advances the same steps and, at
 each checkpoint, writes its shard ``step-<N>/rank-<r>.bin``; rank 0 waits for every shard, then
 commits the checkpoint (manifest and ``_COMMITTED``) through the trainops helper and beats the
-heartbeat.  On start it resumes from ``TRAINOPS_RESUME_FROM``, else the run's latest verified
-checkpoint, else step 0 (and a newer verified checkpoint wins when the pod was restarted in place
-with the same environment).  ``--fail-at-step``/``--exit-code`` simulate a bug in the training code.
+heartbeat (which also says the step this process started from: ``start_step``).  On start it
+resumes from ``TRAINOPS_RESUME_FROM``, else the run's latest verified checkpoint, else step 0 (and a
+newer verified checkpoint wins when the pod was restarted in place with the same environment);
+``--resume newest-listed`` instead takes the highest ``step-<N>/`` the
+listing shows, unverified, as a framework on its own does (HF Trainer's ``get_last_checkpoint``).
+Each rank loads its shard of the checkpoint it resumes from: one that is missing or does not parse
+fails the process, as ``torch.load`` of a torn file does.  ``--fail-at-step``/``--exit-code`` simulate
+a bug in the training code.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from trainops.checkpoints.formats.base import step_from_name
 from trainops.checkpoints.helper import RUN_URI_ENV, commit, heartbeat, resume_from
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
+
+RESUME_CHOICES = ("trainops", "newest-listed")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--shard-wait-seconds", type=float, default=60.0, help="how long rank 0 waits for peers"
     )
+    parser.add_argument(
+        "--resume",
+        choices=RESUME_CHOICES,
+        default="trainops",
+        help="where to resume: trainops' resume_from() (default), or the newest step-<N>/ listed, unverified",
+    )
     parser.add_argument("--fail-at-step", type=int, default=None, help="simulate a bug: exit at this step")
     parser.add_argument("--exit-code", type=int, default=1, help="exit code for --fail-at-step")
     args = parser.parse_args(argv)
@@ -54,19 +67,45 @@ class Trainer:
         self.args, self.rank, self.world = args, rank, world
         self.run = S3Uri.parse(run_uri, field=RUN_URI_ENV)
         self.store = CheckpointStore()
+        self.start = 0  # the step this process started from (in each heartbeat: start_step)
 
     def log(self, message: str) -> None:
         print(f"[rank {self.rank}/{self.world}] {message}", flush=True)
 
     def start_step(self) -> int:
-        """The step to start from: the checkpoint helper's ``resume_from()``, or 0."""
-        source = resume_from(store=self.store)
+        """The step to start from (its shard loaded): ``--resume``'s checkpoint, or 0."""
+        source = resume_from(store=self.store) if self.args.resume == "trainops" else self.newest_listed()
         if not source:
             self.log("fresh start at step 0")
             return 0
         step = self.step_of(source)
+        self.load(source, step)
         self.log(f"resumed from {source} (step {step})")
         return step
+
+    def newest_listed(self) -> str | None:
+        """The highest ``step-<N>/`` under the run path, by its name only."""
+        names, _ = self.store.list_dir(self.run)
+        steps = [(step, name) for name in names if (step := step_from_name(name)) is not None]
+        return str(self.run.child(max(steps)[1])) if steps else None
+
+    def load(self, source: str, step: int) -> None:
+        """Read this rank's shard of ``source`` (rank modulo the world it was saved by); exit if it is
+        missing, torn or of another step."""
+        checkpoint = S3Uri.parse(source, field="TRAINOPS_RESUME_FROM")
+        shards = sorted(
+            i.key for i in self.store.list(checkpoint) if i.key.rpartition("/")[2].startswith("rank-")
+        )
+        try:
+            first = json.loads(self.store.read(checkpoint.bucket, shards[0], limit=self.args.shard_bytes * 4))
+            key = checkpoint.key(f"rank-{self.rank % int(first['world'])}.bin")
+            state = json.loads(
+                self.store.read(checkpoint.bucket, key, limit=self.args.shard_bytes * 4) or b""
+            )
+            if len(shards) != int(first["world"]) or state["step"] != step:
+                raise ValueError(f"{len(shards)} shard(s) of {first['world']}, step {state['step']}")
+        except (IndexError, KeyError, TypeError, ValueError) as error:
+            raise SystemExit(f"failed to load checkpoint {source}: {type(error).__name__}: {error}") from None
 
     @staticmethod
     def step_of(uri: str) -> int:
@@ -94,7 +133,8 @@ class Trainer:
 
     def beat(self, step: int, **state) -> None:
         if not self.args.no_heartbeat:
-            heartbeat(step, ranks=self.world, run_uri=str(self.run), store=self.store, **state)
+            extra = {"start_step": self.start}
+            heartbeat(step, ranks=self.world, run_uri=str(self.run), store=self.store, extra=extra, **state)
 
     def wait_for_shards(self, checkpoint: S3Uri) -> None:
         wanted = {checkpoint.key(f"rank-{r}.bin") for r in range(self.world)}
@@ -107,7 +147,7 @@ class Trainer:
             time.sleep(0.05)
 
     def train(self) -> int:
-        step = self.start_step()
+        step = self.start = self.start_step()
         while step < self.args.steps:
             step += 1
             time.sleep(self.args.step_seconds)
