@@ -19,7 +19,6 @@ training steps lost per crash (vs a restart from scratch).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import sys
@@ -40,21 +39,6 @@ from crash_resume import (
 )
 
 BENCH_DAGS = Path(__file__).resolve().parent / "dags"
-
-
-@contextlib.contextmanager
-def output_to(path: Path):
-    """Send this process's stdout/stderr (Airflow's task logs included) to ``path`` meanwhile."""
-    sys.stdout.flush(), sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(path, "ab") as out:
-        os.dup2(out.fileno(), 1), os.dup2(out.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stdout.flush(), sys.stderr.flush()
-            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
-            os.close(saved[0]), os.close(saved[1])
 
 
 @dataclass
@@ -96,7 +80,7 @@ def main() -> int:
     log = Path(os.environ.get("BENCH_TRAINING_LOG") or home / "dag-runs.log")  # set it to keep the logs
     airflow_home.configure(home / "airflow", {"bench-dags": BENCH_DAGS})  # before Airflow is imported
     try:
-        with output_to(log):
+        with airflow_home.output_to(log):
             results = measure(home)
     except BaseException:
         print(f"bench training: error; logs kept in {log}", file=sys.stderr)

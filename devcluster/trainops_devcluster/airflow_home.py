@@ -6,8 +6,10 @@ at import time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 
 
@@ -71,3 +73,18 @@ def xcom_value(dag_run, task_id: str, key: str = "return_value"):
         query = XComModel.get_many(run_id=dag_run.run_id, dag_ids=dag_run.dag_id, task_ids=task_id, key=key)
         row = session.execute(query.with_only_columns(XComModel.value)).first()
     return None if row is None else XComModel.deserialize_value(row)
+
+
+@contextlib.contextmanager
+def output_to(path: Path):
+    """Send this process's stdout/stderr (Airflow's task logs included) to ``path`` meanwhile."""
+    sys.stdout.flush(), sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as out:
+        os.dup2(out.fileno(), 1), os.dup2(out.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os.dup2(saved[0], 1), os.dup2(saved[1], 2)
+            os.close(saved[0]), os.close(saved[1])

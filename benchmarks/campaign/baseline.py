@@ -1,0 +1,147 @@
+"""The baseline policy: what a team without trainops runs, on the same seeded fault as trainops' run.
+
+- The cncf provider's ``KubernetesJobOperator(deferrable=True, wait_until_job_complete=True)`` with
+  Airflow retries: ``benchmarks/dags/bench_training_provider.py``, the DAG ``bench_training`` and
+  ``bench_services`` measure, run with ``dag.test()`` (Airflow's own retry loop and ``retry_delay``,
+  its trigger polling the Job every ``job_poll_interval``), both at their defaults scaled (``timing``).
+- The framework's newest checkpoint by listing, unverified (the demo trainer's ``--resume newest-listed``).
+- No quarantine: a retry may land on the node that failed.
+- A hang ends when NCCL's watchdog aborts the ranks (its default timeout, scaled: ``strike.nccl_watchdog``).
+
+Its nodes are a pool of the gang and a spare, the size of trainops' claim, set up by the same claim (a
+team's reserved training nodes), so both policies hold the same GPUs; the pool is returned when the DAG
+run has ended.  Faults trainops meets in its own machinery (the gate, the claim, the return, its
+workers and their API and S3 calls) have no counterpart here: those runs of the baseline are plain.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from benchmarks.campaign import faults as kinds
+from benchmarks.campaign.gpu_time import Account, account
+from benchmarks.campaign.steps import GANG, RESUMES, STEPS, TRAIN_ARGS, Step, claim_step, give_back_step
+from benchmarks.campaign.strike import JOB_NAME_LABEL, Strike, strike
+from benchmarks.campaign.timeline import Heartbeats, run_times
+from benchmarks.campaign.timing import Timing
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH_DAGS = REPO / "benchmarks" / "dags"
+DAG_ID = "bench_training_provider"
+JOB_PREFIX = "job-bench-provider-"
+# The faults the baseline meets too: the hardware, the node, the trainer's process and its checkpoints.
+FAULTS = (*kinds.GATE, *kinds.TRAIN_NODE, "pod-crash", "hang", "torn-checkpoint")
+ARGS = [*TRAIN_ARGS, "--resume", "newest-listed"]
+
+
+class Airflow:
+    """The provider DAG, parsed once, with the campaign's retries and the scaled retry delay and poll."""
+
+    def __init__(self, timing: Timing, log: Path) -> None:
+        from trainops_devcluster import airflow_home
+
+        self.log = log
+        self.dag = airflow_home.load_dag(DAG_ID, BENCH_DAGS)
+        task = self.dag.get_task("train")
+        task.retries = RESUMES  # as many restarts as trainops' resume budget
+        task.retry_delay = timedelta(seconds=timing.retry_delay_s)
+        task.job_poll_interval = timing.job_poll_interval_s
+
+    def run(self, run_uri: str) -> str:
+        """One DAG run (``dag.test()``, its output to the log); its final state."""
+        from trainops_devcluster import airflow_home
+
+        with airflow_home.output_to(self.log):
+            return str(self.dag.test(run_conf={"run_uri": run_uri, "args": ARGS}).state)
+
+
+@dataclass
+class BaselineResult:
+    outcome: str = ""
+    applied: bool = False  # the run's fault has a counterpart here
+    landed: bool = False
+    account: Account = field(default_factory=Account)
+    attempts: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def run_baseline(
+    world, index: int, fault: str, rank: int, target: str | None, airflow: Airflow
+) -> BaselineResult:
+    """Run ``index`` of the schedule under the baseline policy: its pool claimed, ``fault`` struck on
+    ``rank`` (``target``: the node of a gate fault), the DAG run, the pool returned; its account."""
+    result = BaselineResult(applied=fault in FAULTS)
+    holder, run_uri = f"campaign_baseline/run_{index}", f"s3://{world.bucket}/runs/baseline-{index}/"
+    started = time.time()
+    if fault in kinds.GATE and target:
+        kinds.node_fault(world.cluster, fault, target)
+        world.faulted.add(target)
+    step = Step(world.kubeconfig, holder, run_uri, world.gpu_nodes())
+    pool = claim_step(step)
+    result.landed = not result.applied or (fault in kinds.GATE and target in pool)
+    beats = Heartbeats(run_uri)
+    beats.start()
+    struck: list[Strike] = []
+    if fault in FAULTS and fault not in kinds.GATE:
+
+        def hit() -> None:
+            struck.append(
+                strike(
+                    world.cluster,
+                    fault,
+                    rank,
+                    beats.step,
+                    lambda pod: (
+                        pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL, "").startswith(JOB_PREFIX)
+                    ),
+                    run_uri,
+                    world.timing.nccl_timeout_s,
+                )
+            )
+            if struck[-1].node:
+                world.faulted.add(struck[-1].node)
+
+        threading.Thread(target=hit, daemon=True).start()
+    try:
+        result.outcome = airflow.run(run_uri)
+    finally:
+        beats.stopped.set()
+        give_back_step(step)
+    if struck:
+        result.landed = struck[0].landed
+        result.notes.append(
+            struck[0].note or f"{fault} on {struck[0].node or struck[0].pod} at step {struck[0].step}"
+        )
+    jobs = world.timeline.jobs_since(started, lambda job: job.name.startswith(JOB_PREFIX))
+    result.attempts = len(jobs)
+    audit = world.cluster.server.audit.entries()
+
+    def detected(job) -> float | None:
+        """The provider's trigger saw the Job end at its first poll after it did."""
+        polls = [
+            e["time"]
+            for e in audit
+            if e["method"] == "GET"
+            and f"/jobs/{job.name}" in e["path"]
+            and job.ended
+            and e["time"] >= job.ended
+        ]
+        return min(polls, default=None)
+
+    times = run_times(
+        world.timeline,
+        holder,
+        jobs,
+        beats,
+        gang_gpus=GANG * 8,
+        succeeded=result.outcome == "success",
+        final_step=STEPS,
+        faults=[s.at for s in struck if s.at is not None],
+        detected=detected,
+    )
+    result.account = account(times)
+    return result

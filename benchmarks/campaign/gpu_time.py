@@ -1,0 +1,209 @@
+"""One run's GPU-seconds: held, useful, and the rest by cause, from what the cluster and the heartbeat showed.
+
+Held: each node's GPUs from the moment the run's claim names it to the moment the node is free again.
+Useful: the step time of the steps that reach the final checkpoint, on the gang's GPUs.  Everything else
+held is accounted to one cause, by cutting the run's time at what was seen (a ``RunTimes``):
+
+    first node held --claim--> attempt 1's Job --start--> its first step ... training ...
+    failure --detection--> seen ended --judgement--> next Job --re-admission--> admitted
+           --waiting for nodes--> pods running --re-rendezvous--> first step ... training ...
+    final checkpoint --teardown--> last node free   (a killed return: --reaper--> from the kill)
+
+While a gang trains, its GPUs' time is useful for the steps that reach the final checkpoint and
+``recomputed`` for the others (steps past the checkpoint the next attempt resumed from: it does them
+again); the held GPUs beyond the gang's are ``spare``.  A run that failed has no useful steps, and what
+follows its last failure is ``failed``.  ``OVERHEAD`` is what a run without faults pays too; the rest
+(``FAULT``) is lost to faults, the figure the policies are compared on.
+
+Recovery ends when the heartbeat passes the resume step: ``recoveries`` are failure to the next attempt's
+first heartbeat.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+OVERHEAD = ("claim", "start", "spare", "teardown")
+FAULT = (
+    "detection",
+    "judgement",
+    "re-admission",
+    "waiting for nodes",
+    "re-rendezvous",
+    "recomputed",
+    "reaper",
+    "failed",
+)
+
+
+@dataclass
+class AttemptTimes:
+    """One attempt (one Job) as seen: Unix times; ``beats``: its heartbeats (time, step), oldest first."""
+
+    job: str
+    created: float
+    start_step: int = 0
+    admitted: float | None = None  # Kueue admitted its Workload
+    running: float | None = None  # all its pods Running
+    beats: list[tuple[float, int]] = field(default_factory=list)
+    failed_at: float | None = None  # the fault (or the failure seen first), None: it succeeded
+    detected: float | None = None  # when the policy saw it had ended
+
+
+@dataclass
+class RunTimes:
+    holds: dict[str, list[tuple[float, float]]]  # node -> [(held from, free again)]
+    attempts: list[AttemptTimes]
+    gang_gpus: int
+    gpus_per_node: int = 8
+    succeeded: bool = True
+    final_step: int = 0
+    killed_return: float | None = None  # the returning worker was killed then; the reaper returned the rest
+
+
+@dataclass
+class Account:
+    held: float = 0.0
+    useful: float = 0.0
+    causes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(OVERHEAD + FAULT, 0.0))
+    recoveries: list[float] = field(default_factory=list)
+
+    @property
+    def overhead(self) -> float:
+        return sum(self.causes[c] for c in OVERHEAD)
+
+    @property
+    def lost(self) -> float:
+        """GPU-seconds lost to faults."""
+        return sum(self.causes[c] for c in FAULT)
+
+    def add(self, other: Account) -> None:
+        self.held += other.held
+        self.useful += other.useful
+        for cause, value in other.causes.items():
+            self.causes[cause] += value
+        self.recoveries += other.recoveries
+
+    def to_dict(self) -> dict:
+        return {
+            "held_gpu_s": round(self.held, 1),
+            "useful_gpu_s": round(self.useful, 1),
+            "overhead_gpu_s": round(self.overhead, 1),
+            "lost_gpu_s": round(self.lost, 1),
+            "lost_per_1000": per_1000(self.lost, self.held),
+            "by_cause_gpu_s": {cause: round(value, 1) for cause, value in self.causes.items()},
+        }
+
+
+def per_1000(part: float, held: float) -> float | None:
+    """GPU-hours of ``part`` per 1,000 GPU-hours held."""
+    return round(1000 * part / held, 1) if held else None
+
+
+def account(run: RunTimes) -> Account:
+    result = Account()
+    held_from = min((a for spans in run.holds.values() for a, _ in spans), default=None)
+    held_to = max((b for spans in run.holds.values() for _, b in spans), default=None)
+    if held_from is None:
+        return result
+    result.held = _held(run, held_from, held_to)
+    useful_ranges = _lineage(run)
+    clock = Clock(run, held_from, result)
+    attempts = run.attempts
+    for index, attempt in enumerate(attempts):
+        first = index == 0
+        clock.to(attempt.created, "claim" if first else "judgement")
+        if not first:
+            clock.to(attempt.admitted, "re-admission")
+            clock.to(attempt.running, "waiting for nodes")
+        # an attempt that never stepped (it failed loading its checkpoint) ends its start at its failure
+        clock.to(_training_start(attempt) or attempt.failed_at, "start" if first else "re-rendezvous")
+        clock.train(attempt, _training_end(attempt), useful_ranges.get(index))
+        if attempt.failed_at is not None:
+            clock.to(attempt.detected, "detection")
+            if index + 1 < len(attempts) and attempts[index + 1].beats:
+                result.recoveries.append(attempts[index + 1].beats[0][0] - attempt.failed_at)
+    if attempts and attempts[-1].failed_at is not None:
+        clock.to(held_to, "failed")
+    clock.to(run.killed_return, "teardown")
+    clock.to(held_to, "reaper" if run.killed_return is not None else "teardown")
+    return result
+
+
+class Clock:
+    """Walks the run's time forward, crediting each span's held GPU-seconds to a cause."""
+
+    def __init__(self, run: RunTimes, now: float, result: Account) -> None:
+        self.run, self.now, self.result = run, now, result
+
+    def to(self, until: float | None, cause: str) -> None:
+        if until is None or until <= self.now:
+            return
+        self.result.causes[cause] += _held(self.run, self.now, until)
+        self.now = until
+
+    def train(self, attempt: AttemptTimes, until: float, useful: tuple[int, int] | None) -> None:
+        """From now to ``until`` the gang trained: useful for the steps in ``useful``, recomputed otherwise."""
+        if until <= self.now:
+            return
+        span, held = until - self.now, _held(self.run, self.now, until)
+        gang = min(self.run.gang_gpus * span, held)
+        kept = 0.0
+        if useful is not None:
+            start, end = (max(self.now, min(until, _time_of(attempt, step))) for step in useful)
+            kept = gang * (end - start) / span
+        self.result.useful += kept
+        self.result.causes["recomputed"] += gang - kept
+        self.result.causes["spare"] += held - gang
+        self.now = until
+
+
+def _held(run: RunTimes, start: float, end: float) -> float:
+    return run.gpus_per_node * sum(
+        max(0.0, min(end, b) - max(start, a)) for spans in run.holds.values() for a, b in spans
+    )
+
+
+def _lineage(run: RunTimes) -> dict[int, tuple[int, int]]:
+    """Attempt index -> the steps (from, to] of it that reach the final checkpoint (none: a failed run)."""
+    if not run.succeeded or not run.attempts:
+        return {}
+    ranges, upper = {}, run.final_step
+    for index in range(len(run.attempts) - 1, -1, -1):
+        start = run.attempts[index].start_step
+        if run.attempts[index].beats and start < upper:  # one that never stepped wrote nothing
+            ranges[index], upper = (start, upper), start
+    return ranges
+
+
+def _step_seconds(attempt: AttemptTimes) -> float | None:
+    pairs = zip(attempt.beats, attempt.beats[1:], strict=False)
+    rates = [(t2 - t1) / (s2 - s1) for (t1, s1), (t2, s2) in pairs if s2 > s1]
+    return statistics.median(rates) if rates else None
+
+
+def _training_start(attempt: AttemptTimes) -> float | None:
+    """When its first step began: its first heartbeat less the steps before it at its step time."""
+    if not attempt.beats:
+        return None
+    at, step = attempt.beats[0]
+    per_step = _step_seconds(attempt) or 0.0
+    floor = attempt.running or attempt.created
+    return max(floor, at - (step - attempt.start_step) * per_step)
+
+
+def _training_end(attempt: AttemptTimes) -> float:
+    """Its last progress: the failure, else its last heartbeat."""
+    last = attempt.beats[-1][0] if attempt.beats else attempt.created
+    return max(last, attempt.failed_at) if attempt.failed_at is not None else last
+
+
+def _time_of(attempt: AttemptTimes, step: int) -> float:
+    """When the attempt reached ``step`` (interpolated between heartbeats, extrapolated past them)."""
+    points = [(_training_start(attempt), attempt.start_step), *attempt.beats]
+    for (t1, s1), (t2, s2) in zip(points, points[1:], strict=False):
+        if s1 <= step <= s2 and s2 > s1:
+            return t1 + (t2 - t1) * (step - s1) / (s2 - s1)
+    t, s = points[-1] if step > points[-1][1] else points[0]
+    return t + (step - s) * (_step_seconds(attempt) or 0.0)

@@ -1,0 +1,82 @@
+"""The campaign's GPU-second accounting on plain timelines: every held GPU-second is useful or has a cause."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.campaign.gpu_time import AttemptTimes, RunTimes, account
+
+STEP_S = 0.02
+NODES = {"n1": [(0.0, 10.0)], "n2": [(0.0, 10.0)], "n3": [(0.0, 10.0)]}  # 3 nodes x 8 GPUs, 0 s to 10 s
+
+
+def beats(start_at: float, start_step: int, end_step: int) -> list[tuple[float, int]]:
+    """A heartbeat every 5 steps from ``start_at`` (when step ``start_step`` began)."""
+    return [(start_at + (s - start_step) * STEP_S, s) for s in range(start_step + 5, end_step + 1, 5)]
+
+
+def test_a_run_without_faults_loses_nothing_and_its_overheads_are_the_claim_start_spare_and_teardown():
+    run = RunTimes(NODES, [AttemptTimes("a1", 2.0, beats=beats(3.0, 0, 100))], gang_gpus=16, final_step=100)
+
+    result = account(run)
+
+    assert result.held == pytest.approx(240)
+    assert result.useful == pytest.approx(16 * 2.0)
+    assert result.lost == pytest.approx(0)
+    causes = {
+        k: pytest.approx(v) for k, v in {"claim": 48, "start": 24, "spare": 16, "teardown": 120}.items()
+    }
+    assert {k: v for k, v in result.causes.items() if v} == causes
+
+
+def test_a_crash_costs_detection_judgement_readmission_waiting_rendezvous_and_the_steps_done_again():
+    first = AttemptTimes("a1", 2.0, beats=beats(3.0, 0, 50), failed_at=4.0, detected=4.1)  # step 50 at 4.0
+    second = AttemptTimes(
+        "a2", 5.0, start_step=40, admitted=5.2, running=5.5, beats=beats(6.0, 40, 100)
+    )  # resumed from the step-40 checkpoint, written at 3.8
+    run = RunTimes(NODES, [first, second], gang_gpus=16, final_step=100)
+
+    result = account(run)
+
+    lost = {
+        "recomputed": 16 * 0.2,
+        "detection": 24 * 0.1,
+        "judgement": 24 * 0.9,
+        "re-admission": 24 * 0.2,
+        "waiting for nodes": 24 * 0.3,
+        "re-rendezvous": 24 * 0.5,
+    }
+    assert {k: result.causes[k] for k in lost} == {k: pytest.approx(v) for k, v in lost.items()}
+    assert result.useful == pytest.approx(16 * 100 * STEP_S)
+    assert result.held == pytest.approx(result.useful + result.overhead + result.lost)
+    assert result.recoveries == [pytest.approx(6.1 - 4.0)]  # to the first heartbeat past step 40
+
+
+def test_a_failed_run_has_no_useful_steps_and_what_follows_its_last_failure_is_failed():
+    first = AttemptTimes("a1", 2.0, beats=beats(3.0, 0, 50), failed_at=4.0, detected=4.5)
+    torn = AttemptTimes("a2", 5.0, start_step=40, admitted=5.1, running=5.3, failed_at=5.6, detected=6.0)
+    run = RunTimes(NODES, [first, torn], gang_gpus=16, succeeded=False, final_step=100)
+
+    result = account(run)
+
+    assert result.useful == 0
+    assert result.causes["recomputed"] == pytest.approx(16 * 1.0)
+    assert result.causes["re-rendezvous"] == pytest.approx(24 * 0.3)  # it started, then failed loading
+    assert result.causes["failed"] == pytest.approx(24 * 4.0)
+    assert result.held == pytest.approx(result.useful + result.overhead + result.lost)
+
+
+def test_nodes_held_after_a_killed_return_are_the_reapers():
+    run = RunTimes(
+        {"n1": [(0.0, 9.0)], "n2": [(0.0, 12.0)]},
+        [AttemptTimes("a1", 1.0, beats=beats(2.0, 0, 100))],
+        gang_gpus=8,
+        final_step=100,
+        killed_return=6.0,
+    )
+
+    result = account(run)
+
+    assert result.causes["teardown"] == pytest.approx(16 * 2.0)  # 4.0 -> 6.0, both nodes
+    assert result.causes["reaper"] == pytest.approx(8 * 3.0 + 8 * 6.0)  # n1 to 9.0, n2 to 12.0
+    assert result.lost == result.causes["reaper"]

@@ -1,0 +1,77 @@
+"""The campaign's production intervals are the ones the code and the configuration it names use."""
+
+from __future__ import annotations
+
+import inspect
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from benchmarks.campaign.timing import PRODUCTION, Timing
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def reaper_dag():
+    from trainops_devcluster import airflow_home
+
+    return airflow_home.load_dag("trainops_reaper", REPO / "dags")
+
+
+def probe_interval() -> float:
+    documents = yaml.safe_load_all((REPO / "deploy" / "node-probe.yaml").read_text())
+    (daemonset,) = [d for d in documents if d and d["kind"] == "DaemonSet"]
+    args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+    return float(args[args.index("--interval") + 1])
+
+
+def airflow_default(section: str, key: str) -> float:
+    from airflow.configuration import conf
+
+    return float(conf.get_default_value(section, key))
+
+
+def job_poll_interval() -> float:
+    from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
+
+    return inspect.signature(KubernetesJobOperator.__init__).parameters["job_poll_interval"].default
+
+
+def evidence_wait() -> float:
+    from trainops.operators.training import EVIDENCE_WAIT_S
+
+    return EVIDENCE_WAIT_S
+
+
+SOURCES = {
+    "retry_delay_s": lambda: airflow_default("core", "default_task_retry_delay"),
+    "task_heartbeat_timeout_s": lambda: airflow_default("scheduler", "task_instance_heartbeat_timeout"),
+    "job_poll_interval_s": job_poll_interval,
+    "reaper_every_s": lambda: reaper_dag().schedule.total_seconds(),
+    "reaper_grace_s": lambda: reaper_dag().params.get_param("grace_s").value,
+    "evidence_wait_s": evidence_wait,
+    "node_probe_s": probe_interval,
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_each_production_interval_is_the_one_its_source_uses(name, airflow_db):
+    assert SOURCES[name]() == PRODUCTION[name]
+
+
+def test_every_interval_but_nccls_is_checked_against_its_source():
+    # NCCL's 10 minutes is ProcessGroupNCCL's C++ default; a CPU-only torch does not expose it
+    assert set(PRODUCTION) - set(SOURCES) == {"nccl_timeout_s"}
+
+
+def test_the_scale_divides_every_interval_and_is_recorded():
+    timing = Timing(scale=60)
+    assert timing.nccl_timeout_s == 10 and timing.reaper_grace_s == 10 and timing.job_poll_interval_s == 10 / 60
+    recorded = timing.to_dict()
+    assert recorded["scale"] == 60
+    assert recorded["intervals"]["retry_delay_s"] == {"production_s": 300.0, "campaign_s": 5.0}
+    assert timedelta(seconds=timing.retry_delay_s) == timedelta(seconds=5)
+    with pytest.raises(ValueError, match="scale"):
+        Timing(scale=0.5)
