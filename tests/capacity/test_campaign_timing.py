@@ -68,7 +68,9 @@ def test_every_interval_but_nccls_is_checked_against_its_source():
 
 def test_the_scale_divides_every_interval_and_is_recorded():
     timing = Timing(scale=60)
-    assert timing.nccl_timeout_s == 10 and timing.reaper_grace_s == 10 and timing.job_poll_interval_s == 10 / 60
+    assert (
+        timing.nccl_timeout_s == 10 and timing.reaper_grace_s == 10 and timing.job_poll_interval_s == 10 / 60
+    )
     recorded = timing.to_dict()
     assert recorded["scale"] == 60
     assert recorded["intervals"]["retry_delay_s"] == {"production_s": 300.0, "campaign_s": 5.0}
