@@ -16,7 +16,9 @@ Graceful deletion as a kubelet does it: a pod that gets ``deletionTimestamp`` ha
 sent SIGTERM, SIGKILL after the grace period; its final status is written and the object
 removed.  ``restartPolicy`` Always/OnFailure restarts containers in place with back-off.
 The kubelet also hands out GPU indices per node (as the device plugin does: the process sees
-them as ``NVIDIA_VISIBLE_DEVICES``) and tells the node's telemetry when its GPUs are busy.  A
+them as ``NVIDIA_VISIBLE_DEVICES``, and the speed of the slowest of them, a slowed GPU's fault, as
+``DEVCLUSTER_GPU_SPEED``: the demo trainer's steps take that much longer) and tells the node's
+telemetry when its GPUs are busy.  A
 Virtual-Kubelet-like node (label ``type=virtual-kubelet``) runs its pods without GPU devices: its
 GPUs are another provider's, so no indices are handed out and no telemetry is told.
 
@@ -60,6 +62,7 @@ EXIT_CODE = "devcluster.trainops.io/exit-code"
 DEFAULT_START_SECONDS = 0.05
 RESTART_BACKOFF_S = (0.05, 5.0)  # first and longest wait before restarting a container (real: 10 s, 5 min)
 VIRTUAL_NODE_LABEL, VIRTUAL_NODE_VALUE = "type", "virtual-kubelet"  # Virtual Kubelet's node label
+GPU_SPEED_ENV = "DEVCLUSTER_GPU_SPEED"  # the slowest of the container's GPUs, as a fraction of full speed
 PORT_ENV = "DEVCLUSTER_PORT_"  # + containerPort: the local port a process binds for it
 
 
@@ -310,7 +313,8 @@ class PodRuntime(InformerController):
         container = run.containers[index]
         if not run.workdir:
             run.workdir = tempfile.mkdtemp(prefix=f"devcluster-{run.key[1]}-")
-        env = self.loopback.rewrite(container_env(pod, container.spec, run, self.process_env), run.key[0])
+        base = {**self.process_env, GPU_SPEED_ENV: str(self._gpu_speed(run))}
+        env = self.loopback.rewrite(container_env(pod, container.spec, run, base), run.key[0])
         for port in container.spec.get("ports") or []:
             number = port["containerPort"]
             env[f"{PORT_ENV}{number}"] = str(self.loopback.pod_port(run.uid, number))
@@ -562,6 +566,14 @@ class PodRuntime(InformerController):
             users[gpu] = run.key
         self._update_training_activity(run.node)
         return gpus
+
+    def _gpu_speed(self, run: PodRun) -> float:
+        """The speed factor of the slowest GPU the pod holds (1.0: none is slowed)."""
+        telemetry = self.telemetry.get(run.node)
+        if telemetry is None or not run.gpus:
+            return 1.0
+        with telemetry.lock:
+            return min((gpu.speed_factor for gpu in telemetry.gpus if gpu.index in run.gpus), default=1.0)
 
     def _update_training_activity(self, node: str) -> None:
         telemetry = self.telemetry.get(node)

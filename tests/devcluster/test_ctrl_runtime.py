@@ -168,3 +168,15 @@ def test_a_virtual_node_runs_gpu_pods_without_gpu_devices():
         plane.wait_phase("here", "Succeeded")
         plane.wait_phase("there", "Succeeded")
         assert (plane.logs.read(NS, "here"), plane.logs.read(NS, "there")) == ("0\n", "none\n")
+
+
+def test_a_pod_on_a_slowed_gpu_is_told_its_speed():
+    """The demo trainer's steps take longer on a slowed GPU: the kubelet hands it the GPU's speed."""
+    script = "import os; print(os.environ['DEVCLUSTER_GPU_SPEED'])"
+    with control_plane(node("a"), node("b")) as plane:
+        plane.telemetry["a"].slow_gpu(0.5)
+        plane.store.create("pods", process_pod("slow", script, nodeName="a"))
+        plane.store.create("pods", process_pod("fast", script, nodeName="b"))
+        plane.wait_phase("slow", "Succeeded")
+        plane.wait_phase("fast", "Succeeded")
+        assert (plane.logs.read(NS, "slow"), plane.logs.read(NS, "fast")) == ("0.5\n", "1.0\n")

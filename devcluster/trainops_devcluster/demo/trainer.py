@@ -12,7 +12,8 @@ newer verified checkpoint wins when the pod was restarted in place with the same
 listing shows, unverified, as a framework on its own does (HF Trainer's ``get_last_checkpoint``).
 Each rank loads its shard of the checkpoint it resumes from: one that is missing or does not parse
 fails the process, as ``torch.load`` of a torn file does.  ``--fail-at-step``/``--exit-code`` simulate
-a bug in the training code.
+a bug in the training code.  A step takes ``--step-seconds`` divided by the speed of the pod's
+slowest GPU (``DEVCLUSTER_GPU_SPEED``, which the devcluster sets: 0.5 for a GPU slowed to half).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
 
 RESUME_CHOICES = ("trainops", "newest-listed")
+GPU_SPEED_ENV = "DEVCLUSTER_GPU_SPEED"  # the devcluster's kubelet: how fast this pod's slowest GPU runs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,6 +70,7 @@ class Trainer:
         self.run = S3Uri.parse(run_uri, field=RUN_URI_ENV)
         self.store = CheckpointStore()
         self.start = 0  # the step this process started from (in each heartbeat: start_step)
+        self.speed = float(os.environ.get(GPU_SPEED_ENV) or 1.0)  # a slowed GPU takes longer per step
 
     def log(self, message: str) -> None:
         print(f"[rank {self.rank}/{self.world}] {message}", flush=True)
@@ -150,7 +153,7 @@ class Trainer:
         step = self.start = self.start_step()
         while step < self.args.steps:
             step += 1
-            time.sleep(self.args.step_seconds)
+            time.sleep(self.args.step_seconds / self.speed)
             if self.args.fail_at_step is not None and step == self.args.fail_at_step:
                 self.log(f"step {step}: simulated bug, exiting with code {self.args.exit_code}")
                 return self.args.exit_code
