@@ -11,7 +11,8 @@ held is accounted to one cause, by cutting the run's time at what was seen (a ``
 
 While a gang trains, its GPUs' time is useful for the steps that reach the final checkpoint and
 ``recomputed`` for the others (steps past the checkpoint the next attempt resumed from: it does them
-again); the held GPUs beyond the gang's are ``spare``.  A run that failed has no useful steps, and what
+again); on a slowed GPU (speed ``s``) only ``s`` of a useful step's time is, the rest is ``slow steps``;
+the held GPUs beyond the gang's are ``spare``.  A run that failed has no useful steps, and what
 follows its last failure is ``failed``.  ``OVERHEAD`` is what a run without faults pays too; the rest
 (``FAULT``) is lost to faults, the figure the policies are compared on.
 
@@ -32,6 +33,7 @@ FAULT = (
     "waiting for nodes",
     "re-rendezvous",
     "recomputed",
+    "slow steps",
     "reaper",
     "failed",
 )
@@ -49,6 +51,7 @@ class AttemptTimes:
     beats: list[tuple[float, int]] = field(default_factory=list)
     failed_at: float | None = None  # the fault (or the failure seen first), None: it succeeded
     detected: float | None = None  # when the policy saw it had ended
+    speed: float = 1.0  # its slowest rank's GPU speed (a slowed GPU's fault): the rest of its steps' time is lost
 
 
 @dataclass
@@ -153,7 +156,8 @@ class Clock:
         if useful is not None:
             start, end = (max(self.now, min(until, _time_of(attempt, step))) for step in useful)
             kept = gang * (end - start) / span
-        self.result.useful += kept
+        self.result.useful += kept * attempt.speed
+        self.result.causes["slow steps"] += kept * (1 - attempt.speed)
         self.result.causes["recomputed"] += gang - kept
         self.result.causes["spare"] += held - gang
         self.now = until

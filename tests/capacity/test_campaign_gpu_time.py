@@ -80,3 +80,10 @@ def test_nodes_held_after_a_killed_return_are_the_reapers():
     assert result.causes["teardown"] == pytest.approx(16 * 2.0)  # 4.0 -> 6.0, both nodes
     assert result.causes["reaper"] == pytest.approx(8 * 3.0 + 8 * 6.0)  # n1 to 9.0, n2 to 12.0
     assert result.lost == result.causes["reaper"]
+
+
+def test_steps_on_a_gpu_at_half_speed_lose_half_their_time():
+    slowed = AttemptTimes("a1", 2.0, beats=beats(3.0, 0, 100), speed=0.5)
+    result = account(RunTimes(NODES, [slowed], gang_gpus=16, final_step=100))
+
+    assert result.useful == result.causes["slow steps"] == pytest.approx(16 * 1.0)
