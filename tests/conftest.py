@@ -19,8 +19,11 @@ from trainops_devcluster.local_s3 import LocalS3, local_s3
 REPO = Path(__file__).resolve().parent.parent
 REPO_DAGS = REPO / "dags"
 TEST_DAGS = REPO / "tests" / "dags"
+BENCH_DAGS = REPO / "benchmarks" / "dags"  # the fault campaign's baseline runs its provider DAG
 AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="trainops-airflow-"))
-airflow_home.configure(AIRFLOW_HOME, {"dags-folder": REPO_DAGS, "test-dags": TEST_DAGS})
+airflow_home.configure(
+    AIRFLOW_HOME, {"dags-folder": REPO_DAGS, "test-dags": TEST_DAGS, "bench-dags": BENCH_DAGS}
+)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

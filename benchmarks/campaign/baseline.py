@@ -28,6 +28,7 @@ from benchmarks.campaign.steps import GANG, RESUMES, STEPS, TRAIN_ARGS, Step, cl
 from benchmarks.campaign.strike import JOB_NAME_LABEL, Strike, strike
 from benchmarks.campaign.timeline import Heartbeats, run_times
 from benchmarks.campaign.timing import Timing
+from trainops.capacity.ranking import least_disruptive
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH_DAGS = REPO / "benchmarks" / "dags"
@@ -50,6 +51,7 @@ class Airflow:
         task.retries = RESUMES  # as many restarts as trainops' resume budget
         task.retry_delay = timedelta(seconds=timing.retry_delay_s)
         task.job_poll_interval = timing.job_poll_interval_s
+        task.termination_grace_period = max(1, round(timing.termination_grace_s))  # as trainops' pods
 
     def run(self, run_uri: str) -> str:
         """One DAG run (``dag.test()``, its output to the log); its final state."""
@@ -69,42 +71,42 @@ class BaselineResult:
     notes: list[str] = field(default_factory=list)
 
 
-def run_baseline(
-    world, index: int, fault: str, rank: int, target: str | None, airflow: Airflow
-) -> BaselineResult:
-    """Run ``index`` of the schedule under the baseline policy: its pool claimed, ``fault`` struck on
-    ``rank`` (``target``: the node of a gate fault), the DAG run, the pool returned; its account."""
+def run_baseline(world, plan, airflow: Airflow, faulted: set[str]) -> BaselineResult:
+    """Run ``plan`` under the baseline policy: its pool claimed, the fault struck (a gate fault on
+    ``plan.target``, a training one on ``plan.rank``), the DAG run, the pool returned; its account.
+    The nodes it faulted are added to ``faulted``."""
+    fault = plan.fault
     result = BaselineResult(applied=fault in FAULTS)
-    holder, run_uri = f"campaign_baseline/run_{index}", f"s3://{world.bucket}/runs/baseline-{index}/"
+    holder, run_uri = (
+        f"campaign_baseline/run_{plan.index}",
+        f"s3://{world.bucket}/runs/baseline-{plan.index}/",
+    )
     started = time.time()
-    if fault in kinds.GATE and target:
-        kinds.node_fault(world.cluster, fault, target)
-        world.faulted.add(target)
-    step = Step(world.kubeconfig, holder, run_uri, world.gpu_nodes())
+    if fault in kinds.GATE:
+        kinds.node_fault(world.cluster, fault, plan.target)
+        faulted.add(plan.target)
+    nodes = world.gpu_nodes()
+    if fault in kinds.GATE:  # a gate fault strikes a node of the team's pool
+        others = [n for n in nodes if n != plan.target]
+        nodes = [plan.target, *least_disruptive(others, world.cluster.store.list("pods")[0], GANG)]
+    step = Step(world.kubeconfig, holder, run_uri, nodes, scale=world.timing.scale)
     pool = claim_step(step)
-    result.landed = not result.applied or (fault in kinds.GATE and target in pool)
+    result.landed = not result.applied or (fault in kinds.GATE and plan.target in pool)
     beats = Heartbeats(run_uri)
     beats.start()
     struck: list[Strike] = []
-    if fault in FAULTS and fault not in kinds.GATE:
 
-        def hit() -> None:
-            struck.append(
-                strike(
-                    world.cluster,
-                    fault,
-                    rank,
-                    beats.step,
-                    lambda pod: (
-                        pod["metadata"].get("labels", {}).get(JOB_NAME_LABEL, "").startswith(JOB_PREFIX)
-                    ),
-                    run_uri,
-                    world.timing.nccl_timeout_s,
-                )
-            )
-            if struck[-1].node:
-                world.faulted.add(struck[-1].node)
+    def ours(pod: dict) -> bool:
+        return (pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL, "").startswith(JOB_PREFIX)
 
+    def hit() -> None:
+        struck.append(
+            strike(world.cluster, fault, plan.rank, beats.step, ours, run_uri, world.timing.nccl_timeout_s)
+        )
+        if struck[-1].node and fault in kinds.TRAIN_NODE:
+            faulted.add(struck[-1].node)
+
+    if result.applied and fault not in kinds.GATE:
         threading.Thread(target=hit, daemon=True).start()
     try:
         result.outcome = airflow.run(run_uri)
@@ -113,9 +115,7 @@ def run_baseline(
         give_back_step(step)
     if struck:
         result.landed = struck[0].landed
-        result.notes.append(
-            struck[0].note or f"{fault} on {struck[0].node or struck[0].pod} at step {struck[0].step}"
-        )
+        result.notes.append(struck[0].note or f"{fault} on {struck[0].node} at step {struck[0].step}")
     jobs = world.timeline.jobs_since(started, lambda job: job.name.startswith(JOB_PREFIX))
     result.attempts = len(jobs)
     audit = world.cluster.server.audit.entries()
@@ -142,6 +142,7 @@ def run_baseline(
         final_step=STEPS,
         faults=[s.at for s in struck if s.at is not None],
         detected=detected,
+        slow={plan.target: kinds.SLOW_GPU_FACTOR} if fault == "slow-gpu" else None,
     )
     result.account = account(times)
     return result

@@ -40,7 +40,9 @@ TRAIN = (
 RETURN = ("sigkill-return",)
 FAULTS = ("none", *GATE, *CLAIM, *TRAIN, *RETURN)
 
+SLOW_GPU_FACTOR = 0.5  # a slowed node's GPUs run at half speed
 CLAIM_BURST = ((r"/api/v1/nodes/", 503), (r"/api/v1/nodes/", 429), (r"/eviction$", 429), (r"/pods", 503))
+# the train phase makes few requests (its follower watches): the next two on each path fail, so that it lands
 TRAIN_BURST = ((r"/jobs", 503), (r"/pods", 429), (r"/workloads", 503), (r"/api/v1/nodes/", 500))
 
 
@@ -52,15 +54,16 @@ def node_fault(cluster, kind: str, node: str) -> dict:
         "ib-down": ("ib-down", {}),
         "node-notready": ("node-notready", {}),
         "nvlink": ("nvlink-errors", {"replay": 5000}),
-        "slow-gpu": ("slow-gpu", {"factor": 0.5}),
+        "slow-gpu": ("slow-gpu", {"factor": SLOW_GPU_FACTOR}),
     }
     fault, extra = options[kind]
     return cluster.inject(fault, node, **extra)
 
 
-def api_burst(cluster, paths, fraction: float = 0.3) -> None:
+def api_burst(cluster, paths, **share) -> None:
+    """Each of ``paths`` answers its status for a ``fraction`` of its requests, or the next ``count``."""
     for path, status in paths:
-        cluster.inject("api-fault", path=path, status=status, fraction=fraction)
+        cluster.inject("api-fault", path=path, status=status, **(share or {"fraction": 0.3}))
 
 
 class S3Errors:

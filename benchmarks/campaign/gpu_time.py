@@ -13,7 +13,8 @@ While a gang trains, its GPUs' time is useful for the steps that reach the final
 ``recomputed`` for the others (steps past the checkpoint the next attempt resumed from: it does them
 again); on a slowed GPU (speed ``s``) only ``s`` of a useful step's time is, the rest is ``slow steps``;
 the held GPUs beyond the gang's are ``spare``.  A run that failed has no useful steps, and what
-follows its last failure is ``failed``.  ``OVERHEAD`` is what a run without faults pays too; the rest
+follows its last failure is ``failed``.  Time a run pays anyway while its task has no worker (killed,
+not yet retried) is the ``dead worker``'s.  ``OVERHEAD`` is what a run without faults pays too; the rest
 (``FAULT``) is lost to faults, the figure the policies are compared on.
 
 Recovery ends when the heartbeat passes the resume step: ``recoveries`` are failure to the next attempt's
@@ -34,6 +35,7 @@ FAULT = (
     "re-rendezvous",
     "recomputed",
     "slow steps",
+    "dead worker",
     "reaper",
     "failed",
 )
@@ -51,7 +53,9 @@ class AttemptTimes:
     beats: list[tuple[float, int]] = field(default_factory=list)
     failed_at: float | None = None  # the fault (or the failure seen first), None: it succeeded
     detected: float | None = None  # when the policy saw it had ended
-    speed: float = 1.0  # its slowest rank's GPU speed (a slowed GPU's fault): the rest of its steps' time is lost
+    speed: float = (
+        1.0  # its slowest rank's GPU speed (a slowed GPU's fault): the rest of its steps' time is lost
+    )
 
 
 @dataclass
@@ -63,6 +67,7 @@ class RunTimes:
     succeeded: bool = True
     final_step: int = 0
     killed_return: float | None = None  # the returning worker was killed then; the reaper returned the rest
+    dead: list[tuple[float, float]] = field(default_factory=list)  # no worker ran the task (killed, retried)
 
 
 @dataclass
@@ -141,10 +146,20 @@ class Clock:
         self.run, self.now, self.result = run, now, result
 
     def to(self, until: float | None, cause: str) -> None:
+        """Credit now..``until`` to ``cause``; what a run pays anyway (``OVERHEAD``) while its task had no
+        worker (killed, not yet retried) is the ``dead worker``'s."""
         if until is None or until <= self.now:
             return
-        self.result.causes[cause] += _held(self.run, self.now, until)
-        self.now = until
+        if cause in OVERHEAD:
+            for start, end in sorted(self.run.dead):
+                start, end = max(start, self.now), min(end, until)
+                if start < end:
+                    self.to(start, cause)
+                    self.result.causes["dead worker"] += _held(self.run, start, end)
+                    self.now = end
+        if until > self.now:
+            self.result.causes[cause] += _held(self.run, self.now, until)
+            self.now = until
 
     def train(self, attempt: AttemptTimes, until: float, useful: tuple[int, int] | None) -> None:
         """From now to ``until`` the gang trained: useful for the steps in ``useful``, recomputed otherwise."""
@@ -154,7 +169,8 @@ class Clock:
         gang = min(self.run.gang_gpus * span, held)
         kept = 0.0
         if useful is not None:
-            start, end = (max(self.now, min(until, _time_of(attempt, step))) for step in useful)
+            start = max(self.now, min(until, _time_of(attempt, useful[0])))
+            end = max(start, min(until, _time_of(attempt, useful[1], last=True)))
             kept = gang * (end - start) / span
         self.result.useful += kept * attempt.speed
         self.result.causes["slow steps"] += kept * (1 - attempt.speed)
@@ -203,9 +219,12 @@ def _training_end(attempt: AttemptTimes) -> float:
     return max(last, attempt.failed_at) if attempt.failed_at is not None else last
 
 
-def _time_of(attempt: AttemptTimes, step: int) -> float:
-    """When the attempt reached ``step`` (interpolated between heartbeats, extrapolated past them)."""
+def _time_of(attempt: AttemptTimes, step: int, last: bool = False) -> float:
+    """When the attempt reached ``step`` (interpolated between heartbeats, extrapolated past them);
+    ``last``: when it was last at it (its heartbeats after saving the checkpoint of that step)."""
     points = [(_training_start(attempt), attempt.start_step), *attempt.beats]
+    if last and (at := [t for t, s in points if s == step]):
+        return max(at)
     for (t1, s1), (t2, s2) in zip(points, points[1:], strict=False):
         if s1 <= step <= s2 and s2 > s1:
             return t1 + (t2 - t1) * (step - s1) / (s2 - s1)

@@ -1,14 +1,23 @@
-"""One lifecycle run under one fault: gate -> claim -> train -> verify -> give back, then the invariants.
+"""One lifecycle run under one fault: gate -> claim -> train -> verify -> give back, then the checks.
 
-The steps are the core procedures the operators call (``steps.py``); Airflow's part is played here:
-the claim's retries and its wait for nodes held by another run, the train task's tries (each a
-resume), a Clear, the teardown that gives back on every path, and the reaper for a DAG run that died.
+The steps are the core procedures the operators call (``steps.py``); Airflow's part is played here, with
+its production intervals scaled (``timing``): the claim's wait for nodes held by another run and its
+retries, the train task's tries (each a resume), a Clear, a worker killed (seen dead after the task
+heartbeat timeout, retried after ``retry_delay``), the teardown that gives back on every path, and the
+reaper (every 10 minutes, claims older than its grace) for a DAG run whose return was killed.
+
+After the run, in this order: the invariants on the end state (``invariants.py``), before any repair;
+the harness's own repair (a return of what the run still holds: if it has anything to do, that is a
+violation); the fault's own outcome (``outcomes.py``); the GPU-seconds (``gpu_time.py``).  Then the
+fleet is healed and the same draw runs under the baseline policy (``baseline.py``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from benchmarks.campaign import faults as kinds
+from benchmarks.campaign.gpu_time import Account, account
 from benchmarks.campaign.invariants import (
     NAMESPACE,
     Recorder,
@@ -29,24 +39,54 @@ from benchmarks.campaign.invariants import (
     run_label,
 )
 from benchmarks.campaign.steps import GANG, STEPS, Step, claim_step, give_back_step, train_try
+from benchmarks.campaign.strike import AT_STEP, Strike, strike
+from benchmarks.campaign.timeline import Heartbeats, Timeline, run_times
+from benchmarks.campaign.timing import Timing
 from tests.capacity.helpers import default_seeded_objects, nodes_by_app, rival_writer, snapshot
-from trainops.capacity.procedure import NodeQuarantined, NodesHeld, give_back
+from trainops.capacity.procedure import NodeQuarantined, NodesHeld
+from trainops.capacity.ranking import least_disruptive
 from trainops.capacity.reaper import reap
 from trainops.checkpoints.latest import latest_verified
 from trainops.checkpoints.store import CheckpointStore
-from trainops.conventions import QUARANTINE_TAINT
+from trainops.conventions import GPU_POOL_LABEL, QUARANTINE_TAINT
 from trainops.errors import PermanentError
-from trainops.health.gate import GateConfig, run_gate
+from trainops.health.gate import GateConfig, GateResult, run_gate
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
 from trainops.kube.client import Kube
 from trainops.kube.retry import Deadline
+from trainops.training.cluster import GangCluster
 from trainops.training.decide import Fail, Succeed
-from trainops.training.follow import read_heartbeat
+from trainops.training.job import RUN_LABEL
+from trainops.training.ledger import END_ANNOTATION, Ledger
+from trainops.training.reconcile import TrainingRun
 
 REPO = Path(__file__).resolve().parents[2]
 TRIES = 4  # the train task's retries=3 (+1): a try that fails on its own (its worker killed) is retried
-FAULT_AT_STEP = 50  # training faults wait for this much progress (between two checkpoints)
-REAPER_BOUND_S = 60.0
+GPUS_PER_NODE = 8
+
+
+@dataclass
+class Plan:
+    """One run's draws from the seed, the same for both policies: the fault, the rank a training fault
+    strikes, and a gate fault's node (one a claim without the gate would take)."""
+
+    index: int
+    fault: str
+    rank: int
+    target: str
+    rng: random.Random
+
+    @classmethod
+    def draw(cls, world: World, seed: int, index: int, faults: tuple[str, ...]) -> Plan:
+        """Stratified: each round of ``len(faults)`` runs draws every kind once, in an order drawn from
+        the seed, so that a campaign of k rounds meets each kind k times."""
+        rnd, place = divmod(index, len(faults))
+        order = list(faults)
+        random.Random(seed * 1_000_003 + rnd).shuffle(order)
+        rng = random.Random(seed * 1_000_003 + 500_000 + index)
+        fault, rank = order[place], rng.randrange(GANG)
+        first = least_disruptive(world.gpu_nodes(), world.cluster.store.list("pods")[0], GANG + 1)
+        return cls(index, fault, rank, rng.choice(first), rng)
 
 
 @dataclass
@@ -55,31 +95,53 @@ class RunResult:
     fault: str
     outcome: str = "running"
     violations: list[str] = field(default_factory=list)
-    recover_s: float | None = None
-    useful_steps: int = 0
-    paid_steps: int = 0
+    landed: bool = False  # the fault did what it is for (a run where it did not is no coverage)
+    checked: list[str] = field(default_factory=list)  # what its outcome was checked for
+    account: Account = field(default_factory=Account)
+    baseline: object = None  # baseline.BaselineResult, when the baseline ran
     notes: list[str] = field(default_factory=list)
 
 
 @dataclass
 class World:
-    """One devcluster and bucket for every run of a campaign."""
+    """One devcluster and bucket for every run of a campaign, and the policies' settings."""
 
     cluster: object
     bucket: str
     store: CheckpointStore  # the worker's store (its client gets the S3 faults)
     s3_errors: kinds.S3Errors
+    timing: Timing = field(default_factory=Timing)
+    airflow: object = None  # baseline.Airflow: the baseline policy runs too
     recorder: Recorder = None
+    timeline: Timeline = None
     quota_before: str = ""
 
     def __post_init__(self) -> None:
         default_seeded_objects(self.cluster)
         self.recorder = Recorder(self.cluster.store)
+        self.timeline = Timeline(self.cluster.store)
         self.quota_before = gpu_quota(self.cluster)
 
     @property
     def kubeconfig(self) -> str:
         return str(self.cluster.kubeconfig)
+
+    def gpu_nodes(self) -> list[str]:
+        return sorted(
+            n["metadata"]["name"]
+            for n in self.cluster.store.list("nodes")[0]
+            if n["metadata"].get("labels", {}).get(GPU_POOL_LABEL) == "true"
+        )
+
+    def heal(self, nodes: set[str]) -> None:
+        """Repair ``nodes`` and lift their quarantines, so that every run starts on a whole fleet."""
+        core = Kube.from_kubeconfig(self.kubeconfig).core
+        for node in sorted(nodes):
+            self.cluster.inject("repair", node)
+            self.cluster.faults.node_ready(node)
+            set_quarantine(self.cluster, node, False)
+        for node in sorted(nodes):
+            wait_for(lambda n=node: _released(core, n), 30, f"release of {node}", every=0.5)
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, every: float = 0.1):
@@ -91,65 +153,42 @@ def wait_for(condition: Callable[[], object], timeout: float, what: str, every: 
     return found
 
 
-class Heartbeats(threading.Thread):
-    """Samples the run's heartbeat (its own clean S3 client): (time written, step) of each one seen."""
+class Said(logging.Handler):
+    """What the product's procedures log (a task's log), kept for the checks."""
 
-    def __init__(self, run_uri: str) -> None:
-        super().__init__(daemon=True)
-        self.run_uri, self.store = run_uri, CheckpointStore()
-        self.samples: dict[float, int] = {}
-        self.stopped = threading.Event()
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
 
-    def step(self) -> int:
-        """The newest heartbeat's step (-1: none yet)."""
-        samples = self.samples.copy()
-        return samples[max(samples)] if samples else -1
-
-    def run(self) -> None:
-        while not self.stopped.wait(0.2):
-            try:
-                if beat := read_heartbeat(self.store, self.run_uri):  # None: not written yet
-                    self.samples[float(beat["time"])] = int(beat["step"])
-            except Exception:  # noqa: BLE001 - a failed read: the next sample comes 0.2 s later
-                pass
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 # ---- the lifecycle's steps, as Airflow would run them -------------------------------------------
-def gate(world: World) -> list[str]:
+def gate(world: World) -> GateResult:
     """NodeHealthGateOperator: judge, quarantine the bad, wait (deferred) until enough pass."""
     core = Kube.from_kubeconfig(world.kubeconfig).core
 
-    def enough():
-        result = run_gate(core, GateConfig(min_nodes=GANG + 1, gpus_per_node=8))
+    def enough() -> GateResult | None:
+        result = run_gate(core, GateConfig(min_nodes=GANG + 1, gpus_per_node=GPUS_PER_NODE))
         apply_quarantine(core, result, Deadline(60))
-        return result.selected if result.enough else None
+        return result if result.enough else None
 
     return wait_for(enough, 60, "the health gate", every=1.0)
 
 
-def claim_task(world: World, step: Step, result: RunResult) -> list[str]:
-    """ClaimNodesOperator with retries=2: wait while another run holds a node; re-gate when a chosen node
-    was quarantined since the gate (the DAG's retry runs the gate's result again; the campaign re-gates)."""
-    for attempt in range(1, 4):
-        try:
-            return claim_step(step)
-        except NodesHeld as held:
-            result.notes.append(f"claim try {attempt}: {held}")
-            wait_for(lambda: not set(holders(world.cluster).values()) - {step.run}, 60, "nodes freed")
-        except NodeQuarantined as quarantined:
-            result.notes.append(f"claim try {attempt}: {quarantined}")
-            step.nodes = gate(world)
-        except Exception as error:  # noqa: BLE001 - a retry, as Airflow's
-            result.notes.append(f"claim try {attempt}: {type(error).__name__}: {error}"[:300])
-            if attempt == 3:
-                raise
-    raise RuntimeError(f"claim failed 3 times: {result.notes[-3:]}")
+def known(world: World, node: str) -> bool:
+    """The health gate judges ``node`` on every signal (none unknown: its probe has two samples)."""
+    core = Kube.from_kubeconfig(world.kubeconfig).core
+    result = run_gate(core, GateConfig(min_nodes=1, gpus_per_node=GPUS_PER_NODE))
+    judged = next((n for n in result.nodes if n.name == node), None)
+    return judged is not None and not any("unknown" in reason for reason in judged.reasons)
 
 
-def child(step_name: str, step: Step, *args: str) -> subprocess.Popen:
+def child(step_name: str, step: Step) -> subprocess.Popen:
     """The step in a process of its own (a worker), to be SIGKILLed."""
     return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.campaign.steps", step_name, json.dumps(asdict(step)), *args],
+        [sys.executable, "-m", "benchmarks.campaign.steps", step_name, json.dumps(asdict(step))],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -157,88 +196,159 @@ def child(step_name: str, step: Step, *args: str) -> subprocess.Popen:
 
 
 def sigkill_when(process: subprocess.Popen, condition: Callable[[], bool], timeout: float) -> float:
-    """SIGKILL ``process`` once ``condition()`` holds (or it ended by itself); returns when."""
+    """SIGKILL ``process`` once ``condition()`` holds (or it ended by itself); returns when (wall clock)."""
     wait_for(lambda: condition() or process.poll() is not None, timeout, "the kill point", every=0.02)
     if process.poll() is None:
         os.kill(process.pid, signal.SIGKILL)
     process.wait()
-    return time.monotonic()
+    return time.time()
 
 
 # ---- one run -------------------------------------------------------------------------------------
 class Run:
-    def __init__(self, world: World, index: int, fault: str, rng) -> None:
-        self.world, self.cluster, self.fault, self.rng = world, world.cluster, fault, rng
-        self.result = RunResult(index, fault)
-        self.run_uri = f"s3://{world.bucket}/runs/run-{index}/"
+    def __init__(self, world: World, plan: Plan) -> None:
+        self.world, self.cluster, self.plan, self.fault = world, world.cluster, plan, plan.fault
+        self.timing = world.timing
+        self.result = RunResult(plan.index, plan.fault)
+        self.run_uri = f"s3://{world.bucket}/runs/run-{plan.index}/"
         self.step = Step(
-            world.kubeconfig,
-            f"campaign/run_{index}",
-            self.run_uri,
+            world.kubeconfig, f"campaign/run_{plan.index}", self.run_uri, scale=self.timing.scale
         )
-        self.rival = f"campaign/rival_{index}"
+        self.rival = f"campaign/rival_{plan.index}"
         self.faulted: set[str] = set()
-        self.fault_at: float | None = None  # wall clock, as the recorder's
         self.beats = Heartbeats(self.run_uri)
+        self.said = Said()
+        # what the checks read (outcomes.py) and the account's marks
+        self.started = 0.0
+        self.gated: GateResult | None = None
+        self.chosen: list[str] = []  # the gate's choice the claim started from
+        self.claim_failures: list[str] = []
+        self.struck: Strike | None = None
+        self.cleared_at: float | None = None
+        self.cleared_try: int | None = None
+        self.killed: dict[str, float] = {}  # step -> when its worker was SIGKILLed
+        self.dead: list[tuple[float, float]] = []  # no worker ran the task from .. to
+        self.killed_return: float | None = None
+        self.reaped_at: float | None = None
+        self.rival_outcome, self.rival_nodes = "", []
+        self.held_at_kill: list[str] = []  # what the killed worker's run held (nodes, and "quota")
+        self.step_at_kill = -1
+        self.burst: tuple[float, float] | None = None  # an API burst's window
+        self.ledger: Ledger | None = None
 
     def go(self) -> RunResult:
         before = snapshot(self.cluster)
         self.world.recorder.take()
+        reconcile_log = logging.getLogger("trainops.training.reconcile")
+        reconcile_log.addHandler(self.said)
+        level, reconcile_log.level = reconcile_log.level, logging.INFO
+        self.started = time.time()
         self.beats.start()
         try:
             self.lifecycle()
             self.result.outcome = "succeeded"
-        except Exception as error:  # noqa: BLE001 - the run failed; its teardown and the checks still run
+        except Exception as error:  # noqa: BLE001 - the run failed; the checks still run
             self.result.outcome = f"failed: {type(error).__name__}: {error}"[:400]
         finally:
             self.cluster.server.faults.clear()
-            if self.fault == "s3-errors":
-                self.result.notes.append(f"{self.world.s3_errors.injected} S3 requests answered 503")
             self.world.s3_errors.on = False
             self.beats.stopped.set()
-        for key in (self.step.run, self.rival):  # the teardown, on every path
-            try:
-                give_back(Step(self.world.kubeconfig, key, "").kube(), key, cluster_queue="training")
-            except Exception as error:  # noqa: BLE001 - a failed return is a violation
-                self.result.violations.append(f"give_back({key}) raised {error!r}")
+            reconcile_log.removeHandler(self.said)
+            reconcile_log.level = level
         seen = self.world.recorder.take()
-        try:
+        try:  # the end state as the lifecycle left it: nothing repaired yet
             self.result.violations += end_state(
                 self.cluster, seen, before, self.world.quota_before, self.world.store, faulted=self.faulted
             )
         except Exception as error:  # noqa: BLE001 - what cannot be checked counts as violated
             self.result.violations.append(f"the end state could not be checked: {error!r}")
-        self.account(seen)
+        self.result.violations += self.repair()
+        self.ledger = TrainingRun(
+            GangCluster(self.step.kube()), NAMESPACE, *self.step.run.split("/")
+        ).observe()
+        from benchmarks.campaign.outcomes import check
+
+        self.result.landed, self.result.checked, failures = check(self, seen)
+        if self.result.landed:
+            self.result.violations += [f"the fault's outcome: {failure}" for failure in failures]
+        else:  # counted apart, with why
+            self.result.notes += failures
+        self.result.account = self.gpu_seconds()
         try:
-            self.heal(seen.quarantined | self.faulted)
+            self.world.heal(seen.quarantined | self.faulted)
         except Exception as error:  # noqa: BLE001 - the next runs have a smaller fleet; said, not fatal
             self.result.notes.append(f"healing the fleet failed: {error!r}")
+        if self.world.airflow is not None:
+            self.result.baseline = self.baseline()
         return self.result
 
+    def repair(self) -> list[str]:
+        """The harness returns what the run (or its rival) still holds; each return it had to make is a
+        violation (the lifecycle's own teardown, or the reaper, should have made it)."""
+        found = []
+        for key in (self.step.run, self.rival):
+            held = sorted(n for n, run in holders(self.cluster).items() if run == key)
+            granted = grants(self.cluster).get(key)
+            if held or granted:
+                found.append(
+                    f"the harness had to return what {key} still held: nodes {held}, quota {granted}"
+                )
+                try:
+                    give_back_step(Step(self.world.kubeconfig, key, ""))
+                except Exception as error:  # noqa: BLE001 - said with the violation
+                    found.append(f"and its return failed: {error!r}")
+        return found
+
+    def baseline(self):
+        from benchmarks.campaign.baseline import run_baseline
+
+        faulted: set[str] = set()
+        try:
+            return run_baseline(self.world, self.plan, self.world.airflow, faulted)
+        finally:
+            self.world.heal(faulted)
+
+    # ---- the lifecycle -------------------------------------------------------------------------
     def lifecycle(self) -> None:
         fault = self.fault
-        if fault in kinds.GATE:
-            target = self.rng.choice(sorted(self.cluster.telemetry))
+        if fault in kinds.GATE:  # once the gate knows the node's rates (a repaired one's probe starts afresh)
+            target = self.plan.target
+            wait_for(lambda: known(self.world, target), 60, f"{target}'s rates known to the gate", every=0.5)
             kinds.node_fault(self.cluster, fault, target)
-            self.faulted.add(target)
-            time.sleep(2.5)  # the node probe publishes every second
-        self.step.nodes = gate(self.world)
-        for node in self.faulted:
-            self.result.notes.append(f"the gate {'chose' if node in self.step.nodes else 'kept out'} {node}")
-        self.step.nodes = self.claim_with_fault()
-        if fault == "quarantined-candidate" and self.faulted & set(self.step.nodes):
-            self.result.violations.append(
-                f"claimed a quarantined node: {self.faulted & set(self.step.nodes)}"
-            )
-        self.train_with_fault()
-        latest = latest_verified(self.run_uri, store=self.world.store).checkpoint
-        if latest is None or latest.step != STEPS:
-            raise RuntimeError(f"the latest verified checkpoint is {latest and latest.uri}, not step {STEPS}")
-        self.result.useful_steps = STEPS
-        if fault == "sigkill-return":
-            self.return_killed_then_reaped()
-        else:
-            give_back_step(self.step)
+            self.faulted.add(self.plan.target)
+            time.sleep(2.5 * self.timing.node_probe_s)  # the node probe publishes its next reports
+        returned = False
+        try:
+            self.gated = gate(self.world)
+            self.chosen = self.step.nodes = list(self.gated.selected)
+            self.step.nodes = self.claim_with_fault()
+            self.train_with_fault()
+            latest = latest_verified(self.run_uri, store=self.world.store).checkpoint
+            if latest is None or latest.step != STEPS:
+                raise RuntimeError(
+                    f"the latest verified checkpoint is {latest and latest.uri}, not step {STEPS}"
+                )
+            returned = True
+            if fault == "sigkill-return":
+                self.return_killed_then_reaped()
+            else:
+                give_back_step(self.step)
+        finally:
+            if not returned:  # the teardown runs on every path
+                give_back_step(self.step)
+
+    def airflow_retry(self) -> None:
+        """A failed try is retried after ``retry_delay``."""
+        time.sleep(self.timing.retry_delay_s)
+
+    def worker_killed(self, step: str, at: float, dead_s: float) -> None:
+        """No process runs the task for ``dead_s`` after ``at`` (until Airflow sees it dead and retries it,
+        or hands its trigger to another triggerer)."""
+        self.killed[step] = at
+        self.held_at_kill = self.holding()
+        self.result.notes.append(f"{step} killed holding {self.held_at_kill or 'nothing'}")
+        time.sleep(max(0.0, at + dead_s - time.time()))
+        self.dead.append((at, time.time()))
 
     # ---- claim ---------------------------------------------------------------------------------
     def claim_with_fault(self) -> list[str]:
@@ -260,10 +370,12 @@ class Run:
         elif fault == "sigkill-claim":
             process = child("claim", self.step)
             killed = sigkill_when(process, lambda: self.step.run in holders(cluster).values(), 120)
-            self.note_kill("claim")
-            claimed = self.claim_task()
-            self.result.recover_s = time.monotonic() - killed
-            return claimed
+            # Airflow sees the worker dead after the task heartbeat timeout, retries after retry_delay
+            self.worker_killed(
+                "claim", killed, self.timing.task_heartbeat_timeout_s + self.timing.retry_delay_s
+            )
+            return self.claim_task()
+        self.burst = (time.time(), 0.0)
         for thread in threads:
             thread.start()
         try:
@@ -273,70 +385,91 @@ class Run:
             for thread in threads:
                 thread.join()
             cluster.server.faults.clear()
+            self.burst = (self.burst[0], time.time())
 
     def claim_task(self) -> list[str]:
-        return claim_task(self.world, self.step, self.result)
+        """ClaimNodesOperator with retries=2: wait (deferred) while another run holds a node; re-gate when
+        a chosen node was quarantined since the gate (its retry runs on the gate's new result)."""
+        for attempt in range(1, 4):
+            try:
+                return claim_step(self.step)
+            except NodesHeld as held:
+                self.claim_failures.append(f"claim try {attempt}: {held}")
+                wait_for(lambda: not set(holders(self.cluster).values()) - {self.step.run}, 60, "nodes freed")
+            except NodeQuarantined as quarantined:
+                self.claim_failures.append(f"claim try {attempt}: {quarantined}")
+                self.airflow_retry()
+                self.step.nodes = list(gate(self.world).selected)
+            except Exception as error:  # noqa: BLE001 - a retry, as Airflow's
+                self.claim_failures.append(f"claim try {attempt}: {type(error).__name__}: {error}"[:300])
+                if attempt == 3:
+                    raise
+                self.airflow_retry()
+        raise RuntimeError(f"claim failed 3 times: {self.claim_failures[-3:]}")
 
     def rival_claim(self) -> None:
         """A second run claiming from the same gate result at the same time (so the same nodes); it
         holds what it won for a moment, then returns it."""
         rival = Step(self.world.kubeconfig, self.rival, "", list(self.step.nodes))
-        kube = rival.kube()
         try:
-            self.result.notes.append(f"the rival won {claim_step(rival)}")
+            self.rival_nodes = claim_step(rival)
+            self.rival_outcome = f"won {self.rival_nodes}"
             time.sleep(0.5)
         except NodesHeld as held:
-            self.result.notes.append(f"the rival lost: {held}")
+            self.rival_outcome = f"lost: {held}"
         except Exception as error:  # noqa: BLE001
-            self.result.notes.append(f"rival: {error!r}"[:300])
-        give_back(kube, self.rival, cluster_queue="training")
+            self.rival_outcome = f"failed: {error!r}"[:300]
+        give_back_step(rival)
 
     # ---- train ---------------------------------------------------------------------------------
+    def ours(self, pod: dict) -> bool:
+        return (pod["metadata"].get("labels") or {}).get(RUN_LABEL) == run_label(self.step.run)
+
     def train_with_fault(self) -> None:
         fault, cluster = self.fault, self.cluster
         cleared = threading.Event()
         if fault == "api-burst-train":
-            kinds.api_burst(cluster, kinds.TRAIN_BURST, fraction=0.2)
+            kinds.api_burst(cluster, kinds.TRAIN_BURST, count=2)
+            self.burst = (time.time(), 0.0)
         if fault == "s3-errors":
             self.world.s3_errors.on, self.world.s3_errors.injected = True, 0
-        if fault in (*kinds.TRAIN_NODE, "pod-crash", "hang", "torn-checkpoint", "drop-watches", "clear"):
-            threading.Thread(target=self.inject_mid_train, args=(cleared,), daemon=True).start()
-        killed_at = None
-
-        def on_start() -> None:  # the next try took the run over
-            nonlocal killed_at
-            if killed_at is not None:
-                self.result.recover_s, killed_at = time.monotonic() - killed_at, None
-
-        if fault == "sigkill-train":
-            process = child("train", self.step)
-            killed_at = sigkill_when(process, lambda: self.beats.step() >= FAULT_AT_STEP, 180)
-            self.fault_at = time.time()
-            self.result.notes.append(f"train killed at step {self.beats.step()}")
+        if fault in (*kinds.TRAIN_NODE, "pod-crash", "hang", "torn-checkpoint"):
+            threading.Thread(target=self.strike, daemon=True).start()
+        elif fault in ("drop-watches", "clear"):
+            threading.Thread(target=self.mid_train, args=(cleared,), daemon=True).start()
         first = first_try = 1  # the try to make next; the try the resume budget counts from
         if fault == "sigkill-train":
+            process = child("train", self.step)
+            killed = sigkill_when(process, lambda: self.beats.step() >= AT_STEP, 180)
+            self.step_at_kill = self.beats.step()
+            self.result.notes.append(f"train killed at step {self.step_at_kill}")
+            # the deferred try's trigger was in the killed process: another triggerer takes it over once
+            # the dead one misses its health check; it follows the same attempt
+            self.worker_killed("train", killed, self.timing.triggerer_health_check_s)
             first = 2  # the killed worker's try was the first
-        while (cleared_in := self.train_task(first, first_try, cleared, on_start)) is not None:
+        while (cleared_in := self.train_task(first, first_try, cleared)) is not None:
             # a Clear (its on_kill stopped the Job): the setups run again, then train with fresh tries
             # and a fresh resume budget
             cleared.clear()
-            self.step.nodes = gate(self.world)
+            self.cleared_try = cleared_in
+            self.step.nodes = list(gate(self.world).selected)
             self.step.nodes = self.claim_task()
             first = first_try = cleared_in + 1
         cluster.server.faults.clear()  # a burst belongs to the train phase
+        if self.burst is not None and fault == "api-burst-train":
+            self.burst = (self.burst[0], time.time())
 
-    def train_task(
-        self, first: int, first_try: int, cleared: threading.Event, on_start: Callable[[], None]
-    ) -> int | None:
+    def train_task(self, first: int, first_try: int, cleared: threading.Event) -> int | None:
         """The train task's tries from ``first`` to its last (Airflow numbers them on past a Clear: its
         tries are ``first_try`` to ``first_try + retries``); the try a Clear came in, or None."""
         for number in range(first, first_try + TRIES):
             try:
-                action = train_try(self.step, self.world.store, number, first_try, cleared, on_start=on_start)
+                action = train_try(self.step, self.world.store, number, first_try, cleared)
             except PermanentError:  # Airflow fails the task without a retry
                 raise
             except Exception as error:  # noqa: BLE001 - Airflow fails the try and retries it
                 self.result.notes.append(f"try {number} raised {type(error).__name__}: {error}"[:300])
+                self.airflow_retry()
                 continue
             if action is None:
                 return number
@@ -347,113 +480,99 @@ class Run:
             raise RuntimeError(reason)  # GangTrainingOperator raises PermanentError: no retry
         raise RuntimeError(f"tries exhausted: {self.result.notes[-1]}")
 
-    def inject_mid_train(self, cleared: threading.Event) -> None:
+    def strike(self) -> None:
+        self.struck = strike(
+            self.cluster,
+            self.fault,
+            self.plan.rank,
+            self.beats.step,
+            self.ours,
+            self.run_uri,
+            self.timing.nccl_timeout_s,
+        )
+        if self.struck.node and self.fault in kinds.TRAIN_NODE:
+            self.faulted.add(self.struck.node)
+
+    def mid_train(self, cleared: threading.Event) -> None:
+        """Once the run has made progress: drop every watch (three times), or Clear the train task."""
         try:
-            pods = wait_for(
-                lambda: self.beats.step() >= FAULT_AT_STEP and self.running_pods(), 180, "progress"
-            )
+            wait_for(lambda: self.beats.step() >= AT_STEP and self.live(), 180, "progress", every=0.02)
         except TimeoutError:
-            self.result.notes.append("the fault found no running attempt")
             return
-        fault, pod = self.fault, self.rng.choice(pods)
-        self.fault_at = time.time()
-        if fault in kinds.TRAIN_NODE:
-            self.faulted.add(pod["spec"]["nodeName"])
-            kinds.node_fault(self.cluster, fault, pod["spec"]["nodeName"])
-        elif fault == "pod-crash":
-            self.cluster.inject("crash-pod", f"{NAMESPACE}/{pod['metadata']['name']}", exit_code=137)
-        elif fault == "hang":
-            self.cluster.inject(
-                "hang", f"{NAMESPACE}/{pod['metadata']['labels']['batch.kubernetes.io/job-name']}"
-            )
-        elif fault == "torn-checkpoint":
-            self.tear_newest_checkpoint()
-            self.cluster.inject("crash-pod", f"{NAMESPACE}/{pod['metadata']['name']}", exit_code=137)
-        elif fault == "drop-watches":
+        self.struck = Strike(self.fault, at=time.time(), step=self.beats.step())
+        if self.fault == "drop-watches":
             for _ in range(3):
                 self.cluster.inject("drop-watches")
                 time.sleep(0.5)
-        elif fault == "clear":
+        else:
+            self.cleared_at = time.time()
             cleared.set()
 
-    def running_pods(self) -> list[dict]:
-        label = run_label(self.step.run)
-        return [
-            p
-            for p in self.cluster.store.list("pods", NAMESPACE)[0]
-            if (p["metadata"].get("labels") or {}).get("trainops.io/run") == label
-            and (p.get("status") or {}).get("phase") == "Running"
-            and not p["metadata"].get("deletionTimestamp")
-        ]
+    def live(self) -> bool:
+        from benchmarks.campaign.strike import running
 
-    def tear_newest_checkpoint(self) -> None:
-        client = CheckpointStore().client
-        bucket, _, prefix = self.run_uri[5:].partition("/")
-        keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
-        committed = sorted(
-            (int(k.split("step-")[1].split("/")[0]), k) for k in keys if k.endswith("/_COMMITTED")
-        )
-        if committed:
-            shard = committed[-1][1].replace("_COMMITTED", "rank-1.bin")
-            client.put_object(Bucket=bucket, Key=shard, Body=b"torn")
-            self.result.notes.append(f"tore {shard}")
+        return bool(running(self.cluster, self.ours))
 
     # ---- return --------------------------------------------------------------------------------
     def return_killed_then_reaped(self) -> None:
-        """The returning worker SIGKILLed halfway; the DAG run is over, so the reaper returns the rest."""
+        """The returning worker SIGKILLed halfway; the DAG run is over, so the reaper returns the rest as
+        it runs in production: every ``reaper_every_s`` (at a phase drawn from the seed), claims older
+        than ``reaper_grace_s`` (both scaled)."""
         # throttled node writes slow the return down, so that the kill lands in its middle
         self.cluster.inject("api-fault", path=r"/api/v1/nodes/", status=429, count=4)
         process = child("give_back", self.step)
         held = set(holders(self.cluster))
-        killed = sigkill_when(
+        self.killed_return = sigkill_when(
             process,
             lambda: self.step.run not in grants(self.cluster) or set(holders(self.cluster)) < held,
             120,
         )
-        self.note_kill("return")
-        summary = reap(
-            self.step.kube(), lambda run: run != self.step.run, cluster_queue="training", grace_s=0
-        )
-        self.result.recover_s = time.monotonic() - killed
-        if summary.failed or self.result.recover_s > REAPER_BOUND_S:
-            self.result.violations.append(
-                f"the reaper did not return the run within {REAPER_BOUND_S:g} s: {summary}"
-            )
+        self.held_at_kill = self.holding()
+        self.result.notes.append(f"return killed holding {self.held_at_kill or 'nothing'}")
+        every, grace = self.timing.reaper_every_s, self.timing.reaper_grace_s
+        tick = self.killed_return + self.plan.rng.uniform(0, every)
+        for _ in range(int((grace + 30) / every) + 3):
+            time.sleep(max(0.0, tick - time.time()))
+            reap(self.step.kube(), lambda run: run != self.step.run, cluster_queue="training", grace_s=grace)
+            if self.step.run not in set(holders(self.cluster).values()) | set(grants(self.cluster)):
+                self.reaped_at = time.time()
+                return
+            tick += every
 
-    def note_kill(self, step: str) -> None:
-        held = [n for n, run in holders(self.cluster).items() if run == self.step.run]
-        granted = grants(self.cluster).get(self.step.run)
-        self.result.notes.append(f"{step} killed holding {len(held)} node(s), quota {granted or 'none'}")
+    def holding(self) -> list[str]:
+        """The nodes the run holds, and "quota" when it holds a grant."""
+        nodes = sorted(n for n, run in holders(self.cluster).items() if run == self.step.run)
+        return nodes + (["quota"] if self.step.run in grants(self.cluster) else [])
 
     # ---- after ---------------------------------------------------------------------------------
-    def account(self, seen) -> None:
-        """Steps paid for: each attempt's highest heartbeat less the step it started from."""
-        label = run_label(self.step.run)
-        jobs = sorted((j for j in seen.jobs if j.run == label), key=lambda j: j.at)
-        for job, after in zip(jobs, [*jobs[1:], None], strict=True):
-            start = int(job.resume_from.rstrip("/").rpartition("step-")[2]) if job.resume_from else 0
-            steps = [
-                s
-                for t, s in self.beats.samples.copy().items()
-                if t >= job.at and (after is None or t < after.at)
-            ]
-            self.result.paid_steps += max(0, max(steps, default=start) - start)
-        if self.result.recover_s is None and self.fault_at is not None:
-            later = [j.at for j in jobs if j.at > self.fault_at]
-            if later:
-                self.result.recover_s = later[0] - self.fault_at
-        if self.result.outcome == "succeeded":
-            self.result.paid_steps = max(self.result.paid_steps, STEPS)
+    def gpu_seconds(self) -> Account:
+        jobs = self.world.timeline.jobs_since(
+            self.started, lambda job: job.labels.get(RUN_LABEL) == run_label(self.step.run)
+        )
 
-    def heal(self, nodes: set[str]) -> None:
-        """Repair what the run broke and lift its quarantines, so that every run starts on a whole fleet."""
-        core = self.step.kube().core
-        for node in sorted(nodes):
-            self.cluster.inject("repair", node)
-            self.cluster.faults.node_ready(node)
-            set_quarantine(self.cluster, node, False)
-        for node in sorted(nodes):
-            wait_for(lambda n=node: _released(core, n), 30, f"release of {node}", every=0.5)
+        def detected(job) -> float | None:
+            """When trainops saw the attempt end: its judged end's ``at``."""
+            try:
+                return float(json.loads(job.annotations.get(END_ANNOTATION) or "{}").get("at"))
+            except (TypeError, ValueError):
+                return None
+
+        marks = [t for t in (self.struck and self.struck.at, self.cleared_at) if t]
+        times = run_times(
+            self.world.timeline,
+            self.step.run,
+            jobs,
+            self.beats,
+            gang_gpus=GANG * GPUS_PER_NODE,
+            succeeded=self.result.outcome == "succeeded",
+            final_step=STEPS,
+            faults=marks,
+            detected=detected,
+            killed_return=self.killed_return,
+            dead=self.dead,
+            slow={self.plan.target: kinds.SLOW_GPU_FACTOR} if self.fault == "slow-gpu" else None,
+        )
+        return account(times)
 
 
 def _released(core, node: str) -> bool:

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
+from benchmarks.campaign.timing import Timing
 from trainops.capacity.procedure import Deadlines, claim, give_back
 from trainops.checkpoints.store import CheckpointStore
 from trainops.kube.client import Kube
@@ -30,22 +31,14 @@ from trainops.training.spec import TrainingSpec
 
 DEPLOYMENTS = ["inference/llm-chat", "inference/embeddings"]
 DEADLINES = Deadlines(api_s=60, drain_s=120, ready_s=120, drain_stall_s=10)
-QUEUE = "training"
+QUEUE = NAMESPACE = "training"
 GANG = 2  # training nodes; the claim takes one spare
-STEPS = 100
+STEPS, CHECKPOINT_EVERY, STEP_S = 100, 20, 0.02
 TRAIN_ARGS = [
-    "--steps",
-    str(STEPS),
-    "--checkpoint-every",
-    "20",
-    "--step-seconds",
-    "0.02",
-    "--heartbeat-every",
-    "5",
+    *("--steps", str(STEPS), "--checkpoint-every", str(CHECKPOINT_EVERY)),
+    *("--step-seconds", str(STEP_S), "--heartbeat-every", "5"),
 ]
 RESUMES = 3  # max_resumes: the trigger's resumes per run, a fresh budget after a Clear
-# a save takes well under a second here: a trainer hung in one is caught in 10 s, not the default 30 min
-HANG = HangPolicy(floor=3.0, startup_timeout=30.0, safety_factor=5.0, save_timeout=10.0)
 
 
 @dataclass
@@ -54,9 +47,14 @@ class Step:
     run: str  # <dag_id>/<run_id>, the claim key
     run_uri: str
     nodes: list[str] = field(default_factory=list)  # claim: candidates; train: the claimed nodes
+    scale: float = Timing.scale  # the campaign's time scale (``timing``)
 
     def kube(self) -> Kube:
         return Kube.from_kubeconfig(self.kubeconfig)
+
+    @property
+    def timing(self) -> Timing:
+        return Timing(self.scale)
 
 
 def claim_step(step: Step) -> list[str]:
@@ -73,14 +71,16 @@ def claim_step(step: Step) -> list[str]:
             deadlines=DEADLINES,
         )
     except Exception:
-        give_back(kube, step.run, cluster_queue=QUEUE, deadlines=DEADLINES)
+        give_back_step(step)
         raise
     return summary.node_names
 
 
-def give_back_step(step: Step) -> None:
-    """ReturnCapacityOperator (the teardown)."""
-    give_back(step.kube(), step.run, cluster_queue=QUEUE, deadlines=DEADLINES)
+def give_back_step(step: Step):
+    """ReturnCapacityOperator (the teardown): the run's Jobs stopped, its nodes and quota returned."""
+    return give_back(
+        step.kube(), step.run, cluster_queue=QUEUE, training_namespace=NAMESPACE, deadlines=DEADLINES
+    )
 
 
 def training_run(step: Step, store: CheckpointStore, try_number: int = 1, first_try: int = 1) -> TrainingRun:
@@ -94,27 +94,36 @@ def training_run(step: Step, store: CheckpointStore, try_number: int = 1, first_
         run_uri=step.run_uri,
         nodes=GANG,
         node_names=step.nodes,
-        termination_grace_seconds=5,  # a hung trainer holds its nodes this long after the stop
+        termination_grace_seconds=max(
+            1, round(step.timing.termination_grace_s)
+        ),  # a hung trainer holds its nodes
     )
+    timing = step.timing
+    hang = HangPolicy(
+        floor=timing.hang_floor_s,
+        startup_timeout=timing.startup_timeout_s,
+        save_timeout=timing.save_timeout_s,
+    )
+    # start and admission deadlines are generous here: a loaded machine starts pods slowly
     follow = FollowConfig(
-        "training",
+        NAMESPACE,
         "",
         step.run_uri,
         GANG,
-        hang=HANG,
+        hang=hang,
         start_timeout=60,
         admission_timeout=120,
         heartbeat_poll=0.2,
     )
     return TrainingRun(
         GangCluster(step.kube()),
-        "training",
+        NAMESPACE,
         dag_id,
         run_id,
         spec=spec,
         store=store,
         budget=Budget(try_number, first_try, max_resumes=RESUMES, unconfirmed_fault_retries=1),
-        options=Options(evidence_wait_s=5),
+        options=Options(evidence_wait_s=timing.evidence_wait_s),
         follow_config=follow,
     )
 

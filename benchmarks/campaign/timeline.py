@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from benchmarks.campaign.gpu_time import AttemptTimes, RunTimes
@@ -33,6 +33,7 @@ class JobSeen:
     admitted: float | None = None
     running: dict[str, float] = field(default_factory=dict)  # pod -> first seen Running
     failed: dict[str, float] = field(default_factory=dict)  # pod -> first seen Failed
+    nodes: dict[str, str] = field(default_factory=dict)  # pod -> the node it was bound to
     ended: float | None = None  # the Job Complete or Failed
 
 
@@ -99,6 +100,8 @@ class Timeline:
     def _pod(self, pod: dict, now: float) -> None:
         seen = self.jobs.get((pod["metadata"].get("labels") or {}).get(JOB_NAME_LABEL, ""))
         phase, name = (pod.get("status") or {}).get("phase"), pod["metadata"]["name"]
+        if seen is not None and pod["spec"].get("nodeName"):
+            seen.nodes[name] = pod["spec"]["nodeName"]
         if seen is not None and phase == "Running":
             seen.running.setdefault(name, now)
         elif seen is not None and phase == "Failed":
@@ -174,12 +177,15 @@ def run_times(
     faults: list[float],
     detected,
     killed_return: float | None = None,
+    dead: list[tuple[float, float]] = (),
+    slow: Mapping[str, float] | None = None,
 ) -> RunTimes:
-    """One run of one policy: ``jobs`` its attempts, ``faults`` when faults hit it (a harness's marks), and
-    ``detected(job) -> float | None`` when the policy saw that attempt end."""
+    """One run of one policy: ``jobs`` its attempts, ``faults`` when faults hit it (a harness's marks),
+    ``detected(job) -> float | None`` when the policy saw that attempt end, ``slow``: slowed nodes' GPU
+    speed (an attempt with a pod on one trains at that speed)."""
     now = time.time()
     attempts = []
-    for job, after in zip(jobs, [*jobs[1:], None], strict=True):
+    for job, after in zip(jobs, [*jobs[1:], None], strict=False):
         own = beats.between(job.created, after.created if after else None)
         ran = sorted(job.running.values())
         failed = None
@@ -196,6 +202,7 @@ def run_times(
                 beats=[(t, s) for t, s, _ in own],
                 failed_at=failed,
                 detected=detected(job) if failed is not None else None,
+                speed=min([(slow or {}).get(n, 1.0) for n in job.nodes.values()], default=1.0),
             )
         )
     return RunTimes(
@@ -205,4 +212,5 @@ def run_times(
         succeeded=succeeded,
         final_step=final_step,
         killed_return=killed_return,
+        dead=list(dead),
     )

@@ -17,17 +17,21 @@ PRODUCTION = {
     "nccl_timeout_s": 600.0,  # torch ProcessGroupNCCL's collective timeout (kProcessGroupNCCLDefaultTimeout)
     "retry_delay_s": 300.0,  # Airflow [core] default_task_retry_delay
     "task_heartbeat_timeout_s": 300.0,  # Airflow [scheduler] task_instance_heartbeat_timeout: a dead worker seen
+    "triggerer_health_check_s": 30.0,  # Airflow [triggerer] triggerer_health_check_threshold: a dead triggerer's
+    # triggers go to another triggerer
     "job_poll_interval_s": 10.0,  # KubernetesJobOperator(job_poll_interval=10)
     "reaper_every_s": 600.0,  # dags/trainops_reaper.py: schedule=timedelta(minutes=10)
     "reaper_grace_s": 600.0,  # dags/trainops_reaper.py: grace_s=600
     "evidence_wait_s": 150.0,  # GangTrainingOperator(evidence_wait_s=150): two node-probe rounds and a margin
     "node_probe_s": 60.0,  # the node probe DaemonSet publishes every 60 s (the devcluster's every 1 s)
+    "termination_grace_s": 30.0,  # a stopped pod's terminationGracePeriodSeconds (Kubernetes' and trainops' default)
+    "save_timeout_s": 1800.0,  # HangPolicy.save_timeout: how long a save may keep the heartbeat silent
+    "hang_floor_s": 30.0,  # HangPolicy.floor: the least silence called a hang
+    "startup_timeout_s": 600.0,  # HangPolicy.startup_timeout: from pods running to the first heartbeat
 }
-# Kept above their scaled values on a shared, noisy machine, and said so in the report: each only slows
-# trainops down (a later hang verdict), never the baseline.
-FLOORS = {
-    "hang_floor_s": 3.0,  # HangPolicy.floor, 30 s in production (0.5 s at 1/60 would call a stalled trainer hung)
-}
+# Kept above their scaled values on a shared, noisy machine, and said so in the report: each only makes
+# trainops slower to call a hang (0.5 s and 10 s at 1/60 would call a trainer the machine stalled hung).
+KEPT = {"hang_floor_s": 3.0, "startup_timeout_s": 30.0}
 
 
 @dataclass(frozen=True)
@@ -43,10 +47,10 @@ class Timing:
             )
 
     def __getattr__(self, name: str) -> float:
+        if name in KEPT:
+            return KEPT[name]
         if name in PRODUCTION:
             return PRODUCTION[name] / self.scale
-        if name in FLOORS:
-            return FLOORS[name]
         raise AttributeError(name)
 
     def to_dict(self) -> dict:
@@ -54,11 +58,11 @@ class Timing:
         return {
             **asdict(self),
             "intervals": {
-                name: {"production_s": value, "campaign_s": round(value / self.scale, 3)}
+                name: {
+                    "production_s": value,
+                    "campaign_s": round(getattr(self, name), 3),
+                    "kept": name in KEPT,
+                }
                 for name, value in PRODUCTION.items()
-            },
-            "floors": {
-                name: {"campaign_s": value, "as_production_s": value * self.scale}
-                for name, value in FLOORS.items()
             },
         }

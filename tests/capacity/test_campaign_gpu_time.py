@@ -87,3 +87,15 @@ def test_steps_on_a_gpu_at_half_speed_lose_half_their_time():
     result = account(RunTimes(NODES, [slowed], gang_gpus=16, final_step=100))
 
     assert result.useful == result.causes["slow steps"] == pytest.approx(16 * 1.0)
+
+
+def test_what_a_run_pays_anyway_while_its_task_has_no_worker_is_the_dead_workers():
+    trained = AttemptTimes("a1", 2.0, beats=beats(3.0, 0, 100))  # trained to step 100 by 5.0
+    run = RunTimes(NODES, [trained], gang_gpus=16, final_step=100, dead=[(1.0, 1.5), (4.0, 8.0)])
+
+    result = account(run)
+
+    assert result.causes["dead worker"] == pytest.approx(24 * 0.5 + 24 * 3.0)  # the training itself went on
+    assert result.causes["claim"] == pytest.approx(24 * 1.5) and result.causes["teardown"] == pytest.approx(
+        48
+    )

@@ -45,9 +45,26 @@ def evidence_wait() -> float:
     return EVIDENCE_WAIT_S
 
 
+def hang_policy(field: str):
+    from trainops.training.progress import HangPolicy
+
+    return lambda: getattr(HangPolicy(), field)
+
+
+def termination_grace() -> float:
+    from trainops.training.spec import TrainingSpec
+
+    return TrainingSpec.__dataclass_fields__["termination_grace_seconds"].default
+
+
 SOURCES = {
+    "termination_grace_s": termination_grace,
+    "save_timeout_s": hang_policy("save_timeout"),
+    "hang_floor_s": hang_policy("floor"),
+    "startup_timeout_s": hang_policy("startup_timeout"),
     "retry_delay_s": lambda: airflow_default("core", "default_task_retry_delay"),
     "task_heartbeat_timeout_s": lambda: airflow_default("scheduler", "task_instance_heartbeat_timeout"),
+    "triggerer_health_check_s": lambda: airflow_default("triggerer", "triggerer_health_check_threshold"),
     "job_poll_interval_s": job_poll_interval,
     "reaper_every_s": lambda: reaper_dag().schedule.total_seconds(),
     "reaper_grace_s": lambda: reaper_dag().params.get_param("grace_s").value,
@@ -73,7 +90,8 @@ def test_the_scale_divides_every_interval_and_is_recorded():
     )
     recorded = timing.to_dict()
     assert recorded["scale"] == 60
-    assert recorded["intervals"]["retry_delay_s"] == {"production_s": 300.0, "campaign_s": 5.0}
+    assert recorded["intervals"]["retry_delay_s"] == {"production_s": 300.0, "campaign_s": 5.0, "kept": False}
+    assert recorded["intervals"]["hang_floor_s"] == {"production_s": 30.0, "campaign_s": 3.0, "kept": True}
     assert timedelta(seconds=timing.retry_delay_s) == timedelta(seconds=5)
     with pytest.raises(ValueError, match="scale"):
         Timing(scale=0.5)

@@ -104,12 +104,14 @@ def test_rank_0_gives_up_when_a_peer_never_saves(s3, bucket):
 
 
 def test_newest_listed_resumes_from_the_newest_directory_and_a_torn_shard_fails_the_load(s3, bucket):
-    """What a framework without verification does: the newest step-<N>/ by name, unverified; its torn
-    shard fails the rank that loads it (and trainops' resume_from skips it)."""
+    """What a framework without verification does: the newest step-<N>/ with its commit marker (a save
+    that crashed before it, step 30 here, is skipped), unverified; its torn shard fails the rank that
+    loads it (and trainops' resume_from skips it)."""
     run_uri = f"s3://{bucket}/runs/demo/"
     args = ["--steps", "20", "--checkpoint-every", "10", "--step-seconds", "0"]
     run_ranks(s3, run_uri, args, world=2)
     s3.client().put_object(Bucket=bucket, Key="runs/demo/step-20/rank-1.bin", Body=b"torn")
+    s3.client().put_object(Bucket=bucket, Key="runs/demo/step-30/rank-0.bin", Body=b"partial")
     more = ["--steps", "30", "--checkpoint-every", "10", "--step-seconds", "0", "--shard-wait-seconds", "1"]
 
     listed = run_ranks(s3, run_uri, [*more, "--resume", "newest-listed"], world=2)

@@ -8,8 +8,9 @@ commits the checkpoint (manifest and ``_COMMITTED``) through the trainops helper
 heartbeat (which also says the step this process started from: ``start_step``).  On start it
 resumes from ``TRAINOPS_RESUME_FROM``, else the run's latest verified checkpoint, else step 0 (and a
 newer verified checkpoint wins when the pod was restarted in place with the same environment);
-``--resume newest-listed`` instead takes the highest ``step-<N>/`` the
-listing shows, unverified, as a framework on its own does (HF Trainer's ``get_last_checkpoint``).
+``--resume newest-listed`` instead takes the highest ``step-<N>/`` whose commit marker the listing
+shows, its content unverified, as a framework on its own does (torchtitan: the largest N whose
+``.metadata`` exists; Megatron and DeepSpeed: their tracker file).
 Each rank loads its shard of the checkpoint it resumes from: one that is missing or does not parse
 fails the process, as ``torch.load`` of a torn file does.  ``--fail-at-step``/``--exit-code`` simulate
 a bug in the training code.  A step takes ``--step-seconds`` divided by the speed of the pod's
@@ -25,6 +26,7 @@ import sys
 import time
 
 from trainops.checkpoints.formats.base import step_from_name
+from trainops.checkpoints.formats.manifest import COMMITTED_FILE
 from trainops.checkpoints.helper import RUN_URI_ENV, commit, heartbeat, resume_from
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
@@ -53,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--resume",
         choices=RESUME_CHOICES,
         default="trainops",
-        help="where to resume: trainops' resume_from() (default), or the newest step-<N>/ listed, unverified",
+        help="trainops' resume_from() (default), or the newest step-<N>/ with its commit marker, unverified",
     )
     parser.add_argument("--fail-at-step", type=int, default=None, help="simulate a bug: exit at this step")
     parser.add_argument("--exit-code", type=int, default=1, help="exit code for --fail-at-step")
@@ -87,10 +89,15 @@ class Trainer:
         return step
 
     def newest_listed(self) -> str | None:
-        """The highest ``step-<N>/`` under the run path, by its name only."""
+        """The highest ``step-<N>/`` under the run path that has its commit marker, unverified."""
         names, _ = self.store.list_dir(self.run)
-        steps = [(step, name) for name in names if (step := step_from_name(name)) is not None]
-        return str(self.run.child(max(steps)[1])) if steps else None
+        for _, name in sorted(
+            ((step_from_name(n), n) for n in names if step_from_name(n) is not None), reverse=True
+        ):
+            checkpoint = self.run.child(name)
+            if self.store.exists(checkpoint.bucket, checkpoint.key(COMMITTED_FILE)):
+                return str(checkpoint)
+        return None
 
     def load(self, source: str, step: int) -> None:
         """Read this rank's shard of ``source`` (rank modulo the world it was saved by); exit if it is
