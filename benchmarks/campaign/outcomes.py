@@ -84,6 +84,14 @@ def audited(run, window: tuple[float, float] | None, statuses: tuple[int, ...], 
     )
 
 
+def struck_landed(run, checks: Checks) -> bool:
+    """The training strike found a running attempt and hit it."""
+    struck = run.struck
+    return checks.landed_if(
+        struck and struck.landed, (struck and struck.note) or "no running attempt was struck"
+    )
+
+
 def resumed_after(run, checks: Checks) -> object:
     """The attempt after the struck one (None: there is none)."""
     attempts = run.ledger.attempts
@@ -170,9 +178,7 @@ def sigkill_claim(run, seen, checks: Checks) -> None:
 
 def node_fault(run, seen, checks: Checks) -> None:
     struck = run.struck
-    if not checks.landed_if(
-        struck and struck.landed, (struck and struck.note) or "no running attempt was struck"
-    ):
+    if not struck_landed(run, checks):
         return
     evidence = quarantined_with(run, struck.node, EVIDENCE[run.fault])
     checks.that(
@@ -188,9 +194,7 @@ def node_fault(run, seen, checks: Checks) -> None:
 
 def pod_crash(run, seen, checks: Checks) -> None:
     struck = run.struck
-    if not checks.landed_if(
-        struck and struck.landed, (struck and struck.note) or "no running attempt was struck"
-    ):
+    if not struck_landed(run, checks):
         return
     checks.that(
         not quarantined_with(run, struck.node, ""), f"{struck.node} is not quarantined: nothing blames it"
@@ -206,9 +210,7 @@ def pod_crash(run, seen, checks: Checks) -> None:
 
 def hang(run, seen, checks: Checks) -> None:
     struck = run.struck
-    if not checks.landed_if(
-        struck and struck.landed, (struck and struck.note) or "no running attempt was struck"
-    ):
+    if not struck_landed(run, checks):
         return
     first = run.ledger.attempts[0]
     end = first.end
