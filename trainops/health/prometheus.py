@@ -29,7 +29,7 @@ from typing import Any
 
 from trainops.errors import TemporaryError
 from trainops.health.expect import clock_under_load
-from trainops.health.report import HealthReport, Signal, Signals, new_signal
+from trainops.health.report import HealthReport, Signal, Signals
 
 RECOVERY_ACTIONS = {0: "NONE", 1: "GPU_RESET", 2: "NODE_REBOOT", 3: "DRAIN_P2P", 4: "DRAIN_AND_RESET"}
 RECOVERY_ACTION = "DCGM_FI_DEV_GET_GPU_RECOVERY_ACTION"
@@ -297,10 +297,10 @@ def _gpu_signals(values: dict[str, Any], xids: set[int], model: str | None) -> S
     signals: Signals = {}
     for metric, name, convert, missing in _GAUGE_TABLE:
         value = values.get(metric)
-        signals[name] = missing if value is None else new_signal(Signal, (convert(value), None, False))
+        signals[name] = missing if value is None else Signal(convert(value))
     for key, name, missing in _RATE_TABLE:
         rate = values.get(key)
-        signals[name] = missing if rate is None else new_signal(Signal, (round(rate, 3), None, False))
+        signals[name] = missing if rate is None else Signal(round(rate, 3))
     if XID_LAST in values or XID_COUNT in values:
         signals["xid_events"] = Signal(sorted(xids))
     else:
