@@ -19,6 +19,7 @@ as ``nvidia.com/gpu``, ``mixed`` as ``nvidia.com/mig-<profile>``), ``fabric_port
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -97,23 +98,51 @@ def _labels(node: Mapping[str, Any] | None) -> Mapping[str, str]:
 
 
 def _gpu(signals: Signals, labels: Mapping[str, str]) -> Signals:
+    """The GPU's signals that its hardware changes (see ``_apply``); the others stand as reported."""
     model = get_signal(signals, "model")
     name = model.value if model.known else labels.get(GPU_PRODUCT_LABEL)
-    family = family_of(name)
-    what = name or "this GPU"
-    out: Signals = {"nvlink_links_down": _links_down(signals, family, what)}
-    mig = get_signal(signals, "mig_mode").value is True
+    active = get_signal(signals, "nvlink_active_links")
     ecc = get_signal(signals, "ecc_mode")
+    ecc_state = ("on" if ecc.value else "off") if ecc.known else "n/a" if ecc.na else "unknown"
+    family, nvlink, features = _expected(
+        name if isinstance(name, str) else None,
+        f"{name or 'this GPU'}",
+        get_signal(signals, "mig_mode").value is True,
+        ecc_state,
+        active.known and active.value == 0,
+    )
+    out: Signals = {"nvlink_links_down": _links_down(active, signals, family, nvlink)}
+    for names, present, why, not_applicable in features:
+        for name_ in names:
+            signal = signals.get(name_)
+            if signal is not None and signal.reason is None:
+                continue
+            if present is False:
+                out[name_] = not_applicable
+            elif signal is not None and signal.na:
+                out[name_] = _apply(signal, present, why)
+    return out
+
+
+Feature = tuple[tuple[str, ...], bool, str, Signal]  # signals, present, why, the not-applicable signal
+
+
+@functools.lru_cache(maxsize=1024)
+def _expected(
+    name: str | None, what: str, mig: bool, ecc: str, no_links: bool
+) -> tuple[GpuFamily | None, tuple[bool | None, str], tuple[Feature, ...]]:
+    """What a GPU of this identity and set-up has: its family, whether it has NVLink (and why), and
+    each feature the identity can tell. One fleet has a handful of these, so they are made once."""
+    family = family_of(name)
+    nvlink = _has_nvlink(family, no_links, what)
     features = {
-        NVLINK_RATES: _has_nvlink(signals, family, what),
-        ECC_SIGNALS: _has_ecc(ecc, family, what),
+        NVLINK_RATES: nvlink,
+        ECC_SIGNALS: _has_ecc(ecc, what),
         REMAP_SIGNALS: _has_row_remapping(family, mig, what),
         RETIREMENT_SIGNALS: _has_page_retirement(family, ecc, what),
     }
-    for names, (present, why) in features.items():
-        for name_ in names:
-            out[name_] = _apply(get_signal(signals, name_), present, why)
-    return out
+    told = [(names, *answer, Signal.not_applicable(answer[1])) for names, answer in features.items()]
+    return family, nvlink, tuple(feature for feature in told if feature[1] is not None)
 
 
 def _apply(signal: Signal, present: bool | None, why: str) -> Signal:
@@ -127,25 +156,24 @@ def _apply(signal: Signal, present: bool | None, why: str) -> Signal:
     return signal
 
 
-def _has_nvlink(signals: Signals, family: GpuFamily | None, what: str) -> tuple[bool | None, str]:
-    links = get_signal(signals, "nvlink_active_links")
+def _has_nvlink(family: GpuFamily | None, no_links: bool, what: str) -> tuple[bool | None, str]:
+    """``no_links``: NVML knows the GPU's active link count, and it is 0."""
     if family is None:
         return None, ""
     if family.nvlink == "none":
         return False, f"{what} has no NVLink"
-    if family.nvlink == "bridge" and links.known and links.value == 0:
+    if family.nvlink == "bridge" and no_links:
         return False, f"{what} has no NVLink bridge fitted (every link inactive)"
     return True, f"{what} has {family.nvlink_links} NVLink links"
 
 
-def _has_ecc(ecc: Signal, family: GpuFamily | None, what: str) -> tuple[bool | None, str]:
-    if ecc.known:
-        return (
-            (True, "ECC is enabled on it")
-            if ecc.value
-            else (False, f"ECC is disabled on {what} (nvmlDeviceGetEccMode)")
-        )
-    if ecc.na:
+def _has_ecc(ecc: str, what: str) -> tuple[bool | None, str]:
+    """``ecc``: the ECC mode NVML read, ``on`` or ``off``, else ``n/a`` (not supported) or ``unknown``."""
+    if ecc == "on":
+        return True, "ECC is enabled on it"
+    if ecc == "off":
+        return False, f"ECC is disabled on {what} (nvmlDeviceGetEccMode)"
+    if ecc == "n/a":
         return False, f"{what} has no ECC (nvmlDeviceGetEccMode: Not Supported)"
     return None, ""
 
@@ -163,25 +191,24 @@ def _has_row_remapping(family: GpuFamily | None, mig: bool, what: str) -> tuple[
     return False, f"{what} ({family.architecture}) retires pages instead of remapping rows"
 
 
-def _has_page_retirement(family: GpuFamily | None, ecc: Signal, what: str) -> tuple[bool | None, str]:
+def _has_page_retirement(family: GpuFamily | None, ecc: str, what: str) -> tuple[bool | None, str]:
     if family is None:
         return None, ""
     if family.row_remapping:
         return False, f"{what} ({family.architecture}) remaps rows instead of retiring pages"
-    if ecc.known and not ecc.value:
+    if ecc == "off":
         return False, f"ECC is disabled on {what}: no pages are retired"
     return True, f"{what} ({family.architecture}) retires pages"
 
 
-def _links_down(signals: Signals, family: GpuFamily | None, what: str) -> Signal:
+def _links_down(
+    active: Signal, signals: Signals, family: GpuFamily | None, nvlink: tuple[bool | None, str]
+) -> Signal:
     """Links the product should have active but has not (NVML's inactive count for an unknown product)."""
-    active, inactive = (
-        get_signal(signals, "nvlink_active_links"),
-        get_signal(signals, "nvlink_inactive_links"),
-    )
+    inactive = get_signal(signals, "nvlink_inactive_links")
     if family is None:
         return inactive
-    present, why = _has_nvlink(signals, family, what)
+    present, why = nvlink
     if present is False:
         if family.nvlink == "none" and active.known and active.value > 0:
             return inactive  # NVML knows links the catalog does not: trust NVML

@@ -36,7 +36,7 @@ from typing import Any
 from trainops.health import xids
 from trainops.health.expect import THROTTLE_BITS, derive
 from trainops.health.fabric import Fabrics
-from trainops.health.report import HealthReport, Signal, get_signal
+from trainops.health.report import NOT_IN_REPORT, HealthReport, Signal
 
 VERDICTS = ("ok", "warn", "exclude", "quarantine")
 SCOPES = ("node", "gpu", "ib_port")
@@ -66,9 +66,6 @@ class Row:
     verdict: str
     reason: str
     if_unknown: str = "warn"
-
-    def trips(self, value: Any) -> bool:
-        return TESTS[self.test](value, self.threshold)
 
 
 MUST = {"if_unknown": "exclude"}  # rows a gate cannot do without; others warn when their signal is unknown
@@ -238,37 +235,37 @@ def evaluate(
     ``node``: the Node object as read (the gate's), what the node says it has."""
     now = time.time() if now is None else now
     derived = derive(report, node, policy.fabrics, now, policy.fault_window_s)
-    node_signals = {
-        **report.signals,
-        "report_age_s": Signal(round(now - report.collected_at, 3)),
-        **derived.node,
-    }
+    node_signals = {**report.signals, "report_age_s": Signal(round(now - report.collected_at, 3))}
+    # each target: its name, its signals, and the derived signals that overlay them
     scopes = {
-        "node": [("node", node_signals)],
-        "gpu": [(f"gpu {key}", {**s, **derived.gpus.get(key, {})}) for key, s in sorted(report.gpus.items())],
-        "ib_port": [
-            (f"ib {key}", {**s, **derived.ports.get(key, {})}) for key, s in sorted(report.ib_ports.items())
-        ],
+        "node": [("node", node_signals, derived.node)],
+        "gpu": [(f"gpu {key}", s, derived.gpus.get(key, _NONE)) for key, s in sorted(report.gpus.items())],
+        "ib_port": [(f"ib {key}", s, derived.ports.get(key, _NONE)) for key, s in sorted(report.ib_ports.items())],
     }
     evidence: list[dict[str, Any]] = []
     for row in policy.rows:
         if row.verdict == "ok":
             continue
-        for target, signals in scopes[row.scope]:
-            signal = get_signal(signals, row.signal)
-            base = {"row": row.name, "target": target, "signal": row.signal}
+        name, test, threshold = row.signal, TESTS[row.test], row.threshold
+        for target, signals, overlay in scopes[row.scope]:
+            signal = overlay.get(name) or signals.get(name) or NOT_IN_REPORT
             if signal.na:
-                evidence.append({**base, "kind": "n/a", "verdict": "ok", "reason": signal.reason})
-            elif not signal.known:
-                reason = f"{row.signal} unknown: {signal.reason}"
-                evidence.append({**base, "kind": "unknown", "verdict": row.if_unknown, "reason": reason})
-            elif row.trips(signal.value):
-                reason = f"{row.reason}: {row.signal}={signal.value!r} ({row.test} {_shown(row.threshold)})"
-                reason += _seen(get_signal(signals, f"{row.signal}_at"))
+                found = {"kind": "n/a", "verdict": "ok", "reason": signal.reason}
+            elif signal.reason is not None:
+                reason = f"{name} unknown: {signal.reason}"
+                found = {"kind": "unknown", "verdict": row.if_unknown, "reason": reason}
+            elif test(signal.value, threshold):
+                at = overlay.get(f"{name}_at") or signals.get(f"{name}_at") or NOT_IN_REPORT
+                reason = f"{row.reason}: {name}={signal.value!r} ({row.test} {_shown(threshold)}){_seen(at)}"
                 found = {"kind": "tripped", "verdict": row.verdict, "value": signal.value, "reason": reason}
-                evidence.append({**base, **found})
+            else:
+                continue
+            evidence.append({"row": row.name, "target": target, "signal": name, **found})
     verdict = max((e["verdict"] for e in evidence), key=VERDICTS.index, default="ok")
     return NodeVerdict(report.node, verdict, _reasons(evidence, verdict), evidence)
+
+
+_NONE: dict[str, Signal] = {}
 
 
 def _seen(at: Signal) -> str:

@@ -60,9 +60,12 @@ class Signal(msgspec.Struct, frozen=True, gc=False):
 Signals = dict[str, Signal]
 
 
+NOT_IN_REPORT = Signal.unknown("not in report")
+
+
 def get_signal(signals: Signals, name: str) -> Signal:
     """The named signal, or unknown when the report does not carry it."""
-    return signals.get(name) or Signal.unknown("not in report")
+    return signals.get(name) or NOT_IN_REPORT
 
 
 @dataclass
@@ -182,18 +185,24 @@ def merge_reports(
     A signal ``primary`` knows not to apply stays so. ``filled`` counts, per signal, the targets
     (node, GPU, port) ``secondary`` filled with a value."""
 
+    counted: list[str] = []
+
     def fill(first: Signals, second: Signals) -> Signals:
-        merged = dict(second)
-        kept = {name: s for name, s in first.items() if s.reason is None or s.na or name not in second}
-        merged.update(kept)
-        if filled is not None:
-            filled.update(name for name in second.keys() - kept.keys() if second[name].reason is None)
+        merged = dict(first)
+        for name, signal in second.items():
+            mine = first.get(name)
+            if mine is None or (mine.reason is not None and not mine.na):
+                merged[name] = signal
+                if signal.reason is None:
+                    counted.append(name)
         return merged
 
     def fill_each(first: dict[str, Signals], second: dict[str, Signals]) -> dict[str, Signals]:
-        return {key: fill(first.get(key, {}), second.get(key, {})) for key in first.keys() | second.keys()}
+        merged = {key: fill(signals, second.get(key, _NONE)) for key, signals in first.items()}
+        merged.update((key, fill(_NONE, signals)) for key, signals in second.items() if key not in first)
+        return merged
 
-    return HealthReport(
+    merged = HealthReport(
         node=primary.node,
         collected_at=min(primary.collected_at, secondary.collected_at),
         source=f"{primary.source}+{secondary.source}",
@@ -201,3 +210,9 @@ def merge_reports(
         gpus=fill_each(primary.gpus, secondary.gpus),
         ib_ports=fill_each(primary.ib_ports, secondary.ib_ports),
     )
+    if filled is not None:
+        filled.update(counted)
+    return merged
+
+
+_NONE: Signals = {}
