@@ -235,27 +235,32 @@ def evaluate(
     ``node``: the Node object as read (the gate's), what the node says it has."""
     now = time.time() if now is None else now
     derived = derive(report, node, policy.fabrics, now, policy.fault_window_s)
-    node_signals = {**report.signals, "report_age_s": Signal(round(now - report.collected_at, 3))}
-    # each target: its name, its signals, and the derived signals that overlay them
+    node_signals = {
+        **report.signals,
+        "report_age_s": Signal(round(now - report.collected_at, 3)),
+        **derived.node,
+    }
     scopes = {
-        "node": [("node", node_signals, derived.node)],
-        "gpu": [(f"gpu {key}", s, derived.gpus.get(key, _NONE)) for key, s in sorted(report.gpus.items())],
-        "ib_port": [(f"ib {key}", s, derived.ports.get(key, _NONE)) for key, s in sorted(report.ib_ports.items())],
+        "node": [("node", node_signals)],
+        "gpu": [(f"gpu {key}", {**s, **derived.gpus.get(key, {})}) for key, s in sorted(report.gpus.items())],
+        "ib_port": [
+            (f"ib {key}", {**s, **derived.ports.get(key, {})}) for key, s in sorted(report.ib_ports.items())
+        ],
     }
     evidence: list[dict[str, Any]] = []
     for row in policy.rows:
         if row.verdict == "ok":
             continue
         name, test, threshold = row.signal, TESTS[row.test], row.threshold
-        for target, signals, overlay in scopes[row.scope]:
-            signal = overlay.get(name) or signals.get(name) or NOT_IN_REPORT
+        for target, signals in scopes[row.scope]:
+            signal = signals.get(name) or NOT_IN_REPORT
             if signal.na:
                 found = {"kind": "n/a", "verdict": "ok", "reason": signal.reason}
             elif signal.reason is not None:
                 reason = f"{name} unknown: {signal.reason}"
                 found = {"kind": "unknown", "verdict": row.if_unknown, "reason": reason}
             elif test(signal.value, threshold):
-                at = overlay.get(f"{name}_at") or signals.get(f"{name}_at") or NOT_IN_REPORT
+                at = signals.get(f"{name}_at") or NOT_IN_REPORT
                 reason = f"{row.reason}: {name}={signal.value!r} ({row.test} {_shown(threshold)}){_seen(at)}"
                 found = {"kind": "tripped", "verdict": row.verdict, "value": signal.value, "reason": reason}
             else:
@@ -263,9 +268,6 @@ def evaluate(
             evidence.append({"row": row.name, "target": target, "signal": name, **found})
     verdict = max((e["verdict"] for e in evidence), key=VERDICTS.index, default="ok")
     return NodeVerdict(report.node, verdict, _reasons(evidence, verdict), evidence)
-
-
-_NONE: dict[str, Signal] = {}
 
 
 def _seen(at: Signal) -> str:

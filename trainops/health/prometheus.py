@@ -234,12 +234,19 @@ def fleet_reports(
             models[k] = item["metric"].get("modelName", "")
     # node -> gpu -> metric values (grouped by node once, so building the reports is linear)
     readings: dict[str, dict[str, dict[str, Any]]] = defaultdict(lambda: defaultdict(dict))
+
+    def read(result: list[dict[str, Any]], metric: str, per_minute: bool = False) -> None:
+        for item in result:  # the fleet's GPUs times the metrics: key() inlined
+            labels = item["metric"]
+            node, gpu = labels.get(label), labels.get("gpu")
+            if node and gpu is not None:
+                value = float(item["value"][1])
+                readings[node][gpu][metric] = value * 60.0 / rate_window_s if per_minute else value
+
     xids: dict[tuple[str, str], set[int]] = defaultdict(set)
     exported = {metric for metric, result in series.items() if result}
     for metric, result in series.items():
-        for item in result:
-            if k := key(item["metric"]):
-                readings[k[0]][k[1]][metric] = float(item["value"][1])
+        read(result, metric)
     for item in xid_recent:
         if k := key(item["metric"]):
             last = readings[k[0]][k[1]].get(XID_LAST)
@@ -254,9 +261,7 @@ def fleet_reports(
             if float(item["value"][1]) > 0:
                 xids[k].add(int(item["metric"]["xid"]))
     for name, result in rates.items():
-        for item in result:
-            if k := key(item["metric"]):
-                readings[k[0]][k[1]][f"rate:{name}"] = float(item["value"][1]) * 60.0 / rate_window_s
+        read(result, f"rate:{name}", per_minute=True)
 
     reports: dict[str, HealthReport] = {}
     for node in sorted(readings.keys() | last_scrape.keys()):

@@ -114,7 +114,8 @@ class HealthReport:
         def load(raw: Any, where: str) -> Signals:
             try:
                 return {
-                    name: Signal(s.get("value"), s.get("reason"), s.get("na") is True) for name, s in raw.items()
+                    name: Signal(s.get("value"), s.get("reason"), s.get("na") is True)
+                    for name, s in raw.items()
                 }
             except AttributeError:
                 raise ValueError(
