@@ -74,8 +74,12 @@ class Report:
         return total
 
     def comparison(self, runs: list[RunResult], kind: str | None) -> dict:
-        ours, theirs = self.policy(runs, False), self.policy(runs, True)
-        row = {"runs": len(runs), "trainops": ours.to_dict()}
+        # a run whose baseline the harness could not finish is left out of both sides
+        kept = [r for r in runs if not (r.baseline and r.baseline.outcome.startswith("harness error"))]
+        ours, theirs = self.policy(kept, False), self.policy(kept, True)
+        row = {"runs": len(kept), "trainops": ours.to_dict()}
+        if len(kept) < len(runs):
+            row["left_out"] = len(runs) - len(kept)
         if theirs is None:
             return row
         row["baseline"] = theirs.to_dict()
@@ -252,7 +256,11 @@ def campaign(
     with world(nodes=nodes, timing=report.timing, baseline=baseline) as w:
         for index in range(runs):
             run = Run(w, Plan.draw(w, seed, index, kinds))
-            report.runs.append(run.go())
+            try:
+                report.runs.append(run.go())
+            except Exception as error:  # noqa: BLE001 - a run the harness could not finish is unchecked
+                run.result.violations.append(f"the harness failed, the run is unchecked: {error!r}"[:400])
+                report.runs.append(run.result)
             report.save_s += run.beats.save_s
             if progress:
                 progress(report.runs[-1])

@@ -300,13 +300,20 @@ class Run:
         return found
 
     def baseline(self):
-        from benchmarks.campaign.baseline import run_baseline
+        """The same draw under the baseline policy; a harness error there is said in its outcome (the run
+        then has no baseline account: its fault is not compared)."""
+        from benchmarks.campaign.baseline import BaselineResult, run_baseline
 
         faulted: set[str] = set()
         try:
             return run_baseline(self.world, self.plan, self.world.airflow, faulted)
+        except Exception as error:  # noqa: BLE001 - one run's harness error does not end the campaign
+            return BaselineResult(outcome=f"harness error: {error!r}"[:300])
         finally:
-            self.world.heal(faulted)
+            try:
+                self.world.heal(faulted)
+            except Exception as error:  # noqa: BLE001 - the next runs have a smaller fleet; said, not fatal
+                self.result.notes.append(f"healing the baseline's nodes failed: {error!r}")
 
     # ---- the lifecycle -------------------------------------------------------------------------
     def lifecycle(self) -> None:
