@@ -18,6 +18,7 @@ count, and an object that is too large or malformed fails alone with the reason,
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -27,12 +28,15 @@ from trainops.checkpoints import helper
 from trainops.checkpoints.formats.base import step_from_name
 from trainops.checkpoints.formats.manifest import COMMITTED_FILE
 from trainops.checkpoints.helper import SHOWN
+from trainops.checkpoints.interval import advise
 from trainops.checkpoints.store import CheckpointStore
 from trainops.checkpoints.uri import S3Uri
 
 MAX_COMMITS = 200  # the newest checkpoints plotted; older ones are counted, not read
 COMMIT_READERS = 16  # concurrent one-key listings of _COMMITTED
 RATE_SPAN_S = 10.0  # the shortest span the rate is measured over when the run has a longer one
+MAX_SAVE_S = 86_400.0  # a save time past a day is not believed
+FAILED = ("infrastructure", "hang")  # attempt ends the checkpoint interval is advised against (not user bugs)
 
 
 class Unavailable(Exception):
@@ -47,11 +51,16 @@ def read_heartbeat(store: CheckpointStore, run: S3Uri, now: float) -> dict[str, 
     if document is None:
         return None
     saving, phase = document.get("saving", False), document.get("phase", "")
+    save_s = document.get("last_save_s")
     return {
         "step": document["step"],
         "at": float(document["time"]),
         "saving": saving if isinstance(saving, bool) else None,
         "phase": phase[:SHOWN] if isinstance(phase, str) else None,
+        # the newest save's blocking time (a number the trainer wrote: anything else is not shown)
+        "last_save_s": float(save_s)
+        if isinstance(save_s, int | float) and not isinstance(save_s, bool) and 0 < save_s <= MAX_SAVE_S
+        else None,
     }
 
 
@@ -98,6 +107,38 @@ def attempt_times(ledger: Mapping) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+# ---- the checkpoint interval ---------------------------------------------------------------------
+def interval_advice(
+    ledger: Mapping,
+    commits: list[Mapping],
+    heartbeat: Mapping | None,
+    gpus_per_node: float | None,
+    now: float,
+) -> dict[str, Any] | None:
+    """Young–Daly advice (``trainops.checkpoints.interval``) from the newest save time the heartbeat
+    says, the run's failures and GPU-hours so far (pooled with Llama 3's rate), next to the interval the
+    run used (the median time between its commits); None until a save time and the GPUs are known."""
+    save_s = (heartbeat or {}).get("last_save_s")
+    attempts = [a for a in ledger.get("attempts") or [] if a.get("created_at") is not None]
+    if not save_s or not gpus_per_node or not attempts:
+        return None
+    gpus = round(gpus_per_node * (attempts[-1].get("nodes") or 0))
+    if gpus < 1:
+        return None
+    hours = sum(
+        max(0.0, (a.get("ended_at") or now) - a["created_at"]) * gpus_per_node * (a.get("nodes") or 0)
+        for a in attempts
+    )
+    gaps = [b["at"] - a["at"] for a, b in zip(commits, commits[1:], strict=False) if b["at"] > a["at"]]
+    return advise(
+        save_s=save_s,
+        gpus=gpus,
+        failures=sum(a.get("kind") in FAILED for a in attempts),
+        gpu_hours=hours / 3600,
+        used_s=statistics.median(gaps) if gaps else None,
+    ).to_dict()
 
 
 # ---- the rate ------------------------------------------------------------------------------------
@@ -153,11 +194,16 @@ def _alone(read: Callable[[], Any], errors: dict[str, str | None], name: str, de
 
 
 def run_progress(
-    ledger: Mapping, run_uri: str | None, store: Callable[[], CheckpointStore], now: float | None = None
+    ledger: Mapping,
+    run_uri: str | None,
+    store: Callable[[], CheckpointStore],
+    now: float | None = None,
+    gpus_per_node: float | None = None,
 ) -> dict[str, Any]:
-    """``{"heartbeat", "rate", "attempts", "commits", "checkpoints_unread", "errors": {part: reason}}``;
-    each part is read alone, and one that cannot be read is empty with its reason in ``errors``
-    (``ledger``: as ``runs`` read it, with its own ``error``)."""
+    """``{"heartbeat", "rate", "attempts", "commits", "checkpoints_unread", "interval", "errors": {part:
+    reason}}``; each part is read alone, and one that cannot be read is empty with its reason in ``errors``
+    (``ledger``: as ``runs`` read it, with its own ``error``; ``gpus_per_node``: the claimed nodes', for
+    the checkpoint-interval advice)."""
     now = time.time() if now is None else now
     errors: dict[str, str | None] = {"heartbeat": None, "commits": None, "attempts": ledger.get("error")}
     attempts = attempt_times(ledger)
@@ -177,5 +223,6 @@ def run_progress(
         "attempts": attempts,
         "commits": commits,
         "checkpoints_unread": unread,
+        "interval": interval_advice(ledger, commits, heartbeat, gpus_per_node, now),
         "errors": errors,
     }

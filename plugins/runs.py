@@ -94,6 +94,14 @@ def checkpoints(run_uri: str | None, store: Callable[[], Any]) -> dict[str, Any]
         }
 
 
+def _gpus_per_node(claimed: Any) -> float | None:
+    """The claimed nodes' GPUs each (the claim's summary: its GPUs over its nodes), or None."""
+    if not isinstance(claimed, dict) or not isinstance(claimed.get("node_names"), list):
+        return None
+    gpus, nodes = claimed.get("gpus"), len(claimed["node_names"])
+    return gpus / nodes if isinstance(gpus, int) and gpus > 0 and nodes else None
+
+
 def run_view(
     session: Session, dag_id: str, run_id: str, aws_conn_id: str, ledger: Callable[[], dict]
 ) -> dict[str, Any]:
@@ -123,7 +131,7 @@ def run_view(
         "ledger": attempts,
         "result": _xcom(session, dag_id, run_id, TRAIN),
         "checkpoints": checkpoints(run_uri, store),
-        "progress": run_progress(attempts, run_uri, store),
+        "progress": run_progress(attempts, run_uri, store, gpus_per_node=_gpus_per_node(claimed)),
         "published_checkpoint": _xcom(session, dag_id, run_id, VERIFY),
         "capacity": {
             "claimed": claimed,

@@ -46,6 +46,12 @@ function Heartbeat({progress, zone}) {
     ` at ${formatTime(beat.at, zone)} (${ago(beat.at)}${beat.saving ? ", saving a checkpoint" : ""})${pace}`);
 }
 
+// Young–Daly from the newest save time and the run's failures: "Checkpoint interval: save every 27 min ..."
+function Interval({progress}) {
+  const advice = progress.interval;
+  return advice ? h(C.Text, {id: "checkpoint-interval", fontSize: "sm"}, `Checkpoint interval: ${advice.summary}`) : null;
+}
+
 // Step against time: one line per attempt (from where it resumed, through its commits and the heartbeat),
 // a triangle where each resume started, a cross where an attempt failed. Colours are the UI's tokens.
 function Plot({progress, zone}) {
@@ -199,6 +205,7 @@ function TrainingRun({dagId, runId}) {
         "Nodes kept out (culprits): ", excluded.map(([n, why]) => `${n}: ${why}`).join("; "))),
     h(Section, {title: "Progress"},
       h(Heartbeat, {progress: d.progress, zone}),
+      h(Interval, {progress: d.progress}),
       h(Plot, {progress: d.progress, zone}),
       progressErrors.length > 0 && h(C.Text, {id: "progress-errors", color: "fg.error", whiteSpace: "pre-wrap"},
         progressErrors.map(([part, why]) => `${part}: ${why}`).join("\n"))),

@@ -154,15 +154,19 @@ def test_heartbeat_writes_step_time_ranks_and_saving(client, bucket, run, monkey
     assert body["time"] > 0 and body["time_iso"].endswith("+00:00")
 
 
-def test_the_heartbeat_after_a_save_says_how_long_it_took(client, bucket, run, monkeypatch):
+def test_each_heartbeat_after_a_save_says_how_long_the_newest_save_took(client, bucket, run, monkeypatch):
     monkeypatch.setenv("TRAINOPS_RUN_URI", run)
     began = heartbeat(40, saving=True, phase="checkpoint")
     heartbeat(40, saving=True, phase="checkpoint")  # still saving: the save began at the first
     after = heartbeat(40)
     later = heartbeat(45)
+    second = heartbeat(60, saving=True, phase="checkpoint")
+    after_second = heartbeat(60)
 
     assert after["last_save_s"] == pytest.approx(after["time"] - began["time"], abs=0.002)
-    assert "last_save_s" not in began and "last_save_s" not in later
+    assert "last_save_s" not in began and "last_save_s" not in second
+    assert later["last_save_s"] == after["last_save_s"]  # what the run view reads between saves
+    assert after_second["last_save_s"] == pytest.approx(after_second["time"] - second["time"], abs=0.002)
 
 
 def test_heartbeat_without_a_run_uri_names_the_variable(s3, monkeypatch):

@@ -122,6 +122,7 @@ def _result(uri: S3Uri, written: bool, committed: bytes) -> CommitResult:
 
 
 _saving_since: dict[str, float] = {}  # run path -> when this process's save in progress began
+_last_save_s: dict[str, float] = {}  # run path -> how long this process's newest save took
 
 
 def heartbeat(
@@ -138,9 +139,9 @@ def heartbeat(
     """Write ``heartbeat.json`` under the run path and return what was written.
 
     ``saving=True`` (with e.g. ``phase="checkpoint"``) tells a watcher a save is in progress,
-    so it pauses hang detection until the next heartbeat with ``saving=False``, which then carries
-    ``last_save_s``: the seconds since the save began (what a save blocks training for; the run view
-    advises the checkpoint interval from it).
+    so it pauses hang detection until the next heartbeat with ``saving=False``; from then on each
+    heartbeat carries ``last_save_s``: how long the newest save blocked training (the run view and the
+    fault campaign advise the checkpoint interval from it: ``trainops.checkpoints.interval``).
     ``node_step_s``: per node rank (``NODE_RANK``), the seconds its GPUs spent computing a step
     (:func:`gather_step_seconds` collects it); trainops keeps a node that is much slower than the
     run's others out of the run's next resume and of the next run (``trainops.health.slowdown``).
@@ -150,7 +151,9 @@ def heartbeat(
     if saving:
         _saving_since.setdefault(str(run), now)
     elif (began := _saving_since.pop(str(run), None)) is not None:
-        extra = {"last_save_s": round(now - began, 3), **(extra or {})}
+        _last_save_s[str(run)] = round(now - began, 3)
+    if not saving and str(run) in _last_save_s:
+        extra = {"last_save_s": _last_save_s[str(run)], **(extra or {})}
     document = {
         "step": int(step),
         "time": now,
