@@ -142,6 +142,7 @@ class World:
             set_quarantine(self.cluster, node, False)
         for node in sorted(nodes):
             wait_for(lambda n=node: _released(core, n), 30, f"release of {node}", every=0.5)
+            wait_for(lambda n=node: known(self, n), 30, f"{node} judged healthy again", every=0.5)
 
 
 def wait_for(condition: Callable[[], object], timeout: float, what: str, every: float = 0.1):
@@ -178,11 +179,17 @@ def gate(world: World) -> GateResult:
 
 
 def known(world: World, node: str) -> bool:
-    """The health gate judges ``node`` on every signal (none unknown: its probe has two samples)."""
+    """The health gate would take ``node``, judged on every signal: its report is not the one from
+    before a repair (a fault the baseline never quarantined), and none of its rates is unknown (a
+    repaired node reboots: its probe needs two samples again)."""
     core = Kube.from_kubeconfig(world.kubeconfig).core
     result = run_gate(core, GateConfig(min_nodes=1, gpus_per_node=GPUS_PER_NODE))
     judged = next((n for n in result.nodes if n.name == node), None)
-    return judged is not None and not any("unknown" in reason for reason in judged.reasons)
+    return (
+        judged is not None
+        and judged.verdict in ("ok", "warn")
+        and not any("unknown" in reason for reason in judged.reasons)
+    )
 
 
 def child(step_name: str, step: Step) -> subprocess.Popen:
