@@ -62,6 +62,11 @@ def test_the_run_view_answers_where_the_run_resumed_from_and_why(
     of_attempt_2 = {c["step"] for c in commits if c["at"] >= resumed["started_at"]}
     assert rate["step"] in of_attempt_2 - {60} and rate["step"] > second["resume_step"]
     assert rate["steps_per_s"] == (60 - rate["step"]) / (heartbeat["at"] - rate["at"]) > 0
+    # the checkpoint interval, advised from the newest save's time and the run's one infrastructure failure
+    advice = progress["interval"]
+    assert heartbeat["last_save_s"] > 0 and advice["save_s"] == heartbeat["last_save_s"]
+    assert advice["gpus"] == 16 and advice["failures"] == 1 and advice["prior"] is True
+    assert advice["used_s"] > 0 and advice["summary"].startswith("save every ")
 
     missing = http.get(f"/trainops/api/runs/{DAG_ID}/no-such-run", headers=headers)
     assert missing.status_code == 404 and "no DAG run" in missing.json()["detail"]
