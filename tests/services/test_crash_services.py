@@ -50,7 +50,12 @@ def test_killing_the_triggerer_as_it_judges_a_crash_and_the_worker_loses_nothing
     ledger = TrainingRun(GangCluster(kube), "training", DAG_ID, RUN).observe().to_dict()
     shown = airflow.session.get(f"{airflow.base}/trainops/api/runs/{DAG_ID}/{RUN}", timeout=30).json()
     assert shown["ledger"] == {**ledger, "error": None}
-    assert xcom(airflow, RUN, "train")["history"] == ledger["attempts"]
+    # the return that followed train marked the run stopped on its newest attempt: nothing resumes it now
+    newest = ledger["attempts"][-1]
+    assert "capacity is given back" in newest["run_stopped"], newest
+    assert xcom(airflow, RUN, "train")["history"] == ledger["attempts"][:-1] + [
+        {**newest, "run_stopped": None}
+    ]
     first, second = ledger["attempts"]
     assert first["kind"] == "infrastructure" and culprit in first["culprits"], first
     assert (second["kind"], second["resume_from"] is not None) == ("succeeded", True)
