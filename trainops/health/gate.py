@@ -41,8 +41,8 @@ from trainops.health.prometheus import (
     fleet_reports,
     label_mismatch,
 )
-from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
-from trainops.health.report import HealthReport, merge_reports
+from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report, report_location
+from trainops.health.report import HealthReport, Signal, merge_reports
 from trainops.health.stragglers import UNKNOWN_SPEED, USABLE, Selection, choose_nodes, node_speed
 from trainops.kube.client import json_of
 from trainops.kube.lists import list_all
@@ -360,9 +360,15 @@ def check_fleet(nodes: list[dict], config: GateConfig) -> None:
 
 def judge(name: str, node: dict | None, report: HealthReport, config: GateConfig, now: float) -> NodeResult:
     """One candidate's result: the policy over its report and Node object, then what the node itself
-    rules out (not found, already quarantined, too few allocatable GPUs for the run)."""
-    verdict = evaluate(report, config.policy, now=now, node=node)
-    speed = node_speed(report)
+    rules out (not found, already quarantined, too few allocatable GPUs for the run). A report whose
+    values the policy cannot compare (a string where a count belongs) excludes its node alone."""
+    try:
+        verdict = evaluate(report, config.policy, now=now, node=node)
+        speed = node_speed(report)
+    except (TypeError, ValueError) as err:
+        where = report_location(name)
+        reason = f"unreadable report at {where}: {err}; check the node probe on {name}"
+        verdict, speed = NodeVerdict(name, "exclude", [reason]), Signal.unknown(reason)
     result = NodeResult(
         name,
         verdict.verdict,

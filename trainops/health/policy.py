@@ -259,12 +259,16 @@ def evaluate(
             elif signal.reason is not None:
                 reason = f"{name} unknown: {signal.reason}"
                 found = {"kind": "unknown", "verdict": row.if_unknown, "reason": reason}
-            elif test(signal.value, threshold):
+            else:
+                try:
+                    if not test(signal.value, threshold):
+                        continue
+                except (TypeError, ValueError):  # a string where a count belongs: the node wrote it
+                    shown = repr(signal.value)[:80]
+                    raise ValueError(f"{target} {name}={shown} is not a value this signal can have") from None
                 at = signals.get(f"{name}_at") or NOT_IN_REPORT
                 reason = f"{row.reason}: {name}={signal.value!r} ({row.test} {_shown(threshold)}){_seen(at)}"
                 found = {"kind": "tripped", "verdict": row.verdict, "value": signal.value, "reason": reason}
-            else:
-                continue
             evidence.append({"row": row.name, "target": target, "signal": name, **found})
     verdict = max((e["verdict"] for e in evidence), key=VERDICTS.index, default="ok")
     return NodeVerdict(report.node, verdict, _reasons(evidence, verdict), evidence)

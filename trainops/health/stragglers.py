@@ -32,12 +32,18 @@ UNKNOWN_SPEED = ("group", "exclude")
 
 
 def node_speed(report: HealthReport, signal: str = "gemm_tflops") -> Signal:
-    """The slowest GPU's measured speed; unknown when any GPU's speed is unknown."""
-    speeds = [get_signal(gpu, signal) for _, gpu in sorted(report.gpus.items())]
+    """The slowest GPU's measured speed; unknown when any GPU's speed is unknown. A speed that is not
+    a number (the node wrote it) is a ValueError naming the GPU."""
+    speeds = [(key, get_signal(gpu, signal)) for key, gpu in sorted(report.gpus.items())]
     if not speeds:
         return Signal.unknown("no GPUs in report")
-    unknown = [s for s in speeds if not s.known]
-    return unknown[0] if unknown else Signal(min(s.value for s in speeds))
+    unknown = [s for _, s in speeds if not s.known]
+    if unknown:
+        return unknown[0]
+    for key, speed in speeds:
+        if isinstance(speed.value, bool) or not isinstance(speed.value, int | float):
+            raise ValueError(f"gpu {key} {signal}={repr(speed.value)[:80]} is not a number")
+    return Signal(min(s.value for _, s in speeds))
 
 
 def modified_z_scores(speeds: Mapping[str, float]) -> dict[str, float]:
