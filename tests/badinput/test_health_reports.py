@@ -26,6 +26,15 @@ BAD_REPORTS = {
     "report-a-list": ([GOOD], "must be a JSON object, not list"),
     "deep-nesting": ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
     "over-1-mib": ({**GOOD, "source": "x" * MAX_REPORT_CHARS}, "over the 1048576 limit"),
+    "collected-at-a-string": ({**GOOD, "collected_at": "soon"}, "collected_at must be a finite number"),
+    "collected-at-too-big-for-a-float": (
+        {**GOOD, "collected_at": 10**400},
+        "collected_at must be a finite number",
+    ),
+    "collected-at-infinite": (
+        '{"schema_version": 1, "node": "gpu-1", "collected_at": 1e400, "source": "probe"}',
+        "collected_at must be a finite number",
+    ),
 }
 
 

@@ -20,6 +20,7 @@ unreleased ``DCGM_FI_DEV_GPU_RECOVERY_ACTION``.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import defaultdict
@@ -250,7 +251,7 @@ def fleet_reports(
     for item in xid_recent:
         if k := key(item["metric"]):
             last = readings[k[0]][k[1]].get(XID_LAST)
-            if last:  # 0: no XID since the exporter started
+            if last and math.isfinite(last):  # 0: no XID since the exporter started; NaN: nothing to read
                 xids[k].add(int(last))
     if xid_counts:
         exported.add(XID_COUNT)
@@ -258,8 +259,11 @@ def fleet_reports(
         if k := key(item["metric"]):
             readings[k[0]].setdefault(k[1], {})  # a GPU seen only through its XID count still gets an entry
             readings[k[0]][k[1]][XID_COUNT] = 1.0
-            if float(item["value"][1]) > 0:
-                xids[k].add(int(item["metric"]["xid"]))
+            xid = item["metric"].get("xid", "")
+            if (
+                float(item["value"][1]) > 0 and xid.isdigit()
+            ):  # NaN > 0 is False; a label not a number is no XID
+                xids[k].add(int(xid))
     for name, result in rates.items():
         read(result, f"rate:{name}", per_minute=True)
 

@@ -9,6 +9,7 @@ absent from a report reads as unknown.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,9 +134,17 @@ class HealthReport:
         node, source = data.get("node"), data.get("source")
         if type(node) is not str or type(source) is not str:
             raise ValueError("health report node and source must be strings")
+        try:
+            collected_at = float(data["collected_at"])
+        except (TypeError, ValueError, OverflowError):
+            collected_at = math.nan
+        if not math.isfinite(collected_at):
+            raise ValueError(
+                f"health report collected_at must be a finite number, not {data['collected_at']!r:.40}"
+            )
         return cls(
             node=node,
-            collected_at=float(data["collected_at"]),
+            collected_at=collected_at,
             source=source,
             signals=load(data.get("signals", {}), "signals"),
             gpus=load_each("gpus"),
@@ -152,7 +161,7 @@ class HealthReport:
         except (msgspec.DecodeError, RecursionError):
             pass  # not shaped as the probe writes it: the checks below read it or say what is wrong
         else:
-            if wire.schema_version == SCHEMA_VERSION:
+            if wire.schema_version == SCHEMA_VERSION and math.isfinite(wire.collected_at):
                 return cls(wire.node, wire.collected_at, wire.source, wire.signals, wire.gpus, wire.ib_ports)
         try:
             data = json.loads(text)
