@@ -5,18 +5,21 @@ stop and the judgement recorded where every later reader finds them."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.devcluster.ctrl_support import wait_for
-from tests.training.conftest import claimed_run, jobs, training_run
+from tests.training.conftest import claimed_run, jobs, training_run, when
 from tests.training.test_gang_e2e import running_pod
+from tests.training.test_kueue_versions import watching
 from trainops.errors import PermanentError
 from trainops.training.cluster import GangCluster
 from trainops.training.decide import Begin, Fail, Follow, Succeed
 from trainops.training.failures import FailureKind
 from trainops.training.follow import Outcome, Status
 from trainops.training.job import finished
-from trainops.training.ledger import Spent
+from trainops.training.ledger import Spent, State
 
 ARGS = ["--steps", "400", "--checkpoint-every", "20", "--step-seconds", "0.02"]
 KILLED = "the task was killed (Clear, mark failed or success)"
@@ -67,6 +70,30 @@ def test_a_clear_that_killed_a_trigger_after_it_resumed_starts_past_its_attempts
     assert ended == [(1, FailureKind.HANG), (2, FailureKind.STOPPED)]
     assert len(jobs(api)) == 3
     GangCluster(kube).stop("training", third.attempt.job)
+
+
+def test_a_stop_before_kueue_made_the_workload_deactivates_it_and_keeps_the_attempts_record(
+    cluster, api, s3, bucket
+):
+    """Kueue makes a Job's Workload after the Job (here: once its priority class exists).  A stop in
+    between waits for that Workload and deactivates it: deleting the Job instead deleted the attempt's
+    record with it (its judged end and the run-stopped mark), and a later reader took the run for one
+    with no attempt, or a Job gone (found when a loaded machine lost attempt 1's hang in the test above)."""
+    kube, spec = claimed_run(cluster, api, bucket, "early", ARGS)
+    spec = dataclasses.replace(spec, priority_class="training-later")
+    run = training_run(kube, spec, "early")
+    first = run.reconcile()
+    assert isinstance(first, Follow) and first.attempt.workload is None
+    classes = kube.kueue("workloadpriorityclasses", namespaced=False)
+    later = {"metadata": {"name": "training-later"}, "value": 100}
+    when(lambda: watching(cluster, "/workloads"), lambda: kube.create(later, classes))
+
+    run.halt(KILLED)
+
+    (stopped,) = run.observe().attempts  # old: none (the Job was deleted, its record with it)
+    assert (stopped.end.kind, stopped.run_stopped) == (FailureKind.STOPPED, KILLED), stopped
+    assert (stopped.state, stopped.stopped_by) == (State.STOPPED, "user")  # its Workload: spec.active=false
+    assert run.stops == [f"deactivated Workload {stopped.workload} (spec.active=false)"]
 
 
 def test_a_try_after_its_worker_died_judges_a_user_code_failure_it_finds_and_fails_without_resuming(

@@ -5,6 +5,7 @@ Jobs.  Transient API errors are retried until the settings' deadline (``trainops
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Collection, Iterator, Mapping
 
 from trainops.conventions import (
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 100
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 WORKLOADS = "workloads"
+WORKLOAD_WAIT_S = 30.0  # Kueue makes a Job's Workload within this of the Job's creation, or never
 
 
 class GangCluster:
@@ -60,19 +62,42 @@ class GangCluster:
         )
 
     def stop(self, namespace: str, job_name: str) -> str:
-        """Stop the run: deactivate its Workload (``spec.active=false``: Kueue evicts it and does not
+        """Stop an attempt: deactivate its Workload (``spec.active=false``: Kueue evicts it and does not
         requeue it), or, when Kueue made no Workload for it, delete the Job with Foreground
-        propagation.  Returns what was done."""
+        propagation.  Kueue makes the Workload after the Job (created suspended): a stop in between waits
+        for it (``_workload_names``), since the Job is the attempt's record (its judged end, the
+        run-stopped mark) and deleting it deletes that too.  Returns what was done."""
         job = self.read_job(namespace, job_name)
         if job is None:
             return f"Job {namespace}/{job_name} is already gone"
-        names = [w["metadata"]["name"] for w in self.workloads(namespace, job)]
+        names = self._workload_names(namespace, job)
         if names:
             for name in names:
                 self.deactivate_workload(namespace, name)
             return f"deactivated Workload {', '.join(names)} (spec.active=false)"
         self.kube.delete(JOBS, job_name, namespace, propagation="Foreground")
         return f"deleted Job {namespace}/{job_name} (Foreground propagation)"
+
+    def _workload_names(self, namespace: str, job: dict) -> list[str]:
+        """The names of ``job``'s Workloads; for a suspended Job that has none yet, those Kueue makes
+        until ``WORKLOAD_WAIT_S`` after the Job's creation (none: Kueue does not manage it, e.g. its
+        priority class is missing)."""
+        from trainops.training.ledger import timestamp
+
+        meta = job["metadata"]
+        names = [w["metadata"]["name"] for w in self.workloads(namespace, job)]
+        created = timestamp(meta.get("creationTimestamp")) or 0.0
+        left = min(WORKLOAD_WAIT_S, created + WORKLOAD_WAIT_S - time.time())  # min: a skewed clock
+        if names or not (job.get("spec") or {}).get("suspend") or left <= 0:
+            return names
+        log.info(
+            "waiting up to %.0fs for Kueue to make the Workload of Job %s to stop it", left, meta["name"]
+        )
+        labels, until = f"{JOB_UID_LABEL}={meta['uid']}", time.monotonic() + left
+        for found in self.kube.watch(self.workload_kind(), namespace, labels=labels, until=until):
+            if names := sorted(name for name, workload in found.items() if workload is not None):
+                return names
+        return []
 
     def record_end(self, namespace: str, job_name: str, end) -> bool:
         """Write the judged ``end`` (``ledger.End``) on the attempt's Job unless it has a readable one

@@ -301,7 +301,8 @@ def parse_end(annotations: Mapping[str, str]) -> End | None:
     )
 
 
-def _stamp(value: Any) -> float | None:
+def timestamp(value: Any) -> float | None:
+    """An API timestamp (RFC 3339, e.g. ``creationTimestamp``) as Unix seconds; None when it is not one."""
     try:
         return datetime.fromisoformat(value).timestamp() if isinstance(value, str) else None
     except ValueError:
@@ -364,8 +365,8 @@ def read_attempt(job: Mapping, workload: Mapping | None = None) -> Attempt:
         state=state,
         began_by_try=began_by_try,
         began_at=began_at,
-        created_at=_stamp(meta.get("creationTimestamp")),
-        finished_at=_stamp((finished or {}).get("lastTransitionTime")),
+        created_at=timestamp(meta.get("creationTimestamp")),
+        finished_at=timestamp((finished or {}).get("lastTransitionTime")),
         resume_from=str(annotations.get(RESUME_ANNOTATION) or "")[:MAX_REASON] or None,
         kept_out=kept_out,
         spent=spent,
