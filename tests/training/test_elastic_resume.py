@@ -15,7 +15,7 @@ import pytest
 
 from tests.training.conftest import heartbeat_step, idle_nodes, jobs, node, run_to_end, training_run, when
 from tests.training.test_gang_e2e import env_of, running_pod
-from trainops.conventions import HEALTH_LABEL
+from trainops.conventions import CLAIMED_BY_ANNOTATION, HEALTH_LABEL
 
 TRAINER = Path(__file__).resolve().parents[2] / "examples" / "torch_trainer" / "train.py"
 STEPS, EVERY = 40, 10
@@ -102,19 +102,34 @@ def test_a_three_rank_torch_run_loses_a_node_and_resumes_at_world_size_two_from_
         ({"taints": [{"key": "trainops.io/quarantine", "value": "xid-79", "effect": "NoSchedule"}]}, False),
         ({"labels": {HEALTH_LABEL: "quarantined"}}, False),
         ({"mode": "inference"}, False),  # not claimed (yet): the run's pods do not tolerate it
+        ({"annotations": {CLAIMED_BY_ANNOTATION: "dag/run"}}, True),
+        ({"annotations": {CLAIMED_BY_ANNOTATION: "dag/other"}}, False),  # another run trains on it
     ],
-    ids=["ready-training-node", "not-ready", "cordoned", "quarantine-taint", "quarantine-label", "inference"],
+    ids=[
+        "ready-training-node",
+        "not-ready",
+        "cordoned",
+        "quarantine-taint",
+        "quarantine-label",
+        "inference",
+        "claimed-by-this-run",
+        "claimed-by-another-run",
+    ],
 )
 def test_the_nodes_an_elastic_resume_counts_as_free(change, usable):
     from trainops.training.cluster import _usable
 
     mode = {"key": "trainops.io/mode", "value": change.get("mode", "training"), "effect": "NoSchedule"}
     node_obj = {
-        "metadata": {"name": "gpu-node-1", "labels": change.get("labels", {})},
+        "metadata": {
+            "name": "gpu-node-1",
+            "labels": change.get("labels", {}),
+            "annotations": change.get("annotations", {}),
+        },
         "spec": {
             "taints": [mode, *change.get("taints", [])],
             "unschedulable": change.get("unschedulable", False),
         },
         "status": change.get("status", {"conditions": [{"type": "Ready", "status": "True"}]}),
     }
-    assert _usable(node_obj) is usable
+    assert _usable(node_obj, "dag/run") is usable

@@ -8,15 +8,10 @@ import logging
 import time
 from collections.abc import Collection, Iterator, Mapping
 
-from trainops.conventions import (
-    GPU_POOL_LABEL,
-    HEALTH_LABEL,
-    HEALTH_QUARANTINED,
-    MODE_TAINT,
-    MODE_TRAINING,
-    QUARANTINE_TAINT,
-)
+from trainops.capacity.claims import holder_of, is_quarantined
+from trainops.conventions import GPU_POOL_LABEL, MODE_TAINT, MODE_TRAINING
 from trainops.kube.client import JOBS, NODES, PODS, SERVICES, Kind, Kube
+from trainops.kube.nodes import NodeState
 from trainops.kube.retry import Deadline
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
 from trainops.training.naming import run_key
@@ -177,16 +172,18 @@ class GangCluster:
         """Each node by name, read concurrently (None for one that no longer exists)."""
         return self.kube.get_all(NODES, names)
 
-    def free_nodes(self, candidates: Collection[str], excluded: Collection[str]) -> list[str]:
-        """The nodes a new attempt could run on now: ``candidates`` (the run's claimed nodes; empty: the
-        GPU pool's nodes) that are not ``excluded``, exist, are in training mode (the pods tolerate only
-        that), Ready and schedulable, and are not quarantined."""
+    def free_nodes(self, candidates: Collection[str], excluded: Collection[str], run: str) -> list[str]:
+        """The nodes a new attempt of ``run`` could run on now: ``candidates`` (the run's claimed nodes;
+        empty: the GPU pool's nodes) that are not ``excluded``, exist, are in training mode (the pods
+        tolerate only that), Ready and schedulable, not quarantined, and held by no other run."""
         if candidates:
             nodes = [n for n in self.read_nodes(sorted(set(candidates) - set(excluded))).values() if n]
         else:
             nodes = self.kube.list(NODES, labels=f"{GPU_POOL_LABEL}=true")
         return sorted(
-            name for node in nodes if (name := node["metadata"]["name"]) not in excluded and _usable(node)
+            name
+            for node in nodes
+            if (name := node["metadata"]["name"]) not in excluded and _usable(node, run)
         )
 
     def node_changes(self, names: list[str], until: float) -> Iterator[dict[str, dict | None]]:
@@ -195,23 +192,19 @@ class GangCluster:
         yield from self.kube.watch(NODES, names=set(names), until=until)
 
 
-def _tainted(node: Mapping, key: str) -> str | None:
-    """The value of the node's taint ``key`` ("" for a taint without one; None: not tainted so)."""
-    taint = next((t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") == key), None)
-    return None if taint is None else str(taint.get("value") or "")
-
-
-def _usable(node: Mapping) -> bool:
-    """In training mode, Ready, schedulable, not quarantined."""
+def _usable(node: Mapping, run: str) -> bool:
+    """In training mode, Ready, schedulable, not quarantined, and not claimed by a run other than ``run``
+    (another run's training nodes are in training mode too)."""
+    state = NodeState.of(node)
+    mode = state.taint(MODE_TAINT) or {}
     ready = any(
         c.get("type") == "Ready" and c.get("status") == "True"
         for c in (node.get("status") or {}).get("conditions") or []
     )
-    labels = (node.get("metadata") or {}).get("labels") or {}
     return (
         ready
-        and _tainted(node, MODE_TAINT) == MODE_TRAINING
-        and not (node.get("spec") or {}).get("unschedulable")
-        and _tainted(node, QUARANTINE_TAINT) is None
-        and labels.get(HEALTH_LABEL) != HEALTH_QUARANTINED
+        and mode.get("value") == MODE_TRAINING
+        and not state.unschedulable
+        and not is_quarantined(state)
+        and holder_of(state.annotations) in (None, run)
     )

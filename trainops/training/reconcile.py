@@ -196,7 +196,7 @@ class TrainingRun:
             and newest is not None
             and not newest.live
         ):
-            free = len(self.cluster.free_nodes(self.spec.node_names, ledger.excluded))
+            free = len(self.cluster.free_nodes(self.spec.node_names, ledger.excluded, self.run))
         return decide(ledger, self.budget, self.clock(), want, seen, by, sizing, free)
 
     def reconcile(self, *, want: Want = Want.RUN, seen: Outcome | None = None, by: str = "") -> Action:
