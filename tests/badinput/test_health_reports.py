@@ -88,6 +88,7 @@ def gpu_node(name: str) -> dict:
         ("ecc_uncorrected_volatile", None, "gpu 3 ecc_uncorrected_volatile=None is not a value"),
         ("xid_events", 79, "gpu 3 xid_events=79 is not a value"),
         ("gemm_tflops", "fast", "gpu 3 gemm_tflops='fast' is not a number"),
+        ("clock_event_reasons", 1e400, "gpu 3 clock_event_reasons=inf is not a value"),  # JSON's 1e400
     ],
 )
 def test_a_value_of_the_wrong_type_excludes_its_node_alone(gpu_signal, value, reason):
@@ -104,3 +105,16 @@ def test_a_value_of_the_wrong_type_excludes_its_node_alone(gpu_signal, value, re
     assert [r.verdict for r in judged] == ["ok", "exclude"]
     assert reason in judged[1].reasons[0] and "node-health-gpu-b: " in judged[1].reasons[0]
     assert judged[0].speed is not None and judged[1].speed is None
+
+
+def test_a_last_seen_time_no_clock_can_show_still_judges_the_xid():
+    clock = Clock()
+    report = two_sample_report(NodeTelemetry.healthy("gpu-a", gpus=8, seed=7, clock=clock), clock)
+    report.gpus["3"].update(xid_events=Signal([79]), xid_events_at=Signal(1e300))
+    config = GateConfig(policy=load_policy({"report_age": {"threshold": 3600}}))
+
+    judged = judge("gpu-a", gpu_node("gpu-a"), report, config, clock.now)
+
+    reason = judged.reasons[0]
+    assert judged.verdict == "quarantine"
+    assert reason.startswith("xid_fatal [gpu 3] fatal XID") and "last seen" not in reason

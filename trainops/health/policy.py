@@ -263,7 +263,7 @@ def evaluate(
                 try:
                     if not test(signal.value, threshold):
                         continue
-                except (TypeError, ValueError):  # a string where a count belongs: the node wrote it
+                except (TypeError, ValueError, OverflowError):  # a string where a count belongs, an infinity
                     shown = repr(signal.value)[:80]
                     raise ValueError(f"{target} {name}={shown} is not a value this signal can have") from None
                 at = signals.get(f"{name}_at") or NOT_IN_REPORT
@@ -275,10 +275,15 @@ def evaluate(
 
 
 def _seen(at: Signal) -> str:
-    """`` (last seen <UTC time>)`` for a burst signal that says when it was last seen."""
+    """`` (last seen <UTC time>)`` for a burst signal that says when it was last seen (a time no
+    clock can show, as a node may write, is left out)."""
     if not at.known or not isinstance(at.value, int | float):
         return ""
-    return f" (last seen {datetime.fromtimestamp(at.value, UTC).strftime('%Y-%m-%dT%H:%M:%SZ')})"
+    try:
+        seen = datetime.fromtimestamp(at.value, UTC)
+    except (OverflowError, ValueError, OSError):
+        return ""
+    return f" (last seen {seen.strftime('%Y-%m-%dT%H:%M:%SZ')})"
 
 
 def _shown(threshold: Any) -> str:
