@@ -73,6 +73,9 @@ class GpuState:
     pcie_width: int = 16
     temp_offset_c: float = 0.0
     mig_lost: int = 0  # MIG devices gone from this GPU
+    exporter_values: dict[str, float] = field(
+        default_factory=dict
+    )  # served whatever is read (a broken exporter)
     xids: list[tuple[float, int]] = field(default_factory=list)  # (time, code)
     increments: dict[str, list[tuple[float, int]]] = field(
         default_factory=lambda: {c: [] for c in GPU_COUNTERS}
@@ -310,6 +313,12 @@ class NodeTelemetry:
         with self.lock:
             self._gpu(gpu).recovery_action = int(action)
 
+    def write_exporter_value(self, metric: str, value: float, gpu: int = 0) -> None:
+        """dcgm-exporter serves ``value`` (NaN, an infinity) for ``metric`` of one GPU, whatever it
+        reads: a broken or hostile exporter on the node."""
+        with self.lock:
+            self._gpu(gpu).exporter_values[metric] = float(value)
+
     def set_stale(self, since: float | None) -> None:
         """The exporter serves the values it read at ``since``, stamped with that time (None: fresh again)."""
         with self.lock:
@@ -325,6 +334,7 @@ class NodeTelemetry:
                 state.links_down.clear()
                 state.pcie_width, state.temp_offset_c, state.mig_lost = self.profile.spec.pcie_width, 0.0, 0
                 state.xids.clear()
+                state.exporter_values.clear()
                 for increments in state.increments.values():
                     increments.clear()
             for port in self.ib_ports:
@@ -405,7 +415,7 @@ class NodeTelemetry:
                     "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL": state.counter("nvlink_crc_data"),
                 }
             )
-        return {**{k: float(v) for k, v in values.items()}, **last_xid}
+        return {**{k: float(v) for k, v in values.items()}, **last_xid, **state.exporter_values}
 
     def xid_counts(self, state: GpuState, now: float) -> dict[int, int]:
         """XIDs seen in the exporter's window, by code. Call under the lock."""

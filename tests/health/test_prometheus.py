@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import socket
 import time
 
@@ -13,7 +14,14 @@ from trainops_devcluster.telemetry import NodeTelemetry
 
 from tests.health.conftest import Clock, two_sample_report
 from trainops.health.policy import evaluate
-from trainops.health.prometheus import COUNTERS, GAUGES, PrometheusClient, PrometheusError, fleet_reports
+from trainops.health.prometheus import (
+    COUNTERS,
+    GAUGES,
+    XID_LAST,
+    PrometheusClient,
+    PrometheusError,
+    fleet_reports,
+)
 from trainops.health.report import merge_reports
 
 NODES = [f"gpu-node-{i:03d}" for i in range(6)]
@@ -97,7 +105,7 @@ def test_faults_show_up_per_node(start_fleet):
 
     lost = reports["gpu-node-001"]
     assert lost.signals["gpu_count"].value == 7 and lost.gpus["3"]["xid_events"].value == [79]
-    assert lost.gpus["3"]["temperature_c"].reason == "no DCGM_FI_DEV_GPU_TEMP series"  # gone at once
+    assert lost.gpus["3"]["temperature_c"].reason == "no DCGM_FI_DEV_GPU_TEMP series (or not a number)"
     node = cluster.store.get("nodes", "", "gpu-node-001")  # the gate passes the node: it has 8 GPUs
     assert {r.split(" ")[0] for r in evaluate(lost, node=node).reasons} >= {"gpus_missing", "xid_fatal"}
 
@@ -132,15 +140,33 @@ def test_stale_and_missing_nodes_are_unknown(start_fleet):
 
 
 def test_missing_metric_is_unknown_per_signal(start_fleet):
-    cluster = start_fleet(lambda t: t["gpu-node-000"].exported.discard("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"))
+    def prepare(telemetry: dict[str, NodeTelemetry]) -> None:
+        telemetry["gpu-node-000"].exported.discard("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
+        broken = telemetry[
+            "gpu-node-001"
+        ]  # its exporter serves NaN or an infinity for three of GPU 2's fields
+        broken.write_exporter_value("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", math.inf, gpu=2)
+        broken.write_exporter_value("DCGM_FI_DEV_ROW_REMAP_FAILURE", math.nan, gpu=2)
+        broken.write_exporter_value(XID_LAST, math.nan, gpu=2)
+
+    cluster = start_fleet(prepare)
     reports = fleet_reports(PrometheusClient(cluster.prometheus_url)).reports
     gpu = reports["gpu-node-000"].gpus["2"]
-    assert gpu["ecc_uncorrected_volatile"].reason == "no DCGM_FI_DEV_ECC_DBE_VOL_TOTAL series"
+    assert (
+        gpu["ecc_uncorrected_volatile"].reason == "no DCGM_FI_DEV_ECC_DBE_VOL_TOTAL series (or not a number)"
+    )
     verdict = evaluate(reports["gpu-node-000"])
     assert "ecc_uncorrectable [gpu 0, gpu 1, gpu 2, gpu 3, gpu 4, gpu 5, gpu 6, gpu 7]" in " ".join(
         verdict.reasons
     )
-    assert reports["gpu-node-001"].gpus["2"]["ecc_uncorrected_volatile"].value == 0
+    assert reports["gpu-node-002"].gpus["2"]["ecc_uncorrected_volatile"].value == 0
+
+    # not a number is no reading: unknown, never a value (NaN read as a row-remap failure, or as no XID)
+    broken, healthy = evaluate(reports["gpu-node-001"]), evaluate(reports["gpu-node-002"])
+    assert broken.verdict == "exclude" and broken.only_unknown
+    added = sorted(set(broken.reasons) - set(healthy.reasons))
+    assert [r.split(" ")[0] for r in added] == ["ecc_uncorrectable", "row_remap_failure", "xid_fatal"]
+    assert all(" [gpu 2] " in r and "or not a number" in r for r in added), added
 
 
 def test_probe_report_filled_from_prometheus(start_fleet):

@@ -240,8 +240,8 @@ def fleet_reports(
         for item in result:  # the fleet's GPUs times the metrics: key() inlined
             labels = item["metric"]
             node, gpu = labels.get(label), labels.get("gpu")
-            if node and gpu is not None:
-                value = float(item["value"][1])
+            value = float(item["value"][1])
+            if node and gpu is not None and math.isfinite(value):  # NaN or an infinity is no reading
                 readings[node][gpu][metric] = value * 60.0 / rate_window_s if per_minute else value
 
     xids: dict[tuple[str, str], set[int]] = defaultdict(set)
@@ -251,7 +251,7 @@ def fleet_reports(
     for item in xid_recent:
         if k := key(item["metric"]):
             last = readings[k[0]][k[1]].get(XID_LAST)
-            if last and math.isfinite(last):  # 0: no XID since the exporter started; NaN: nothing to read
+            if last:  # 0: no XID since the exporter started
                 xids[k].add(int(last))
     if xid_counts:
         exported.add(XID_COUNT)
@@ -327,15 +327,15 @@ def _gpu_signals(values: dict[str, Any], xids: set[int], model: str | None) -> S
 # Built once: (metric, signal, convert, the signal when the series is missing) per gauge, and
 # (values key, signal, missing) per counter rate, so a fleet's worth of GPUs makes no strings.
 _GAUGE_TABLE = [
-    (metric, name, convert, Signal.unknown(f"no {metric} series"))
+    (metric, name, convert, Signal.unknown(f"no {metric} series (or not a number)"))
     for metric, (name, convert) in GAUGES.items()
 ]
 _RATE_TABLE = [
     (
         f"rate:{metric}",
         GAUGES[metric][0].removeprefix("counter_") + "_per_min",
-        Signal.unknown(f"no {metric} series"),
+        Signal.unknown(f"no {metric} series (or not a number)"),
     )
     for metric in COUNTERS
 ]
-_XID_UNWATCHED = Signal.unknown(f"no {XID_LAST} or {XID_COUNT} series (XID watch off?)")
+_XID_UNWATCHED = Signal.unknown(f"no {XID_LAST} or {XID_COUNT} series (or not a number; XID watch off?)")
