@@ -351,6 +351,22 @@ def namespace_enforcing(cluster, namespace: str, level: str):
 
 
 @contextlib.contextmanager
+def restricted_without_rdma(cluster):
+    """No GPU node offers an rdma/ resource (a cluster without RDMA), and training enforces restricted."""
+    offered = {
+        name: cluster.store.get("nodes", "", name)["status"]["allocatable"]["rdma/ib"] for name in GPU_NODES
+    }
+    for name in GPU_NODES:
+        gone = {"capacity": {"rdma/ib": None}, "allocatable": {"rdma/ib": None}}
+        patch(cluster, "node", name, body={"status": gone}, subresource="status")
+    with namespace_enforcing(cluster, "training", "restricted"):
+        yield
+    for name, count in offered.items():
+        back = {"capacity": {"rdma/ib": count}, "allocatable": {"rdma/ib": count}}
+        patch(cluster, "node", name, body={"status": back}, subresource="status")
+
+
+@contextlib.contextmanager
 def binding_deleted(cluster, name: str):
     run(cluster, "delete", "validatingadmissionpolicybinding", name)
     yield
@@ -371,6 +387,7 @@ WRONG = {
     "operand-without-trainops-tolerations": (operand_with_chart_tolerations, (), "daemonset-tolerations", "DaemonSet gpu-operator/nvidia-driver-daemonset does not tolerate trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
     "cluster-policy-without-trainops-tolerations": (cluster_policy_with_chart_tolerations, (), "daemonset-tolerations", "ClusterPolicy cluster-policy spec.daemonsets.tolerations lacks trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
     "training-restricted": (lambda c: namespace_enforcing(c, "training", "restricted"), (), "namespaces", "namespace training enforces Pod Security restricted; GPU nodes offer rdma/ib", f"{ENFORCE}=privileged"),
+    "restricted-without-rdma": (restricted_without_rdma, (), "namespaces", "namespace training enforces Pod Security restricted; the training pods need baseline", f"{ENFORCE}=baseline"),
     "rdma-under-baseline": (lambda c: namespace_enforcing(c, "training", "baseline"), (), "namespaces", "GPU nodes offer rdma/ib: runs that ask for it add IPC_LOCK and need privileged", f"{ENFORCE}=privileged"),
     "probe-namespace-baseline": (lambda c: namespace_enforcing(c, "kube-system", "baseline"), (), "namespaces", "namespace kube-system enforces Pod Security baseline; the node probe", f"kubectl label namespace kube-system {ENFORCE}=privileged"),
     "policy-unbound": (lambda c: binding_deleted(c, POLICIES[1]), (), "probe-admission", f"ValidatingAdmissionPolicy {POLICIES[1]} is not bound with validationActions [Deny]", "deploy/node-probe-admission.yaml"),
