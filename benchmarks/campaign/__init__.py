@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import statistics
 import tempfile
 from collections import Counter
@@ -207,7 +206,7 @@ def world(*, nodes: int = 16, timing: Timing | None = None, baseline: bool = Tru
         with DevCluster(nodes=nodes, gpus_per_node=8, process_env=s3.env()) as cluster:
             cluster.wait_until_settled()
             client = boto3.client("s3", endpoint_url=s3.endpoint_url)
-            errors = S3Errors(client, random.Random(0))
+            errors = S3Errors(client)
             airflow = None
             if baseline:
                 from trainops_devcluster import airflow_home

@@ -11,17 +11,18 @@ Each run draws one kind from its seed.  By the phase it hits:
 - while training, once the run has made progress: ``xid`` (79), ``ecc``, ``ib-down``,
   ``node-notready`` on a node of the gang, ``pod-crash`` (exit 137), ``hang``, ``torn-checkpoint``
   (the newest checkpoint's shard overwritten, then a pod crash: the resume must skip it),
-  ``api-burst-train`` (429/5xx on the Job, pod and Workload paths), ``drop-watches``, ``s3-errors``
-  (503s on the worker's S3 requests), ``sigkill-train`` (the train step's process SIGKILLed: the next
-  try reattaches to the same Job), ``clear`` (the Job stopped as on_kill does, then gate, claim and
-  train again with a fresh budget);
+  ``api-burst-train`` (the next two requests on the Job, pod, Workload and node paths answer
+  429/5xx), ``drop-watches``, ``s3-errors`` (the next two requests of each S3 operation of the
+  worker answer 503), ``sigkill-train`` (the train step's process SIGKILLed: the next try reattaches
+  to the same Job), ``clear`` (the Job stopped as on_kill does, then gate, claim and train again
+  with a fresh budget);
 - at the return: ``sigkill-return`` (the returning process SIGKILLed halfway: the reaper returns
   the rest).
 """
 
 from __future__ import annotations
 
-import random
+import threading
 
 GATE = ("nvlink", "slow-gpu")
 CLAIM = ("api-burst", "killed-mid-claim", "rival-writer", "race", "quarantined-candidate", "sigkill-claim")
@@ -44,6 +45,7 @@ SLOW_GPU_FACTOR = 0.5  # a slowed node's GPUs run at half speed
 CLAIM_BURST = ((r"/api/v1/nodes/", 503), (r"/api/v1/nodes/", 429), (r"/eviction$", 429), (r"/pods", 503))
 # the train phase makes few requests (its follower watches): the next two on each path fail, so that it lands
 TRAIN_BURST = ((r"/jobs", 503), (r"/pods", 429), (r"/workloads", 503), (r"/api/v1/nodes/", 500))
+S3_BURST = 2  # s3-errors: the next two requests of each S3 operation answer 503, as the train API burst
 
 
 def node_fault(cluster, kind: str, node: str) -> dict:
@@ -67,20 +69,33 @@ def api_burst(cluster, paths, **share) -> None:
 
 
 class S3Errors:
-    """503 SlowDown on a fraction of one boto3 client's requests, before they are sent (botocore's
-    ``before-send`` event): the client's own retries, then the caller's, must absorb them."""
+    """503 SlowDown on one boto3 client's requests, before they are sent (botocore's ``before-send``
+    event): once ``arm(count)`` is called, the next ``count`` requests of each S3 operation (the run's
+    first listing, its owner marker's write, the trigger's first heartbeat reads, ...) fail, so that the
+    fault lands on every run; the client's own retries, then the caller's, must absorb them."""
 
-    def __init__(self, client, rng: random.Random, fraction: float = 0.2) -> None:
-        self.rng, self.fraction, self.injected = rng, fraction, 0
-        self.on = False
+    def __init__(self, client) -> None:
+        self.left: dict[str, int] | None = None  # operation -> requests still to fail (None: disarmed)
+        self.count, self.injected, self._lock = 0, 0, threading.Lock()
         client.meta.events.register("before-send.s3", self)
 
-    def __call__(self, request, **_):
+    def arm(self, count: int = S3_BURST) -> None:
+        with self._lock:
+            self.left, self.count, self.injected = {}, count, 0
+
+    def disarm(self) -> None:
+        with self._lock:
+            self.left = None
+
+    def __call__(self, request, event_name: str = "", **_):
         from botocore.awsrequest import AWSResponse
 
-        if not self.on or self.rng.random() >= self.fraction:
-            return None
-        self.injected += 1
+        operation = event_name.rpartition(".")[2]  # before-send.s3.<Operation>
+        with self._lock:
+            if self.left is None or self.left.setdefault(operation, self.count) <= 0:
+                return None
+            self.left[operation] -= 1
+            self.injected += 1
         body = b"<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
         return AWSResponse(request.url, 503, {"content-type": "application/xml"}, _Raw(body))
 

@@ -258,7 +258,7 @@ class Run:
             self.result.outcome = f"failed: {type(error).__name__}: {error}"[:400]
         finally:
             self.cluster.server.faults.clear()
-            self.world.s3_errors.on = False
+            self.world.s3_errors.disarm()
             self.beats.stopped.set()
             reconcile_log.removeHandler(self.said)
             reconcile_log.level = level
@@ -446,7 +446,7 @@ class Run:
             kinds.api_burst(cluster, kinds.TRAIN_BURST, count=2)
             self.burst = (time.time(), 0.0)
         if fault == "s3-errors":
-            self.world.s3_errors.on, self.world.s3_errors.injected = True, 0
+            self.world.s3_errors.arm()
         if fault in (*kinds.TRAIN_NODE, "pod-crash", "hang", "torn-checkpoint"):
             threading.Thread(target=self.strike, daemon=True).start()
         elif fault in ("drop-watches", "clear"):
