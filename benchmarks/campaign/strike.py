@@ -18,8 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainops_devcluster.demo.trainer import newest_listed
+
 from benchmarks.campaign import faults as kinds
 from trainops.checkpoints.store import CheckpointStore
+from trainops.checkpoints.uri import S3Uri
 
 NAMESPACE = "training"
 AT_STEP = 50  # between the checkpoints of steps 40 and 60
@@ -119,26 +122,15 @@ def nccl_watchdog(cluster, job: str, timeout_s: float) -> None:
     timer.start()
 
 
-def committed_steps(run_uri: str) -> list[tuple[int, str]]:
-    client = CheckpointStore().client
-    bucket, _, prefix = run_uri[5:].partition("/")
-    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
-    return sorted(
-        (int(k.split("step-")[1].split("/")[0]), f"s3://{bucket}/{k.rpartition('/')[0]}/")
-        for k in keys
-        if k.endswith("/_COMMITTED")
-    )
-
-
 def newest_committed(run_uri: str) -> str:
-    steps = committed_steps(run_uri)
-    return steps[-1][1] if steps else ""
+    """The newest checkpoint with its commit marker, as the baseline's trainer lists it ("" if none)."""
+    return newest_listed(CheckpointStore(), S3Uri.parse(run_uri, field="run_uri")) or ""
 
 
 def tear_newest(run_uri: str) -> str:
     """Cut rank 1's shard of the newest committed checkpoint short; returns that checkpoint ("" if none)."""
     newest = newest_committed(run_uri)
     if newest:
-        bucket, _, prefix = newest[5:].partition("/")
-        CheckpointStore().client.put_object(Bucket=bucket, Key=f"{prefix}rank-1.bin", Body=b"torn")
+        checkpoint = S3Uri.parse(newest, field="checkpoint")
+        CheckpointStore().put(checkpoint.bucket, checkpoint.key("rank-1.bin"), b"torn")
     return newest

@@ -66,6 +66,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def newest_listed(store: CheckpointStore, run: S3Uri) -> str | None:
+    """The highest ``step-<N>/`` under ``run`` that has its commit marker, unverified (``--resume
+    newest-listed``)."""
+    names, _ = store.list_dir(run)
+    for _, name in sorted(
+        ((step_from_name(n), n) for n in names if step_from_name(n) is not None), reverse=True
+    ):
+        checkpoint = run.child(name)
+        if store.exists(checkpoint.bucket, checkpoint.key(COMMITTED_FILE)):
+            return str(checkpoint)
+    return None
+
+
 class Trainer:
     def __init__(self, args: argparse.Namespace, run_uri: str, rank: int, world: int) -> None:
         self.args, self.rank, self.world = args, rank, world
@@ -79,7 +92,10 @@ class Trainer:
 
     def start_step(self) -> int:
         """The step to start from (its shard loaded): ``--resume``'s checkpoint, or 0."""
-        source = resume_from(store=self.store) if self.args.resume == "trainops" else self.newest_listed()
+        if self.args.resume == "trainops":
+            source = resume_from(store=self.store)
+        else:
+            source = newest_listed(self.store, self.run)
         if not source:
             self.log("fresh start at step 0")
             return 0
@@ -87,17 +103,6 @@ class Trainer:
         self.load(source, step)
         self.log(f"resumed from {source} (step {step})")
         return step
-
-    def newest_listed(self) -> str | None:
-        """The highest ``step-<N>/`` under the run path that has its commit marker, unverified."""
-        names, _ = self.store.list_dir(self.run)
-        for _, name in sorted(
-            ((step_from_name(n), n) for n in names if step_from_name(n) is not None), reverse=True
-        ):
-            checkpoint = self.run.child(name)
-            if self.store.exists(checkpoint.bucket, checkpoint.key(COMMITTED_FILE)):
-                return str(checkpoint)
-        return None
 
     def load(self, source: str, step: int) -> None:
         """Read this rank's shard of ``source`` (rank modulo the world it was saved by); exit if it is
