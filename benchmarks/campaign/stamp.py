@@ -2,7 +2,8 @@
 
 ``MEASURED`` is the code a campaign's numbers depend on: the harness, the baseline's DAG, the demo trainer,
 and the product code each run goes through (the training run, claim and return, the health gate's
-judgement and quarantine, checkpoint verification and the choice of the latest).  ``stamp()`` records
+judgement and quarantine, checkpoint verification and the choice of the latest, the trainer's checkpoint
+helper) or the report is computed with (the checkpoint-interval advice).  ``stamp()`` records
 git's hash of each as the campaign ran it (uncommitted edits included, through a throw-away index), so
 ``tests/capacity/test_campaign_fresh.py`` can tell, on any clone, whether the result is older than the
 code: a path whose hash at HEAD differs was changed after the campaign that the result comes from.
@@ -16,17 +17,33 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# trainops/capacity's modules the claim, the return and the reaper run (not its CLI, nor the queue check
+# only ClaimNodesOperator makes); a module one of these starts to use changes the importer too
+CAPACITY = (
+    "claims",
+    "drain",
+    "inference",
+    "loans",
+    "overflow",
+    "prepull",
+    "procedure",
+    "quota",
+    "ranking",
+    "reaper",
+)
 MEASURED = (
     "benchmarks/campaign",
     "benchmarks/dags/bench_training_provider.py",
     "devcluster/trainops_devcluster/demo/trainer.py",
     "trainops/training",
-    "trainops/capacity",
+    *(f"trainops/capacity/{name}.py" for name in CAPACITY),
     "trainops/health/gate.py",
     "trainops/health/policy.py",
     "trainops/health/quarantine.py",
     "trainops/checkpoints/latest.py",
     "trainops/checkpoints/verify.py",
+    "trainops/checkpoints/helper.py",  # the trainer's resume_from, commit and heartbeat (last_save_s)
+    "trainops/checkpoints/interval.py",  # the report's checkpoint-interval advice
 )
 
 
