@@ -241,6 +241,13 @@ class Scheduler:
             if not (tas_only or kueue_tas.explicit(request)):
                 continue
             flavor = next(iter(assignment["flavors"].values()), "")
+            if not flavor:  # its pods request nothing the queue covers: no TAS flavor to place them in
+                if self.release.version == "v1beta1":
+                    continue  # 0.13 kept the Fit it had cached: admitted, no topology (fixed by kueue#12055)
+                return Fit(
+                    reason="NoMatchingFlavor",
+                    message=f"failed to assign flavors to pod set {podset['name']}: no TAS flavor assigned",
+                )
             failed = f"couldn't assign flavors to pod set {podset['name']}: "
             snapshot = snapshots.get(flavor)
             if snapshot is None:

@@ -7,6 +7,7 @@ After Kueue's own code (main: ``pkg/cache/scheduler/tas_flavor_snapshot.go``, ``
   labels, widest first).  A PodSet asks for TAS with a pod-template annotation
   (``kueue.x-k8s.io/podset-required-topology``, ``-preferred-topology``, ``-unconstrained-topology``),
   or implicitly when every flavor of its ClusterQueue is a TAS flavor (then it is unconstrained).
+  One whose pods request nothing the queue covers has no TAS flavor (``kueue_scheduler``).
 - Capacity per node: only nodes of the flavor (its ``nodeLabels``), Ready, schedulable and carrying
   every level's label; their allocatable minus what the pods TAS does not manage request, minus the
   admitted TAS Workloads' assignments.  With ``kubernetes.io/hostname`` as the last level a node is

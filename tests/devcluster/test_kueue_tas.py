@@ -34,7 +34,14 @@ def tas(make_devcluster):
     return make
 
 
-def submit(kube: Kube, name: str, pods: int, annotation: dict | None = None, backoff: int = 0) -> None:
+def submit(
+    kube: Kube,
+    name: str,
+    pods: int,
+    annotation: dict | None = None,
+    backoff: int = 0,
+    limits: dict | None = None,
+) -> None:
     kube.batch.create_namespaced_job(
         NS,
         {
@@ -56,7 +63,9 @@ def submit(kube: Kube, name: str, pods: int, annotation: dict | None = None, bac
                             {
                                 "name": "trainer",
                                 "image": "trainer:1",
-                                "resources": {"limits": {"nvidia.com/gpu": "8"}},
+                                "resources": {
+                                    "limits": {"nvidia.com/gpu": "8"} if limits is None else limits
+                                },
                                 "command": ["sleep"],
                             }
                         ],
@@ -138,6 +147,27 @@ def test_implied_topology_in_a_tas_only_queue_is_unconstrained_and_gated(tas):
     assert job.spec.template.metadata.annotations["kueue.x-k8s.io/podset-unconstrained-topology"] == "true"
     placed = wait_for(lambda: (ps := pods(kube)) and all(p.spec.node_name for p in ps) and ps)
     assert {p.spec.node_name for p in placed} == {"gpu-node-000", "gpu-node-001"}
+
+
+@pytest.mark.parametrize("version", ["v1beta2", "v1beta1"])
+def test_pods_that_request_nothing_in_a_tas_only_queue_get_no_tas_flavor(tas, version):
+    # Kueue 0.17.8+/0.19: no TAS flavor, pending for good; 0.13 admitted it with no topology (kueue#12055)
+    dev, kube, version = tas("4", [0, 1], version=version)
+    submit(kube, "run", 2, limits={})
+
+    if version == "v1beta2":
+        quota = pending(kube, version)
+        assert (quota["reason"], quota["message"]) == (
+            "NoMatchingFlavor",
+            "failed to assign flavors to pod set main: no TAS flavor assigned",
+        )
+        assert all(p.spec.node_name is None for p in pods(kube))
+    else:
+        assert (
+            "topologyAssignment" not in admitted(kube, version)["status"]["admission"]["podSetAssignments"][0]
+        )
+        placed = wait_for(lambda: len(ps := [p for p in pods(kube) if p.spec.node_name]) == 2 and ps)
+        assert all(not p.spec.scheduling_gates for p in placed)
 
 
 def test_a_required_rack_no_rack_holds_waits_with_kueues_message(tas):
