@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from trainops.capacity import claims, inference, prepull
 from trainops.capacity.claims import NodeQuarantined, NodesHeld, holder_of, is_quarantined, parse_run
-from trainops.capacity.drain import drain, list_pods, must_move, pods_on
+from trainops.capacity.drain import drain, list_pods, pods_on
 from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
 from trainops.capacity.loans import get_path, lend_patch, loans_of, repay_part_patch
 from trainops.capacity.overflow import (
@@ -43,10 +42,10 @@ from trainops.capacity.overflow import (
     primary_of,
 )
 from trainops.capacity.quota import grants_of, set_grant
-from trainops.capacity.ranking import least_disruptive
+from trainops.capacity.ranking import drain_costs, least_disruptive
 from trainops.conventions import GPU_RESOURCE, MODE_TAINT
 from trainops.errors import TemporaryError
-from trainops.kube.client import DEPLOYMENTS, EXISTS, MISSING, PODS, Kube
+from trainops.kube.client import DEPLOYMENTS, EXISTS, MISSING, PDBS, PODS, Kube
 from trainops.kube.nodes import NodeState, allocatable_gpus, edit_node, list_nodes
 from trainops.kube.retry import Deadline, DeadlineExceeded, call
 from trainops.placement.nodes import place_nodes
@@ -193,20 +192,23 @@ def claim(
         raise ValueError(f"node_names: not in the cluster: {missing}")
     holders = {n: holder_of(by_name[n]["metadata"].get("annotations")) for n in candidates}
     others = {n for n, holder in holders.items() if holder not in (None, run)}
-    # one pod list serves the ranking and the inference shrink (the drain follows the pods itself)
+    # one pod and one budget list serve the ranking and the inference shrink (the drain follows the pods itself)
     pods = list_pods(kube.core, step) if count is not None or refs else []
+    pdbs = kube.list(PDBS, deadline=step) if count is not None or refs else []
     placement = None
     if count is not None and topology.active:
-        placement = _place(candidates, by_name, holders, run, pods, count, spares, topology, others)
+        costs = drain_costs(pods, pdbs)
+        cost = {n: -1.0 if holders[n] == run else float(costs[n]) for n in candidates}
+        placement = _place(candidates, by_name, cost, count, spares, topology, others)
         if not placement.fits and others:  # would it fit once the other runs give theirs back? then wait
-            placement = _place(candidates, by_name, holders, run, pods, count, spares, topology, set())
+            placement = _place(candidates, by_name, cost, count, spares, topology, set())
         log.info("placement (%s): %s", topology.describe(), placement.reason)
         if not placement.fits and topology.required:
             raise PlacementFailed(f"placement ({topology.describe()}): {placement.reason}")
     if placement is not None and placement.fits:
         nodes = placement.nodes  # nodes other runs hold in it end in NodesHeld below: a wait for them
     else:  # no topology, or too few labelled nodes: the least disruptive
-        nodes = candidates if count is None else _choose(candidates, holders, run, pods, count, others)
+        nodes = candidates if count is None else _choose(candidates, holders, run, pods, pdbs, count, others)
     states = {n: NodeState.of(by_name[n]) for n in nodes}
     held = {n: holders[n] for n in nodes if n in others}
     if held:
@@ -239,7 +241,7 @@ def claim(
         else:
             log.info("node %s: already claimed by this run", name)
 
-    lending = Lending(kube, run, set(nodes), pods, list(by_name.values()), default_pool, deadlines, log)
+    lending = Lending(kube, run, set(nodes), pods, pdbs, list(by_name.values()), default_pool, deadlines, log)
     for ref in refs:
         lending.lend(ref, summary)
     summary.evictions = drain(kube.core, set(nodes), Deadline(deadlines.drain_s), deadlines.drain_stall_s)
@@ -255,7 +257,13 @@ def claim(
 
 
 def _choose(
-    candidates: list[str], holders: dict, run: str, pods: list[dict], count: int, others: set[str]
+    candidates: list[str],
+    holders: dict,
+    run: str,
+    pods: list[dict],
+    pdbs: list[dict],
+    count: int,
+    others: set[str],
 ) -> list[str]:
     """``count`` nodes: those ``run`` already holds first (a retried claim finishes the same claim),
     then the least disruptive of the rest."""
@@ -263,25 +271,20 @@ def _choose(
     if len(mine) == count:
         return mine
     rest = [n for n in candidates if n not in mine]
-    return mine + least_disruptive(rest, pods, count - len(mine), held=others)
+    return mine + least_disruptive(rest, pods, count - len(mine), held=others, pdbs=pdbs)
 
 
 def _place(
     candidates: list[str],
     by_name: dict[str, dict],
-    holders: dict,
-    run: str,
-    pods: list[dict],
+    cost: dict[str, float],
     count: int,
     spares: int,
     topology: TopologyRequest,
     taken: set[str],
 ):
     """The placement of ``count`` of ``candidates`` (``spares`` of them spares): ``taken`` nodes are not
-    free; those this run holds cost nothing (a retried claim keeps them), the others what their drain
-    disturbs."""
-    busy = Counter((pod.get("spec") or {}).get("nodeName") for pod in pods if must_move(pod))
-    cost = {n: -1.0 if holders[n] == run else float(busy[n]) for n in candidates}
+    free; ``cost``: what taking each disturbs (those this run holds: nothing, a retried claim keeps them)."""
     return place_nodes(
         [by_name[n] for n in candidates], count - spares, topology, spares=spares, taken=taken, cost=cost
     )
@@ -296,6 +299,7 @@ class Lending:
     run: str
     nodes: set[str]
     pods: list[dict]
+    pdbs: list[dict]  # the cluster's PodDisruptionBudgets
     all_nodes: list[dict]
     default_pool: OverflowPool | None
     deadlines: Deadlines
@@ -321,13 +325,7 @@ class Lending:
         if not displaced:
             log.info("%s: no pods on the claimed nodes, left as is", ref)
             return
-        pdbs = call(
-            lambda: kube.custom.list_namespaced_custom_object(
-                "policy", "v1", ref.namespace, "poddisruptionbudgets"
-            ),
-            step,
-            f"list PodDisruptionBudgets in {ref.namespace}",
-        )["items"]
+        pdbs = [p for p in self.pdbs if p["metadata"].get("namespace") == ref.namespace]
         target, target_obj, pod_labels = ref, obj, selector.get("matchLabels") or {}
         if ref.kind is DEPLOYMENT:
             pod_labels = obj["spec"]["template"]["metadata"].get("labels") or {}

@@ -73,6 +73,7 @@ CONFIGMAPS = Kind("", "v1", "configmaps")
 JOBS = Kind("batch", "v1", "jobs")
 DEPLOYMENTS = Kind("apps", "v1", "deployments")
 STATEFULSETS = Kind("apps", "v1", "statefulsets")
+PDBS = Kind("policy", "v1", "poddisruptionbudgets")
 
 
 class KubeconfigError(PermanentError, ValueError):
