@@ -325,7 +325,7 @@ class GangTrainingOperator(BaseOperator):
         if isinstance(action, Succeed):
             return run.result(ledger)
         if isinstance(action, Fail):
-            raise PermanentError(run.failure_message(action))
+            raise PermanentError(run.failure_message(action, ledger))
         raise PermanentError(f"the run did not settle: {action}")
 
     def on_kill(self) -> None:

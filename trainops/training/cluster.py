@@ -56,12 +56,15 @@ class GangCluster:
             self.workload_kind(), namespace, labels=f"{JOB_UID_LABEL}={job['metadata']['uid']}"
         )
 
-    def stop(self, namespace: str, job_name: str) -> str:
+    def stop(self, namespace: str, job_name: str, workload: str | None = None) -> str:
         """Stop an attempt: deactivate its Workload (``spec.active=false``: Kueue evicts it and does not
         requeue it), or, when Kueue made no Workload for it, delete the Job with Foreground
         propagation.  Kueue makes the Workload after the Job (created suspended): a stop in between waits
         for it (``_workload_names``), since the Job is the attempt's record (its judged end, the
-        run-stopped mark) and deleting it deletes that too.  Returns what was done."""
+        run-stopped mark) and deleting it deletes that too.  ``workload``: the Workload's name where the
+        caller read it (the ledger): then deactivating it is the one request.  Returns what was done."""
+        if workload is not None and self.deactivate_workload(namespace, workload):
+            return f"deactivated Workload {workload} (spec.active=false)"
         job = self.read_job(namespace, job_name)
         if job is None:
             return f"Job {namespace}/{job_name} is already gone"

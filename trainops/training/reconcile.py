@@ -332,7 +332,7 @@ class TrainingRun:
         for attempt in action.attempts:
             if attempt.end is None and action.end is not None:
                 self.cluster.record_end(self.namespace, attempt.job, action.end)
-            done = self.cluster.stop(self.namespace, attempt.job)
+            done = self.cluster.stop(self.namespace, attempt.job, attempt.workload)
             self.stops.append(done)
             self.log.info("stopping attempt %d: %s", attempt.number, done)
 
@@ -457,15 +457,16 @@ class TrainingRun:
             "checkpoint": {"uri": checkpoint.uri, "step": checkpoint.step, "verified": checkpoint.how},
         }
 
-    def failure_message(self, action: Fail) -> str:
-        """``action``'s reason, and for a spent budget where to resume from once the cause is fixed."""
+    def failure_message(self, action: Fail, ledger: Ledger | None = None) -> str:
+        """``action``'s reason, and for a spent budget where to resume from once the cause is fixed
+        (``ledger``: the run's, when the caller has read it)."""
         if not action.exhausted:
             return action.reason
         checkpoint, _ = latest_checkpoint(self.spec.run_path, self.store)
         where = f"{checkpoint.uri} (step {checkpoint.step})" if checkpoint.uri else "none"
         return (
             f"{action.reason}. Latest verified checkpoint: {where}. Excluded nodes: "
-            f"{self.observe().excluded or 'none'}. Fix the cause, then Clear the task to resume from that checkpoint."
+            f"{(ledger or self.observe()).excluded or 'none'}. Fix the cause, then Clear the task to resume from that checkpoint."
         )
 
 
