@@ -284,6 +284,14 @@ def priority_class_deleted(cluster):
 
 
 @contextlib.contextmanager
+def label_removed(cluster, node: str, label: str):
+    before = cluster.store.get("nodes", "", node)["metadata"]["labels"][label]
+    run(cluster, "label", "node", node, f"{label}-")
+    yield
+    run(cluster, "label", "node", node, f"{label}={before}")
+
+
+@contextlib.contextmanager
 def local_queue_feeding(cluster, other: str):
     target = ("localqueue", "-n", "training", "training")
     patch(cluster, *target, body={"spec": {"clusterQueue": other}})
@@ -383,6 +391,7 @@ WRONG = {
     "metric-not-exported": (lambda c: exporter_without(c, "DCGM_FI_DEV_ROW_REMAP_PENDING"), (), "dcgm-exporter", "no DCGM_FI_DEV_ROW_REMAP_PENDING series: the gate reads row_remap_pending", "deploy/dcgm-exporter-counters.csv enables it"),
     "wrong-node-label": (nothing_changed, ("--prometheus-node-label", "UUID"), "dcgm-exporter", "the gate keys dcgm-exporter's series by label 'UUID', which names no GPU node; 'Hostname' does", "--prometheus-node-label) to Hostname"),
     "priority-class-missing": (priority_class_deleted, (), "kueue-queues", "WorkloadPriorityClass 'training-standard' does not exist: Kueue would make no Workload", "deploy/kueue-queues.yaml"),
+    "topology-label-missing": (lambda c: label_removed(c, "gpu-node-001", topology.BLOCK_LABEL), (), "kueue-queues", f"1 of 3 node(s) of ResourceFlavor gpu lack the label {topology.BLOCK_LABEL} of Topology gpu-topology (e.g. gpu-node-001)", "or remove the flavor's topologyName"),
     "local-queue-elsewhere": (lambda c: local_queue_feeding(c, "other"), (), "kueue-queues", "LocalQueue training/training sends runs to ClusterQueue 'other', but the claim raises", "deploy/kueue-queues.yaml"),
     "operand-without-trainops-tolerations": (operand_with_chart_tolerations, (), "daemonset-tolerations", "DaemonSet gpu-operator/nvidia-driver-daemonset does not tolerate trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),
     "cluster-policy-without-trainops-tolerations": (cluster_policy_with_chart_tolerations, (), "daemonset-tolerations", "ClusterPolicy cluster-policy spec.daemonsets.tolerations lacks trainops.io/mode=inference:NoSchedule", "deploy/gpu-operator-values.yaml"),

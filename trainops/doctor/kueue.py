@@ -5,6 +5,10 @@ A real Kueue 0.13 serves only ``v1beta1``; 0.15 and later also ``v1beta2`` (trai
 A Workload that names a WorkloadPriorityClass that does not exist is never created, and Kueue says
 so only in its own log; an inactive ClusterQueue admits nothing.  The queues and the priority class
 are judged by the claim's own check (``trainops.capacity.coverage``).
+
+A flavor with a ``topologyName`` (Topology Aware Scheduling) places pods only on nodes that carry
+every level's label: Kueue leaves any other node out, so a cluster whose GPU nodes lack the
+shipped Topology's labels (Kueue's documentation placeholders) admits no run at all.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from trainops.capacity.coverage import QueueMismatch, check_queue
 from trainops.conventions import GPU_RESOURCE
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
+from trainops.kube.client import NODES, Kind
 from trainops.kube.kueue import GROUP, KueueNotServed
 
 #: the Kueue resources trainops reads or writes (and the priority classes its Workloads name)
@@ -95,6 +100,7 @@ def check_queues(reads: Reads, config) -> Outcome:
         (reads.get(kind, local, namespace), f"LocalQueue {namespace}/{local}"),
     ):
         problems += [p for p in [_inactive(obj, what)] if p]
+    problems += _unplaceable_nodes(reads, queue or {})
     priority = config.priority_class
     resources = ", ".join(sorted(covered(queue or {}))) or "nothing"
     return Outcome(
@@ -102,3 +108,55 @@ def check_queues(reads: Reads, config) -> Outcome:
         f"WorkloadPriorityClass {priority}",
         problems,
     )
+
+
+def _topology(reads: Reads, name: str) -> dict | None:
+    """The Topology ``name``: at Kueue's served version, or at v1alpha1 (Kueue 0.13 serves it there)."""
+    for version in dict.fromkeys((reads.kube.kueue("topologies", namespaced=False).version, "v1alpha1")):
+        if "topologies" in (reads.served_resources(GROUP, version) or set()):
+            return reads.get(Kind(GROUP, version, "topologies", namespaced=False), name)
+    return None
+
+
+def _unplaceable_nodes(reads: Reads, queue: dict) -> list[Problem]:
+    """For each TAS flavor of the ClusterQueue: its nodes that lack a level label of its Topology."""
+    flavors = reads.kube.kueue("resourceflavors", namespaced=False)
+    names = {
+        f.get("name")
+        for group in (queue.get("spec") or {}).get("resourceGroups") or []
+        for f in group.get("flavors") or []
+    }
+    problems = []
+    for name in sorted(n for n in names if n):
+        spec = (reads.get(flavors, name) or {}).get("spec") or {}
+        if not spec.get("topologyName"):
+            continue
+        topology = _topology(reads, spec["topologyName"])
+        if topology is None:
+            problems.append(
+                Problem(
+                    f"ResourceFlavor {name} names Topology {spec['topologyName']}, which does not exist: "
+                    "Kueue admits nothing to it",
+                    "kubectl apply -f deploy/kueue-queues.yaml (its Topology), or remove the flavor's topologyName",
+                )
+            )
+            continue
+        levels = [lv.get("nodeLabel") for lv in (topology.get("spec") or {}).get("levels") or []]
+        selector = ",".join(f"{k}={v}" for k, v in (spec.get("nodeLabels") or {}).items())
+        nodes = reads.list(NODES, labels=selector)
+        for level in levels:
+            lacking = sorted(
+                n["metadata"]["name"] for n in nodes if level not in ((n["metadata"].get("labels")) or {})
+            )
+            if lacking:
+                problems.append(
+                    Problem(
+                        f"{len(lacking)} of {len(nodes)} node(s) of ResourceFlavor {name} lack the label {level} "
+                        f"of Topology {spec['topologyName']} (e.g. {', '.join(lacking[:3])}): Kueue's Topology "
+                        "Aware Scheduling places no pod there",
+                        "label the GPU nodes with your provider's fabric labels and name them in the Topology's "
+                        "levels and the DAG's topology_levels (deploy/kueue-queues.yaml), or remove the "
+                        "flavor's topologyName to schedule without TAS",
+                    )
+                )
+    return problems
