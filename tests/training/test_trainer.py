@@ -112,7 +112,7 @@ def test_newest_listed_resumes_from_the_newest_directory_and_a_torn_shard_fails_
     run_ranks(s3, run_uri, args, world=2)
     s3.client().put_object(Bucket=bucket, Key="runs/demo/step-20/rank-1.bin", Body=b"torn")
     s3.client().put_object(Bucket=bucket, Key="runs/demo/step-30/rank-0.bin", Body=b"partial")
-    more = ["--steps", "30", "--checkpoint-every", "10", "--step-seconds", "0", "--shard-wait-seconds", "1"]
+    more = ["--steps", "30", "--checkpoint-every", "10", "--step-seconds", "0", "--shard-wait-seconds", "10"]
 
     listed = run_ranks(s3, run_uri, [*more, "--resume", "newest-listed"], world=2)
     verified = run_ranks(s3, run_uri, more, world=2)
