@@ -68,13 +68,21 @@ def test_trigger_twice_with_the_form_defaults_gives_two_runs_that_succeed_with_t
     before = Capacity.read(api)
     airflow.unpause(DAG_ID)
 
-    for run_id in ("api-happy", "api-happy-again"):
+    run_ids = ("api-happy", "api-happy-again")
+    for run_id in run_ids:
         answer = airflow.trigger(DAG_ID, run_id, {})
         assert answer.status_code == 200, answer.text
-    seen = {
-        run_id: airflow.follow(DAG_ID, run_id, lambda run, _: run["state"] in TERMINAL)
-        for run_id in ("api-happy", "api-happy-again")
-    }
+    # Both runs are watched in one loop: following one to its end first would miss the other's deferral.
+    seen: dict[str, list] = {run_id: [] for run_id in run_ids}
+
+    def both_ended() -> bool:
+        for run_id, states in seen.items():
+            now = airflow.task_states(DAG_ID, run_id)
+            if not states or states[-1] != now:
+                states.append(now)
+        return all(airflow.run(DAG_ID, run_id)["state"] in TERMINAL for run_id in run_ids)
+
+    wait_for(both_ended, "both runs to end", timeout_s=480)
 
     paths = set()
     for run_id, states in seen.items():

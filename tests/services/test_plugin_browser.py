@@ -143,9 +143,16 @@ def test_the_fleet_page_of_the_ui_needs_nobody_when_idle_and_shows_an_xid_quaran
     assert "gpu_lost.xid_fatal" in text and "fatal XID" in text
     assert re.search(r"since \d{4}-\d\d-\d\d \d\d:\d\d:\d\d \+09:00", text), text
     # The API server's [trainops] prometheus_conn_id names the stack's Prometheus: the tensor-core
-    # column has the node's dcgm-exporter value (quarantined, it trains nothing: 0%), and no note.
+    # column has the mean of the node's dcgm-exporter series as that Prometheus holds them (its
+    # inference pods still hold the GPUs the XID spared), and no note.
     tensor = f"{row}.querySelector('td.tensor').innerText"
-    assert browser.wait_for(f"{tensor}.endsWith('%') && {tensor}") == "0%"
+    shown = browser.wait_for(f"{tensor}.endsWith('%') && {tensor}")
+    held = requests.get(
+        f"http://127.0.0.1:{services.at.prometheus_port}/api/v1/query",
+        params={"query": f'avg(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{Hostname="{NODE}"}})'},
+        timeout=30,
+    ).json()["data"]["result"]
+    assert shown == f"{float(held[0]['value'][1]) * 100:.0f}%", (shown, held)
     assert browser.eval("document.getElementById('notes').innerText") == ""
     counts = browser.eval("document.getElementById('counts').innerText")
     assert "1 needs attention" in counts and "quarantined 1" in counts
