@@ -114,10 +114,7 @@ class HealthReport:
 
         def load(raw: Any, where: str) -> Signals:
             try:
-                return {
-                    name: Signal(s.get("value"), s.get("reason"), s.get("na") is True)
-                    for name, s in raw.items()
-                }
+                return {name: Signal.from_dict(s) for name, s in raw.items()}
             except AttributeError:
                 raise ValueError(
                     f"health report {where} must map names to {{value, reason}} objects"
