@@ -41,6 +41,9 @@ with DAG("gang_training_e2e", schedule=None, render_template_as_native_obj=True,
         retries=2,
         retry_delay=0.5,
         evidence_wait_s=5,
+        # A hung attempt's frozen pods keep their GPUs until the grace ends; the devcluster's PodsReady
+        # timeout is 10 s (Kueue's: 30 min), so a 30 s grace gets the next attempt evicted twice first.
+        termination_grace_seconds=5,
     )
     give_back = ReturnCapacityOperator(task_id="give_back", cluster_queue="training", ready_deadline_s=60)
     claim >> train >> give_back.as_teardown(setups=claim)

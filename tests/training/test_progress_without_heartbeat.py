@@ -8,23 +8,17 @@ from tests.training.conftest import idle_nodes, jobs, when
 from tests.training.test_gang_e2e import conf, task_state
 from trainops.checkpoints.latest import latest_verified
 
-# 300 steps of 0.12 s: the run lasts ~40 s, past the test DAG's 30 s startup bound, with a
-# checkpoint every ~2.4 s and no heartbeat at all.
-NO_HEARTBEAT = [
-    "--steps",
-    "300",
-    "--checkpoint-every",
-    "20",
-    "--step-seconds",
-    "0.12",
-    "--no-heartbeat",
-]
+
+def no_heartbeat(steps: int) -> list[str]:
+    """Trainer args: ``steps`` of 0.12 s, a checkpoint every ~2.4 s and no heartbeat at all."""
+    return ["--steps", str(steps), "--checkpoint-every", "20", "--step-seconds", "0.12", "--no-heartbeat"]
 
 
 def test_a_run_without_heartbeats_finishes_in_one_attempt(cluster, api, s3, bucket, run_dag):
     nodes, run_uri = idle_nodes(api), f"s3://{bucket}/runs/no-heartbeat/"
 
-    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri, NO_HEARTBEAT))
+    # 300 steps: the run lasts ~40 s, past the test DAG's 30 s startup bound.
+    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri, no_heartbeat(300)))
 
     assert dag_run.state == "success"
     result = xcom_value(dag_run, "train")
@@ -52,9 +46,9 @@ def test_a_silent_trainer_without_heartbeats_is_still_caught_once_checkpoints_st
         return checkpoint is not None and checkpoint.step >= 60
 
     when(three_checkpoints, hang)
-    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri, NO_HEARTBEAT))
+    dag_run = run_dag("gang_training_e2e", conf(nodes, run_uri, no_heartbeat(140)))
 
     assert dag_run.state == "success"
     history = xcom_value(dag_run, "train")["history"]
     assert history[0]["kind"] == "hang" and "between new checkpoints" in history[0]["ended"]
-    assert latest_verified(run_uri).checkpoint.step == 300
+    assert latest_verified(run_uri).checkpoint.step == 140

@@ -6,6 +6,7 @@ first attempt's judgement is on its Job, as the first trigger recorded it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from trainops.triggers.training import GangRunTrigger
@@ -28,6 +29,8 @@ def attempts_of(api) -> list[str]:
 def test_a_trigger_restarted_after_it_resumed_finds_the_attempt_it_began(cluster, api, s3, bucket, fault):
     """xid: attempt 1's Job failed; hang: the trigger stopped it (Workload deactivated, the Job not failed)."""
     kube, spec = claimed_run(cluster, api, bucket, "restart", ARGS, claimed=3)  # a gang of 2 and a spare
+    # As the test DAG does: a hung attempt's pods free their GPUs within the devcluster's PodsReady timeout.
+    spec = dataclasses.replace(spec, termination_grace_seconds=5)
     run_uri = spec.run_path
     hang = HangPolicy(floor=3.0, startup_timeout=30.0)
     run = training_run(kube, spec, "restart", evidence_wait_s=60, max_resumes=2, hang=hang)
