@@ -4,6 +4,7 @@ client's dynamic client and with stock kubectl."""
 from __future__ import annotations
 
 import json
+import select
 import subprocess
 
 import pytest
@@ -167,10 +168,15 @@ def test_kubectl_drives_every_verb(api, api_version, kind, namespaced, body):
     ]
     assert json.loads(kubectl("get", target, name, "-o", "json"))["metadata"]["name"] == name
     watch = ["kubectl", "--kubeconfig", str(api.kubeconfig), "get", target, name, "--watch", "-o", "name"]
-    with pytest.raises(subprocess.TimeoutExpired) as watching:  # a watch streams until stopped
-        subprocess.run(watch, capture_output=True, text=True, timeout=3)
-    streamed = watching.value.stdout or b""
-    assert name in (streamed.decode() if isinstance(streamed, bytes) else streamed)
+    watching = subprocess.Popen(watch, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:  # the watch's first event is the object as it is; then it streams on until stopped
+        assert select.select([watching.stdout], [], [], 30)[0], "kubectl's watch printed nothing in 30 s"
+        assert name in watching.stdout.readline()
+        with pytest.raises(subprocess.TimeoutExpired):
+            watching.wait(timeout=0.5)
+    finally:
+        watching.kill()
+        watching.wait()
     kubectl("label", target, name, "step=label")  # patch
     kubectl("annotate", target, name, "note=merge", "--overwrite")
     current = json.loads(kubectl("get", target, name, "-o", "json"))
