@@ -17,7 +17,7 @@ from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.kubectl_support import kubectl
 from tests.e2e.test_rbac_least_privilege import attributes_of
 from trainops.cli import main
-from trainops.conventions import HEALTH_NAMESPACE
+from trainops.conventions import GPU_POOL_LABEL, HEALTH_NAMESPACE
 from trainops.doctor.admission import POLICIES
 from trainops.doctor.namespaces import ENFORCE
 from trainops.health.published import configmap_name
@@ -412,6 +412,19 @@ def test_set_up_wrong_in_one_way_the_check_for_it_names_the_problem_and_its_fix(
     problems = only_problem(findings, check)
     assert any(what in p["what"] and fix in p["fix"] for p in problems), problems
     assert doctor(cluster, capsys)[0] == 0, "the case undid what it broke"
+
+
+def test_a_tas_flavor_selecting_every_node_needs_fabric_labels_only_on_the_gpu_nodes(cluster, capsys):
+    """A flavor without nodeLabels selects the system (CPU) nodes too, which carry no fabric labels and host
+    no training pod: not a problem."""
+    patch(cluster, "resourceflavor", "gpu", body={"spec": {"nodeLabels": None}})
+    try:
+        system = [n for n in cluster.store.list("nodes")[0] if n["metadata"]["name"] not in GPU_NODES]
+        assert system and all(topology.BLOCK_LABEL not in n["metadata"]["labels"] for n in system)
+        code, findings = doctor(cluster, capsys)
+    finally:
+        patch(cluster, "resourceflavor", "gpu", body={"spec": {"nodeLabels": {GPU_POOL_LABEL: "true"}}})
+    assert code == 0 and findings["kueue-queues"]["status"] == "ok", findings["kueue-queues"]
 
 
 def test_without_kueue_the_kueue_checks_say_to_install_it(make_devcluster, capsys):

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from trainops.capacity.coverage import QueueMismatch, check_queue
 from trainops.conventions import GPU_RESOURCE
+from trainops.doctor.node_probe import gpu_nodes
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
-from trainops.kube.client import NODES, Kind
+from trainops.kube.client import Kind
 from trainops.kube.kueue import GROUP, KueueNotServed
 
 #: the Kueue resources trainops reads or writes (and the priority classes its Workloads name)
@@ -100,7 +101,7 @@ def check_queues(reads: Reads, config) -> Outcome:
         (reads.get(kind, local, namespace), f"LocalQueue {namespace}/{local}"),
     ):
         problems += [p for p in [_inactive(obj, what)] if p]
-    problems += _unplaceable_nodes(reads, queue or {})
+    problems += _unplaceable_nodes(reads, config, queue or {})
     priority = config.priority_class
     resources = ", ".join(sorted(covered(queue or {}))) or "nothing"
     return Outcome(
@@ -118,8 +119,9 @@ def _topology(reads: Reads, name: str) -> dict | None:
     return None
 
 
-def _unplaceable_nodes(reads: Reads, queue: dict) -> list[Problem]:
-    """For each TAS flavor of the ClusterQueue: its nodes that lack a level label of its Topology."""
+def _unplaceable_nodes(reads: Reads, config, queue: dict) -> list[Problem]:
+    """For each TAS flavor of the ClusterQueue: the GPU nodes (the gate's candidates) it selects that lack
+    a level label of its Topology.  Other nodes (CPU, system) need no fabric labels."""
     flavors = reads.kube.kueue("resourceflavors", namespaced=False)
     names = {
         f.get("name")
@@ -142,8 +144,8 @@ def _unplaceable_nodes(reads: Reads, queue: dict) -> list[Problem]:
             )
             continue
         levels = [lv.get("nodeLabel") for lv in (topology.get("spec") or {}).get("levels") or []]
-        selector = ",".join(f"{k}={v}" for k, v in (spec.get("nodeLabels") or {}).items())
-        nodes = reads.list(NODES, labels=selector)
+        wanted = (spec.get("nodeLabels") or {}).items()
+        nodes = [n for n in gpu_nodes(reads, config) if wanted <= (n["metadata"].get("labels") or {}).items()]
         for level in levels:
             lacking = sorted(
                 n["metadata"]["name"] for n in nodes if level not in ((n["metadata"].get("labels")) or {})
