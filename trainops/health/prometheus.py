@@ -260,9 +260,8 @@ def fleet_reports(
             readings[k[0]].setdefault(k[1], {})  # a GPU seen only through its XID count still gets an entry
             readings[k[0]][k[1]][XID_COUNT] = 1.0
             xid = item["metric"].get("xid", "")
-            if (
-                float(item["value"][1]) > 0 and xid.isdigit()
-            ):  # NaN > 0 is False; a label not a number is no XID
+            # NaN > 0 is False; a label that is not a number names no XID
+            if float(item["value"][1]) > 0 and xid.isdigit():
                 xids[k].add(int(xid))
     for name, result in rates.items():
         read(result, f"rate:{name}", per_minute=True)
