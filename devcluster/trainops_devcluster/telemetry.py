@@ -73,9 +73,8 @@ class GpuState:
     pcie_width: int = 16
     temp_offset_c: float = 0.0
     mig_lost: int = 0  # MIG devices gone from this GPU
-    exporter_values: dict[str, float] = field(
-        default_factory=dict
-    )  # served whatever is read (a broken exporter)
+    # dcgm-exporter serves these whatever it reads (a broken exporter: write_exporter_value)
+    exporter_values: dict[str, float] = field(default_factory=dict)
     xids: list[tuple[float, int]] = field(default_factory=list)  # (time, code)
     increments: dict[str, list[tuple[float, int]]] = field(
         default_factory=lambda: {c: [] for c in GPU_COUNTERS}
