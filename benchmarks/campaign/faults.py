@@ -16,7 +16,7 @@ Each run draws one kind from its seed.  By the phase it hits:
   worker answer 503), ``sigkill-train`` (the train step's process SIGKILLed: the next try reattaches
   to the same Job), ``clear`` (the Job stopped as on_kill does, then gate, claim and train again
   with a fresh budget);
-- at the return: ``sigkill-return`` (the returning process SIGKILLed halfway: the reaper returns
+- at the return: ``sigkill-return`` (the returning process SIGKILLed halfway: the teardown's retry returns
   the rest).
 """
 

@@ -7,7 +7,7 @@ held is accounted to one cause, by cutting the run's time at what was seen (a ``
     first node held --claim--> attempt 1's Job --start--> its first step ... training ...
     failure --detection--> seen ended --judgement--> next Job --re-admission--> admitted
            --waiting for nodes--> pods running --re-rendezvous--> first step ... training ...
-    final checkpoint --teardown--> last node free   (a killed return: --reaper--> from the kill)
+    final checkpoint --teardown--> last node free
 
 While a gang trains, its GPUs' time is useful for the steps that reach the final checkpoint and
 ``recomputed`` for the others (steps past the checkpoint the next attempt resumed from: it does them
@@ -36,7 +36,6 @@ FAULT = (
     "recomputed",
     "slow steps",
     "dead worker",
-    "reaper",
     "failed",
 )
 
@@ -66,7 +65,6 @@ class RunTimes:
     gpus_per_node: int = 8
     succeeded: bool = True
     final_step: int = 0
-    killed_return: float | None = None  # the returning worker was killed then; the reaper returned the rest
     dead: list[tuple[float, float]] = field(default_factory=list)  # no worker ran the task (killed, retried)
 
 
@@ -134,8 +132,7 @@ def account(run: RunTimes) -> Account:
                 result.recoveries.append(attempts[index + 1].beats[0][0] - attempt.failed_at)
     if attempts and attempts[-1].failed_at is not None:
         clock.to(held_to, "failed")
-    clock.to(run.killed_return, "teardown")
-    clock.to(held_to, "reaper" if run.killed_return is not None else "teardown")
+    clock.to(held_to, "teardown")
     return result
 
 

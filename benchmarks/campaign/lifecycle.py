@@ -3,8 +3,9 @@
 The steps are the core procedures the operators call (``steps.py``); Airflow's part is played here, with
 its production intervals scaled (``timing``): the claim's wait for nodes held by another run and its
 retries, the train task's tries (each a resume), a Clear, a worker killed (seen dead after the task
-heartbeat timeout, retried after ``retry_delay``), the teardown that gives back on every path, and the
-reaper (every 10 minutes, claims older than its grace) for a DAG run whose return was killed.
+heartbeat timeout, retried after the lifecycle DAG's ``retry_delay``), and the teardown that gives back on
+every path (its killed try retried the same way: the DAG run is still running, so the reaper, which returns
+only what runs that are gone hold, leaves it to the retry).
 
 After the run, in this order: the invariants on the end state (``invariants.py``), before any repair;
 the harness's own repair (a return of what the run still holds: if it has anything to do, that is a
@@ -45,7 +46,6 @@ from benchmarks.campaign.timing import Timing
 from tests.capacity.helpers import default_seeded_objects, nodes_by_app, rival_writer, snapshot
 from trainops.capacity.procedure import NodeQuarantined, NodesHeld
 from trainops.capacity.ranking import least_disruptive
-from trainops.capacity.reaper import reap
 from trainops.checkpoints.latest import latest_verified
 from trainops.checkpoints.store import CheckpointStore
 from trainops.conventions import GPU_POOL_LABEL, QUARANTINE_TAINT
@@ -235,8 +235,7 @@ class Run:
         self.cleared_try: int | None = None
         self.killed: dict[str, float] = {}  # step -> when its worker was SIGKILLed
         self.dead: list[tuple[float, float]] = []  # no worker ran the task from .. to
-        self.killed_return: float | None = None
-        self.reaped_at: float | None = None
+        self.returned_at: float | None = None  # a killed return's retry gave everything back
         self.rival_outcome, self.rival_nodes = "", []
         self.held_at_kill: list[str] = []  # what the killed worker's run held (nodes, and "quota")
         self.step_at_kill = -1
@@ -291,7 +290,7 @@ class Run:
 
     def repair(self) -> list[str]:
         """The harness returns what the run (or its rival) still holds; each return it had to make is a
-        violation (the lifecycle's own teardown, or the reaper, should have made it)."""
+        violation (the lifecycle's own teardown should have made it)."""
         found = []
         for key in (self.step.run, self.rival):
             held = sorted(n for n, run in holders(self.cluster).items() if run == key)
@@ -344,7 +343,7 @@ class Run:
                 )
             returned = True
             if fault == "sigkill-return":
-                self.return_killed_then_reaped()
+                self.return_killed_then_retried()
             else:
                 give_back_step(self.step)
         finally:
@@ -352,8 +351,13 @@ class Run:
                 give_back_step(self.step)
 
     def airflow_retry(self) -> None:
-        """A failed try is retried after ``retry_delay``."""
-        time.sleep(self.timing.retry_delay_s)
+        """A failed try is retried after the lifecycle DAG's ``retry_delay``."""
+        time.sleep(self.timing.lifecycle_retry_delay_s)
+
+    def retried_after(self) -> float:
+        """How long a killed worker's task waits for its next try: Airflow sees the worker dead after the
+        task heartbeat timeout and retries the task after the lifecycle DAG's ``retry_delay``."""
+        return self.timing.task_heartbeat_timeout_s + self.timing.lifecycle_retry_delay_s
 
     def worker_killed(self, step: str, at: float, dead_s: float) -> None:
         """No process runs the task for ``dead_s`` after ``at`` (until Airflow sees it dead and retries it,
@@ -384,10 +388,7 @@ class Run:
         elif fault == "sigkill-claim":
             process = child("claim", self.step)
             killed = sigkill_when(process, lambda: self.step.run in holders(cluster).values(), 120)
-            # Airflow sees the worker dead after the task heartbeat timeout, retries after retry_delay
-            self.worker_killed(
-                "claim", killed, self.timing.task_heartbeat_timeout_s + self.timing.retry_delay_s
-            )
+            self.worker_killed("claim", killed, self.retried_after())
             return self.claim_task()
         self.burst = (time.time(), 0.0)
         for thread in threads:
@@ -528,30 +529,23 @@ class Run:
         return bool(running(self.cluster, self.ours))
 
     # ---- return --------------------------------------------------------------------------------
-    def return_killed_then_reaped(self) -> None:
-        """The returning worker SIGKILLed halfway; the DAG run is over, so the reaper returns the rest as
-        it runs in production: every ``reaper_every_s`` (at a phase drawn from the seed), claims older
-        than ``reaper_grace_s`` (both scaled)."""
+    def return_killed_then_retried(self) -> None:
+        """The returning worker SIGKILLed halfway.  The teardown's try failed, not the DAG run (Airflow
+        keeps a run whose teardown is pending running), so its retry returns the rest; the reaper, which
+        returns only what runs that are gone hold, has nothing to do with it."""
         # throttled node writes slow the return down, so that the kill lands in its middle
         self.cluster.inject("api-fault", path=r"/api/v1/nodes/", status=429, count=4)
         process = child("give_back", self.step)
         held = set(holders(self.cluster))
-        self.killed_return = sigkill_when(
+        killed = sigkill_when(
             process,
             lambda: self.step.run not in grants(self.cluster) or set(holders(self.cluster)) < held,
             120,
         )
-        self.held_at_kill = self.holding()
-        self.result.notes.append(f"return killed holding {self.held_at_kill or 'nothing'}")
-        every, grace = self.timing.reaper_every_s, self.timing.reaper_grace_s
-        tick = self.killed_return + self.plan.rng.uniform(0, every)
-        for _ in range(int((grace + 30) / every) + 3):
-            time.sleep(max(0.0, tick - time.time()))
-            reap(self.step.kube(), lambda run: run != self.step.run, cluster_queue="training", grace_s=grace)
-            if self.step.run not in set(holders(self.cluster).values()) | set(grants(self.cluster)):
-                self.reaped_at = time.time()
-                return
-            tick += every
+        self.worker_killed("return", killed, self.retried_after())
+        give_back_step(self.step)
+        if not self.holding():
+            self.returned_at = time.time()
 
     def holding(self) -> list[str]:
         """The nodes the run holds, and "quota" when it holds a grant."""
@@ -582,7 +576,6 @@ class Run:
             final_step=STEPS,
             faults=marks,
             detected=detected,
-            killed_return=self.killed_return,
             dead=self.dead,
             slow={self.plan.target: kinds.SLOW_GPU_FACTOR} if self.fault == "slow-gpu" else None,
         )

@@ -66,10 +66,10 @@ def section(result: dict) -> str:
         f"Seed {options['seed']}, {result['runs']} runs, {len(options['kinds'])} fault kinds, commit "
         f"`{stamp['commit'][:10]}`{' (with uncommitted changes)' if stamp['uncommitted'] else ''}; time scaled "
         f"1:{timing['scale']:g} (every production interval divided by {timing['scale']:g}: NCCL's hang timeout "
-        f"{timing['intervals']['nccl_timeout_s']['campaign_s']:g} s, Airflow's retry_delay "
-        f"{timing['intervals']['retry_delay_s']['campaign_s']:g} s, the reaper every "
-        f"{timing['intervals']['reaper_every_s']['campaign_s']:g} s with a "
-        f"{timing['intervals']['reaper_grace_s']['campaign_s']:g} s grace; kept above scale: {kept}).",
+        f"{timing['intervals']['nccl_timeout_s']['campaign_s']:g} s, a dead worker seen after "
+        f"{timing['intervals']['task_heartbeat_timeout_s']['campaign_s']:g} s, Airflow's default retry_delay "
+        f"(the baseline's) {timing['intervals']['retry_delay_s']['campaign_s']:g} s, the lifecycle DAG's "
+        f"{timing['intervals']['lifecycle_retry_delay_s']['campaign_s']:g} s; kept above scale: {kept}).",
         "",
         f"**{result['violations']} violations**, {result['succeeded']} of {result['runs']} runs succeeded; "
         f"{sum(c['landed'] for c in result['coverage'].values())} faults landed, "

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# trainops/capacity's modules the claim, the return and the reaper run (not its CLI, nor the queue check
+# trainops/capacity's modules the claim and the return run (not its CLI, nor the queue check
 # only ClaimNodesOperator makes); a module one of these starts to use changes the importer too
 CAPACITY = (
     "claims",
@@ -29,7 +29,6 @@ CAPACITY = (
     "procedure",
     "quota",
     "ranking",
-    "reaper",
 )
 MEASURED = (
     "benchmarks/campaign",

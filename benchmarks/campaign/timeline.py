@@ -176,7 +176,6 @@ def run_times(
     final_step: int,
     faults: list[float],
     detected,
-    killed_return: float | None = None,
     dead: list[tuple[float, float]] = (),
     slow: Mapping[str, float] | None = None,
 ) -> RunTimes:
@@ -211,6 +210,5 @@ def run_times(
         gang_gpus=gang_gpus,
         succeeded=succeeded,
         final_step=final_step,
-        killed_return=killed_return,
         dead=list(dead),
     )

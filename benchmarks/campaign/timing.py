@@ -2,7 +2,7 @@
 
 The campaign compresses time: its trainer takes 0.02 s a step and its node probe publishes every second
 where a real one publishes every 60 s.  Every interval that decides how long a failure costs (how soon it
-is seen, when a try is retried, when the reaper returns a dead run's nodes) is its production default
+is seen, when a try is retried) is its production default
 divided by ``scale`` (production seconds per campaign second, 60 by default: the probe's own ratio), so
 that both policies keep their real proportions.  ``tests/capacity/test_campaign_timing.py`` checks each
 production value against the code or the configuration it comes from.
@@ -15,13 +15,12 @@ from dataclasses import asdict, dataclass
 # Production defaults, seconds, and where each comes from.
 PRODUCTION = {
     "nccl_timeout_s": 600.0,  # torch ProcessGroupNCCL's collective timeout (kProcessGroupNCCLDefaultTimeout)
-    "retry_delay_s": 300.0,  # Airflow [core] default_task_retry_delay
+    "retry_delay_s": 300.0,  # Airflow [core] default_task_retry_delay: the baseline's task keeps it
+    "lifecycle_retry_delay_s": 5.0,  # training_lifecycle(retry_delay=5 s): every trainops task's retry delay
     "task_heartbeat_timeout_s": 300.0,  # Airflow [scheduler] task_instance_heartbeat_timeout: a dead worker seen
     "triggerer_health_check_s": 30.0,  # Airflow [triggerer] triggerer_health_check_threshold: a dead triggerer's
     # triggers go to another triggerer
     "job_poll_interval_s": 10.0,  # KubernetesJobOperator(job_poll_interval=10)
-    "reaper_every_s": 600.0,  # dags/trainops_reaper.py: schedule=timedelta(minutes=10)
-    "reaper_grace_s": 600.0,  # dags/trainops_reaper.py: grace_s=600
     "evidence_wait_s": 150.0,  # GangTrainingOperator(evidence_wait_s=150): two node-probe rounds and a margin
     "node_probe_s": 60.0,  # the node probe DaemonSet publishes every 60 s (the devcluster's every 1 s)
     "termination_grace_s": 30.0,  # a stopped pod's terminationGracePeriodSeconds (Kubernetes' and trainops' default)

@@ -66,20 +66,21 @@ def test_a_failed_run_has_no_useful_steps_and_what_follows_its_last_failure_is_f
     assert result.held == pytest.approx(result.useful + result.overhead + result.lost)
 
 
-def test_nodes_held_after_a_killed_return_are_the_reapers():
+def test_a_killed_return_waiting_for_its_retry_is_the_dead_workers():
     run = RunTimes(
         {"n1": [(0.0, 9.0)], "n2": [(0.0, 12.0)]},
         [AttemptTimes("a1", 1.0, beats=beats(2.0, 0, 100))],
         gang_gpus=8,
         final_step=100,
-        killed_return=6.0,
+        dead=[(6.0, 8.0)],  # the return killed at 6.0, retried at 8.0
     )
 
     result = account(run)
 
-    assert result.causes["teardown"] == pytest.approx(16 * 2.0)  # 4.0 -> 6.0, both nodes
-    assert result.causes["reaper"] == pytest.approx(8 * 3.0 + 8 * 6.0)  # n1 to 9.0, n2 to 12.0
-    assert result.lost == result.causes["reaper"]
+    # 4.0 -> 6.0 and 8.0 -> 9.0 on both nodes, then n2 alone to 12.0
+    assert result.causes["teardown"] == pytest.approx(16 * 2.0 + 16 * 1.0 + 8 * 3.0)
+    assert result.causes["dead worker"] == pytest.approx(16 * 2.0)
+    assert result.lost == result.causes["dead worker"]
 
 
 def test_steps_on_a_gpu_at_half_speed_lose_half_their_time():

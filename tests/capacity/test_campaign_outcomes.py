@@ -52,6 +52,19 @@ def attempts(*, kept_out=None, resume=f"{RUN}step-40/", end: End | None = None) 
     ]
 
 
+def killed_return(returned_after: float | None):
+    """A return killed at 100.0 holding a node; given back ``returned_after`` seconds later (None: never)."""
+    timing = Timing()
+    return SimpleNamespace(
+        fault="sigkill-return",
+        held_at_kill=[NODE, "quota"],
+        killed={"return": 100.0},
+        returned_at=None if returned_after is None else 100.0 + returned_after,
+        retried_after=lambda: timing.task_heartbeat_timeout_s + timing.lifecycle_retry_delay_s,
+        ledger=SimpleNamespace(attempts=[]),
+    )
+
+
 TORN = f"{RUN}step-40/"
 SKIPPED = f"skipped newer checkpoint {TORN}: rank-1.bin is 4 bytes, the manifest says 4096"
 CASES = {
@@ -95,6 +108,15 @@ CASES = {
     "hang: seen before NCCL's watchdog": (
         run("hang", attempts(end=End("hang", Verdict.RESUME, "no heartbeat", at=105.0))),
         [],
+    ),
+    "sigkill-return: the teardown's retry returned it": (killed_return(6.0), []),
+    "sigkill-return: nothing returned it": (
+        killed_return(None),
+        ["the teardown's retry returned what the killed return held"],
+    ),
+    "sigkill-return: returned long after Airflow's retry": (
+        killed_return(60.0),
+        ["once Airflow retried it: 60.0 s"],
     ),
     "hang: seen only when NCCL aborted the ranks": (
         run("hang", attempts(end=End("crash", Verdict.RESUME, "exit 134", at=110.5))),

@@ -14,12 +14,6 @@ from benchmarks.campaign.timing import PRODUCTION, Timing
 REPO = Path(__file__).resolve().parents[2]
 
 
-def reaper_dag():
-    from trainops_devcluster import airflow_home
-
-    return airflow_home.load_dag("trainops_reaper", REPO / "dags")
-
-
 def probe_interval() -> float:
     documents = yaml.safe_load_all((REPO / "deploy" / "node-probe.yaml").read_text())
     (daemonset,) = [d for d in documents if d and d["kind"] == "DaemonSet"]
@@ -37,6 +31,12 @@ def job_poll_interval() -> float:
     from airflow.providers.cncf.kubernetes.operators.job import KubernetesJobOperator
 
     return inspect.signature(KubernetesJobOperator.__init__).parameters["job_poll_interval"].default
+
+
+def lifecycle_retry_delay() -> float:
+    from trainops.operators.lifecycle.dag import training_lifecycle
+
+    return inspect.signature(training_lifecycle).parameters["retry_delay"].default.total_seconds()
 
 
 def evidence_wait() -> float:
@@ -66,8 +66,7 @@ SOURCES = {
     "task_heartbeat_timeout_s": lambda: airflow_default("scheduler", "task_instance_heartbeat_timeout"),
     "triggerer_health_check_s": lambda: airflow_default("triggerer", "triggerer_health_check_threshold"),
     "job_poll_interval_s": job_poll_interval,
-    "reaper_every_s": lambda: reaper_dag().schedule.total_seconds(),
-    "reaper_grace_s": lambda: reaper_dag().params.get_param("grace_s").value,
+    "lifecycle_retry_delay_s": lifecycle_retry_delay,
     "evidence_wait_s": evidence_wait,
     "node_probe_s": probe_interval,
 }
@@ -86,7 +85,9 @@ def test_every_interval_but_nccls_is_checked_against_its_source():
 def test_the_scale_divides_every_interval_and_is_recorded():
     timing = Timing(scale=60)
     assert (
-        timing.nccl_timeout_s == 10 and timing.reaper_grace_s == 10 and timing.job_poll_interval_s == 10 / 60
+        timing.nccl_timeout_s == 10
+        and timing.lifecycle_retry_delay_s == 5 / 60
+        and timing.job_poll_interval_s == 10 / 60
     )
     recorded = timing.to_dict()
     assert recorded["scale"] == 60

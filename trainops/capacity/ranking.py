@@ -37,11 +37,11 @@ def drain_costs(pods: Iterable[dict], pdbs: Iterable[dict] = ()) -> Counter:
     budgets: dict[str, list[dict]] = defaultdict(list)
     for pdb in pdbs:
         budgets[pdb["metadata"].get("namespace", "")].append(pdb)
-    held = len(moving) + 1
+    refused = len(moving) + 2  # a pod a budget holds costs more than every other pod together
     cost: Counter = Counter()
     for pod in moving:
         node = (pod.get("spec") or {}).get("nodeName")
-        cost[node] += held + 1 if _held_by_budget(pod, budgets[pod["metadata"].get("namespace", "")]) else 1
+        cost[node] += refused if _held_by_budget(pod, budgets[pod["metadata"].get("namespace", "")]) else 1
     return cost
 
 

@@ -14,6 +14,7 @@ from trainops.kube.client import JOBS, NODES, PODS, SERVICES, Kind, Kube
 from trainops.kube.nodes import NodeState
 from trainops.kube.retry import Deadline
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
+from trainops.training.ledger import timestamp
 from trainops.training.naming import run_key
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,6 @@ class GangCluster:
         """The names of ``job``'s Workloads; for a suspended Job that has none yet, those Kueue makes
         until ``WORKLOAD_WAIT_S`` after the Job's creation (none: Kueue does not manage it, e.g. its
         priority class is missing)."""
-        from trainops.training.ledger import timestamp
-
         meta = job["metadata"]
         names = [w["metadata"]["name"] for w in self.workloads(namespace, job)]
         created = timestamp(meta.get("creationTimestamp")) or 0.0

@@ -457,16 +457,16 @@ class TrainingRun:
             "checkpoint": {"uri": checkpoint.uri, "step": checkpoint.step, "verified": checkpoint.how},
         }
 
-    def failure_message(self, action: Fail, ledger: Ledger | None = None) -> str:
+    def failure_message(self, action: Fail, ledger: Ledger) -> str:
         """``action``'s reason, and for a spent budget where to resume from once the cause is fixed
-        (``ledger``: the run's, when the caller has read it)."""
+        (``ledger``: the run's, as the caller read it)."""
         if not action.exhausted:
             return action.reason
         checkpoint, _ = latest_checkpoint(self.spec.run_path, self.store)
         where = f"{checkpoint.uri} (step {checkpoint.step})" if checkpoint.uri else "none"
         return (
             f"{action.reason}. Latest verified checkpoint: {where}. Excluded nodes: "
-            f"{(ledger or self.observe()).excluded or 'none'}. Fix the cause, then Clear the task to resume from that checkpoint."
+            f"{ledger.excluded or 'none'}. Fix the cause, then Clear the task to resume from that checkpoint."
         )
 
 
