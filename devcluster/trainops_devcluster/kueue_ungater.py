@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 
 from trainops.kube.kueue import topology_domains
 from trainops_devcluster.conditions import find_condition, set_condition
@@ -37,18 +37,33 @@ MULTIPLE_FAILURES = "Workload eviction triggered due to multiple TAS assigned no
 class TopologyUngater(InformerController):
     watches = ("pods", "nodes", WORKLOADS)
 
+    def __init__(self, store) -> None:
+        super().__init__(store)
+        # node -> the unfinished Workloads placed on it, so that a node's change costs what is on it,
+        # not a scan of every Workload the cluster ever ran (a burst of node writes fell minutes behind)
+        self._placed: dict[str, set] = defaultdict(set)
+        self._nodes_of: dict = {}  # Workload key -> the nodes it is indexed under
+
     def changed(self, resource: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
         if resource == WORKLOADS:
+            self._index(key_of(obj), new)
             self.mark(("workload", key_of(obj)))
         elif resource == "pods":
             workload = (obj["metadata"].get("annotations") or {}).get(WORKLOAD_ANNOTATION)
             if workload:
                 self.mark(("workload", (obj["metadata"]["namespace"], workload)))
         else:  # a node changed: every Workload placed on it
-            for key, workload in self.cache[WORKLOADS].items():
-                if obj["metadata"]["name"] in _assigned_nodes(workload):
-                    self.mark(("workload", key))
+            for key in sorted(self._placed.get(obj["metadata"]["name"], ())):
+                self.mark(("workload", key))
+
+    def _index(self, key, workload: dict | None) -> None:
+        for node in self._nodes_of.pop(key, ()):
+            self._placed[node].discard(key)
+        if workload is not None and not is_finished(workload):
+            self._nodes_of[key] = _assigned_nodes(workload)
+            for node in self._nodes_of[key]:
+                self._placed[node].add(key)
 
     def reconcile(self, keys: set) -> None:
         for _, key in keys:
