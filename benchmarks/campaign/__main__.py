@@ -49,12 +49,17 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
 
-    def progress(run) -> None:
+    def progress(run, report) -> None:
         base = run.baseline
+        lost = run.account.lost(report.setup("trainops"))
         print(
             f"run {run.index:>3} {run.fault:<22} {run.outcome[:40]:<40} landed {run.landed!s:<5} "
-            f"violations {len(run.violations)}  lost GPU-s trainops {run.account.lost:7.1f}"
-            + (f"  baseline {base.account.lost:7.1f} ({base.outcome})" if base else ""),
+            f"violations {len(run.violations)}  lost GPU-s trainops {lost:7.1f}"
+            + (
+                f"  baseline {base.account.lost(report.setup('baseline')):7.1f} ({base.outcome})"
+                if base
+                else ""
+            ),
             flush=True,
         )
 

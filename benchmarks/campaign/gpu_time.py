@@ -14,11 +14,13 @@ While a gang trains, its GPUs' time is useful for the steps that reach the final
 again); on a slowed GPU (speed ``s``) only ``s`` of a useful step's time is, the rest is ``slow steps``;
 the held GPUs beyond the gang's are ``spare``.  A run that failed has no useful steps, and what
 follows its last failure is ``failed``.  Time a run pays anyway while its task has no worker (killed,
-not yet retried) is the ``dead worker``'s.  ``OVERHEAD`` is what a run without faults pays too; the rest
-(``FAULT``) is lost to faults, the figure the policies are compared on.
+not yet retried) is the ``dead worker``'s.
 
-Recovery ends when the heartbeat passes the resume step: ``recoveries`` are failure to the next attempt's
-first heartbeat.
+Every GPU-second held is useful or lost.  The ``SETUP`` phases (claim, start, spare, teardown) are what
+a run without faults pays too: a policy's fault-free set-up is measured once (``Setup``, the median of
+its fault-free runs) and each run is charged only what its phases took beyond it (a fault that delays
+the first step, a requeue, a spare held longer: all lost, under the phase they fell in).  So
+``held = useful + runs x setup + lost`` exactly, for either policy.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-OVERHEAD = ("claim", "start", "spare", "teardown")
+SETUP = ("claim", "start", "spare", "teardown")
 FAULT = (
     "detection",
     "judgement",
@@ -68,21 +70,52 @@ class RunTimes:
     dead: list[tuple[float, float]] = field(default_factory=list)  # no worker ran the task (killed, retried)
 
 
+@dataclass(frozen=True)
+class Setup:
+    """A policy's fault-free set-up: GPU-seconds by ``SETUP`` phase, the median of its fault-free runs."""
+
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SETUP, 0.0))
+    runs: int = 0  # how many fault-free runs it is the median of (0: none measured, nothing subtracted)
+
+    @classmethod
+    def measured(cls, accounts: list[Account]) -> Setup:
+        if not accounts:
+            return cls()
+        return cls({p: statistics.median(a.causes[p] for a in accounts) for p in SETUP}, len(accounts))
+
+    @property
+    def total(self) -> float:
+        return sum(self.phases.values())
+
+    def to_dict(self) -> dict:
+        return {
+            "runs": self.runs,
+            "total_gpu_s": round(self.total, 1),
+            "by_phase_gpu_s": {phase: round(value, 1) for phase, value in self.phases.items()},
+        }
+
+
 @dataclass
 class Account:
+    """One run's GPU-seconds (or several runs' added up): held, useful, and by cause as measured."""
+
     held: float = 0.0
     useful: float = 0.0
-    causes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(OVERHEAD + FAULT, 0.0))
+    causes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SETUP + FAULT, 0.0))
     recoveries: list[float] = field(default_factory=list)
+    setups: int = 1  # the fault-free set-ups it is charged beyond: its runs that held GPUs
 
-    @property
-    def overhead(self) -> float:
-        return sum(self.causes[c] for c in OVERHEAD)
+    def charged(self, setup: Setup) -> dict[str, float]:
+        """GPU-seconds lost by cause: each fault cause as measured, each set-up phase beyond what
+        ``setups`` fault-free runs pay (negative where a fault shortened it, e.g. a spare put to work)."""
+        return {
+            cause: value - self.setups * setup.phases[cause] if cause in SETUP else value
+            for cause, value in self.causes.items()
+        }
 
-    @property
-    def lost(self) -> float:
-        """GPU-seconds lost to faults."""
-        return sum(self.causes[c] for c in FAULT)
+    def lost(self, setup: Setup) -> float:
+        """GPU-seconds lost: everything held that was neither useful nor the fault-free set-up."""
+        return sum(self.charged(setup).values())
 
     def add(self, other: Account) -> None:
         self.held += other.held
@@ -90,15 +123,17 @@ class Account:
         for cause, value in other.causes.items():
             self.causes[cause] += value
         self.recoveries += other.recoveries
+        self.setups += other.setups
 
-    def to_dict(self) -> dict:
+    def to_dict(self, setup: Setup) -> dict:
+        lost = self.lost(setup)
         return {
             "held_gpu_s": round(self.held, 1),
             "useful_gpu_s": round(self.useful, 1),
-            "overhead_gpu_s": round(self.overhead, 1),
-            "lost_gpu_s": round(self.lost, 1),
-            "lost_per_1000": per_1000(self.lost, self.held),
-            "by_cause_gpu_s": {cause: round(value, 1) for cause, value in self.causes.items()},
+            "setup_gpu_s": round(self.setups * setup.total, 1),
+            "lost_gpu_s": round(lost, 1),
+            "lost_per_1000": per_1000(lost, self.held),
+            "lost_by_cause_gpu_s": {cause: round(value, 1) for cause, value in self.charged(setup).items()},
         }
 
 
@@ -111,7 +146,8 @@ def account(run: RunTimes) -> Account:
     result = Account()
     held_from = min((a for spans in run.holds.values() for a, _ in spans), default=None)
     held_to = max((b for spans in run.holds.values() for _, b in spans), default=None)
-    if held_from is None:
+    if held_from is None:  # it never held a GPU: it paid no set-up either
+        result.setups = 0
         return result
     result.held = _held(run, held_from, held_to)
     useful_ranges = _lineage(run)
@@ -143,11 +179,11 @@ class Clock:
         self.run, self.now, self.result = run, now, result
 
     def to(self, until: float | None, cause: str) -> None:
-        """Credit now..``until`` to ``cause``; what a run pays anyway (``OVERHEAD``) while its task had no
+        """Credit now..``until`` to ``cause``; what a run pays anyway (``SETUP``) while its task had no
         worker (killed, not yet retried) is the ``dead worker``'s."""
         if until is None or until <= self.now:
             return
-        if cause in OVERHEAD:
+        if cause in SETUP:
             for start, end in sorted(self.run.dead):
                 start, end = max(start, self.now), min(end, until)
                 if start < end:

@@ -352,12 +352,12 @@ class Run:
 
     def airflow_retry(self) -> None:
         """A failed try is retried after the lifecycle DAG's ``retry_delay``."""
-        time.sleep(self.timing.lifecycle_retry_delay_s)
+        time.sleep(self.timing.retry_delay_s)
 
     def retried_after(self) -> float:
         """How long a killed worker's task waits for its next try: Airflow sees the worker dead after the
         task heartbeat timeout and retries the task after the lifecycle DAG's ``retry_delay``."""
-        return self.timing.task_heartbeat_timeout_s + self.timing.lifecycle_retry_delay_s
+        return self.timing.task_heartbeat_timeout_s + self.timing.retry_delay_s
 
     def worker_killed(self, step: str, at: float, dead_s: float) -> None:
         """No process runs the task for ``dead_s`` after ``at`` (until Airflow sees it dead and retries it,

@@ -1,12 +1,13 @@
-"""What a campaign result measured: the commit, and the content of the code it ran, path by path.
+"""What a campaign result measured: the commit, and the content of the code it ran, tree by tree.
 
-``MEASURED`` is the code a campaign's numbers depend on: the harness, the baseline's DAG, the demo trainer,
-and the product code each run goes through (the training run, claim and return, the health gate's
-judgement and quarantine, checkpoint verification and the choice of the latest, the trainer's checkpoint
-helper) or the report is computed with (the checkpoint-interval advice).  ``stamp()`` records
-git's hash of each as the campaign ran it (uncommitted edits included, through a throw-away index), so
-``tests/capacity/test_campaign_fresh.py`` can tell, on any clone, whether the result is older than the
-code: a path whose hash at HEAD differs was changed after the campaign that the result comes from.
+``MEASURED`` is everything a campaign's numbers depend on, as whole trees: the harness and the baseline's
+DAG, the product (its core and the manifests it ships), the simulated cluster the runs meet (its
+controllers, its fault model, the demo trainer its pods run), the test helpers the harness imports, and
+the dependency pins of the three distributions (Airflow and its providers, the baseline's operator).
+``tests/capacity/test_campaign_fresh.py`` shows every module the harness imports lies in one of them.
+``stamp()`` records git's hash of each as the campaign ran it (uncommitted edits included, through a
+throw-away index), so that test can tell, on any clone, whether the result is older than the code: a
+path whose hash at HEAD differs was changed after the campaign that the result comes from.
 """
 
 from __future__ import annotations
@@ -17,32 +18,18 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# trainops/capacity's modules the claim and the return run (not its CLI, nor the queue check
-# only ClaimNodesOperator makes); a module one of these starts to use changes the importer too
-CAPACITY = (
-    "claims",
-    "drain",
-    "inference",
-    "loans",
-    "overflow",
-    "prepull",
-    "procedure",
-    "quota",
-    "ranking",
-)
 MEASURED = (
-    "benchmarks/campaign",
-    "benchmarks/dags/bench_training_provider.py",
-    "devcluster/trainops_devcluster/demo/trainer.py",
-    "trainops/training",
-    *(f"trainops/capacity/{name}.py" for name in CAPACITY),
-    "trainops/health/gate.py",
-    "trainops/health/policy.py",
-    "trainops/health/quarantine.py",
-    "trainops/checkpoints/latest.py",
-    "trainops/checkpoints/verify.py",
-    "trainops/checkpoints/helper.py",  # the trainer's resume_from, commit and heartbeat (last_save_s)
-    "trainops/checkpoints/interval.py",  # the report's checkpoint-interval advice
+    "benchmarks/campaign",  # the harness
+    "benchmarks/dags",  # the baseline's DAG
+    "trainops",  # the product's core: every procedure a run goes through, the kube layer and its retries
+    "deploy",  # the manifests the product ships (the Kueue queues the devcluster applies)
+    "devcluster/trainops_devcluster",  # the simulated cluster, its faults, the demo trainer
+    "tests/capacity/helpers.py",  # the seeded objects and the rival writer (and its packages' inits)
+    "tests/capacity/__init__.py",
+    "tests/__init__.py",
+    "pyproject.toml",  # dependency pins: Airflow and the providers
+    "core/pyproject.toml",
+    "devcluster/pyproject.toml",
 )
 
 

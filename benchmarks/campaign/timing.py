@@ -15,8 +15,9 @@ from dataclasses import asdict, dataclass
 # Production defaults, seconds, and where each comes from.
 PRODUCTION = {
     "nccl_timeout_s": 600.0,  # torch ProcessGroupNCCL's collective timeout (kProcessGroupNCCLDefaultTimeout)
-    "retry_delay_s": 300.0,  # Airflow [core] default_task_retry_delay: the baseline's task keeps it
-    "lifecycle_retry_delay_s": 5.0,  # training_lifecycle(retry_delay=5 s): every trainops task's retry delay
+    # training_lifecycle(retry_delay=5 s): every trainops task's retry delay, and the baseline task's (a skilled
+    # user sets it as the lifecycle DAG does, not Airflow's 300 s default; bench_training keeps them equal too)
+    "retry_delay_s": 5.0,
     "task_heartbeat_timeout_s": 300.0,  # Airflow [scheduler] task_instance_heartbeat_timeout: a dead worker seen
     "triggerer_health_check_s": 30.0,  # Airflow [triggerer] triggerer_health_check_threshold: a dead triggerer's
     # triggers go to another triggerer

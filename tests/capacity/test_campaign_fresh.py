@@ -7,11 +7,17 @@ made: run ``make campaign`` (it rewrites the JSON and the README's numbers) and 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
+
+import pytest
 
 from benchmarks.campaign.faults import FAULTS
 from benchmarks.campaign.readme import disagreements
-from benchmarks.campaign.stamp import MEASURED, hashes, stale
+from benchmarks.campaign.stamp import MEASURED, git, hashes, stale
 
 REPO = Path(__file__).resolve().parents[2]
 RESULT = REPO / "benchmarks" / "campaign.json"
@@ -32,12 +38,57 @@ def test_the_readme_says_what_the_campaign_json_does_and_counts_the_codes_fault_
     assert disagreements(README.read_text(), result(), FAULTS) == []
 
 
-def test_a_measured_path_changed_since_the_campaign_is_named():
-    recorded = hashes()
-    recorded["trainops/training"] = "0" * 40  # the campaign ran an older training run
+def with_one_file_changed(path: str) -> str:
+    """A git tree: HEAD with one file under ``path`` edited (a line appended)."""
+    file = (
+        path
+        if (REPO / path).is_file()
+        else git("ls-tree", "-r", "--name-only", "HEAD", "--", path).split()[0]
+    )
+    blob = subprocess.run(
+        ["git", "hash-object", "-w", "--stdin"],
+        cwd=REPO,
+        input=git("show", f"HEAD:{file}") + "\n# changed\n",
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout.strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
+        git("read-tree", "HEAD", env=env)
+        git("update-index", "--cacheinfo", f"100644,{blob},{file}", env=env)
+        return git("write-tree", env=env)
 
-    assert stale(recorded) == ["trainops/training"]
-    assert set(MEASURED) >= {"trainops/training", "benchmarks/campaign", "trainops/capacity/procedure.py"}
+
+@pytest.mark.parametrize("path", MEASURED)
+def test_a_change_anywhere_in_a_measured_tree_makes_the_result_stale_naming_that_tree(path):
+    recorded = hashes(with_one_file_changed(path))  # a campaign that ran on an edited copy
+
+    assert stale(recorded) == [path]
+
+
+def test_every_module_of_the_repository_the_campaign_runs_is_measured():
+    # the harness with the baseline, each step's worker, the devcluster and the trainer its pods run
+    entry = (
+        "benchmarks.campaign.__main__",
+        "benchmarks.campaign.lifecycle",
+        "benchmarks.campaign.baseline",
+        "benchmarks.campaign.outcomes",
+        "benchmarks.campaign.steps",
+        "trainops_devcluster.cluster",
+        "trainops_devcluster.demo.trainer",
+    )
+    code = "import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in entry)
+    code += "print('\\n'.join(getattr(m, '__file__', None) or '' for m in list(sys.modules.values())))"
+    files = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    tracked = set(git("ls-files").split("\n"))
+    loaded = {Path(f).resolve() for f in files}
+    ours = {f.relative_to(REPO).as_posix() for f in loaded if f.is_relative_to(REPO)} & tracked
+
+    unmeasured = sorted(f for f in ours if not any(f == p or f.startswith(p + "/") for p in MEASURED))
+    assert len(ours) > 100 and unmeasured == []
 
 
 def test_a_readme_whose_fault_count_or_numbers_differ_is_named():

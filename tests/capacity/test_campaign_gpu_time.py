@@ -1,10 +1,11 @@
-"""The campaign's GPU-second accounting on plain timelines: every held GPU-second is useful or has a cause."""
+"""The campaign's GPU-second accounting on plain timelines: every held GPU-second is useful, the policy's
+fault-free set-up, or lost to a cause."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.campaign.gpu_time import AttemptTimes, RunTimes, account
+from benchmarks.campaign.gpu_time import AttemptTimes, RunTimes, Setup, account
 
 STEP_S = 0.02
 NODES = {"n1": [(0.0, 10.0)], "n2": [(0.0, 10.0)], "n3": [(0.0, 10.0)]}  # 3 nodes x 8 GPUs, 0 s to 10 s
@@ -15,18 +16,44 @@ def beats(start_at: float, start_step: int, end_step: int) -> list[tuple[float, 
     return [(start_at + (s - start_step) * STEP_S, s) for s in range(start_step + 5, end_step + 1, 5)]
 
 
-def test_a_run_without_faults_loses_nothing_and_its_overheads_are_the_claim_start_spare_and_teardown():
-    run = RunTimes(NODES, [AttemptTimes("a1", 2.0, beats=beats(3.0, 0, 100))], gang_gpus=16, final_step=100)
+def fault_free() -> RunTimes:
+    return RunTimes(NODES, [AttemptTimes("a1", 2.0, beats=beats(3.0, 0, 100))], gang_gpus=16, final_step=100)
 
-    result = account(run)
+
+SETUP = Setup.measured([account(fault_free())])
+
+
+def test_a_run_without_faults_pays_the_claim_start_spare_and_teardown_and_loses_nothing_beyond_them():
+    result = account(fault_free())
 
     assert result.held == pytest.approx(240)
     assert result.useful == pytest.approx(16 * 2.0)
-    assert result.lost == pytest.approx(0)
     causes = {
         k: pytest.approx(v) for k, v in {"claim": 48, "start": 24, "spare": 16, "teardown": 120}.items()
     }
     assert {k: v for k, v in result.causes.items() if v} == causes
+    assert SETUP.total == pytest.approx(208) and result.lost(SETUP) == pytest.approx(0)
+    assert result.lost(Setup()) == pytest.approx(240 - 32)  # nothing measured: all but the useful is lost
+
+
+def test_a_fault_that_delays_the_first_step_is_lost_under_start_not_hidden_as_set_up():
+    late = AttemptTimes("a1", 2.0, beats=beats(4.0, 0, 100))  # its first step a second later (a requeue)
+    run = RunTimes({n: [(0.0, 11.0)] for n in NODES}, [late], gang_gpus=16, final_step=100)
+
+    result = account(run)
+
+    assert result.charged(SETUP)["start"] == pytest.approx(24 * 1.0)
+    assert result.lost(SETUP) == pytest.approx(24 * 1.0)
+    assert result.held == pytest.approx(result.useful + SETUP.total + result.lost(SETUP))
+
+
+def test_runs_added_up_are_charged_beyond_one_set_up_each_and_a_run_that_held_nothing_beyond_none():
+    total = account(fault_free())
+    total.add(account(fault_free()))
+    total.add(account(RunTimes({}, [], gang_gpus=16)))
+
+    assert total.setups == 2
+    assert total.lost(SETUP) == pytest.approx(0)
 
 
 def test_a_crash_costs_detection_judgement_readmission_waiting_rendezvous_and_the_steps_done_again():
@@ -48,7 +75,7 @@ def test_a_crash_costs_detection_judgement_readmission_waiting_rendezvous_and_th
     }
     assert {k: result.causes[k] for k in lost} == {k: pytest.approx(v) for k, v in lost.items()}
     assert result.useful == pytest.approx(16 * 100 * STEP_S)
-    assert result.held == pytest.approx(result.useful + result.overhead + result.lost)
+    assert result.held == pytest.approx(result.useful + SETUP.total + result.lost(SETUP))
     assert result.recoveries == [pytest.approx(6.1 - 4.0)]  # to the first heartbeat past step 40
 
 
@@ -63,24 +90,26 @@ def test_a_failed_run_has_no_useful_steps_and_what_follows_its_last_failure_is_f
     assert result.causes["recomputed"] == pytest.approx(16 * 1.0)
     assert result.causes["re-rendezvous"] == pytest.approx(24 * 0.3)  # it started, then failed loading
     assert result.causes["failed"] == pytest.approx(24 * 4.0)
-    assert result.held == pytest.approx(result.useful + result.overhead + result.lost)
+    assert result.lost(SETUP) == pytest.approx(result.held - SETUP.total)  # all of it but the set-up
 
 
 def test_a_killed_return_waiting_for_its_retry_is_the_dead_workers():
-    run = RunTimes(
-        {"n1": [(0.0, 9.0)], "n2": [(0.0, 12.0)]},
-        [AttemptTimes("a1", 1.0, beats=beats(2.0, 0, 100))],
-        gang_gpus=8,
-        final_step=100,
-        dead=[(6.0, 8.0)],  # the return killed at 6.0, retried at 8.0
-    )
+    def returned(dead: list[tuple[float, float]], waited: float) -> RunTimes:
+        return RunTimes(
+            {"n1": [(0.0, 7.0 + waited)], "n2": [(0.0, 10.0 + waited)]},
+            [AttemptTimes("a1", 1.0, beats=beats(2.0, 0, 100))],
+            gang_gpus=8,
+            final_step=100,
+            dead=dead,
+        )
 
-    result = account(run)
+    result = account(returned([(6.0, 8.0)], waited=2.0))  # the return killed at 6.0, retried at 8.0
 
     # 4.0 -> 6.0 and 8.0 -> 9.0 on both nodes, then n2 alone to 12.0
     assert result.causes["teardown"] == pytest.approx(16 * 2.0 + 16 * 1.0 + 8 * 3.0)
     assert result.causes["dead worker"] == pytest.approx(16 * 2.0)
-    assert result.lost == result.causes["dead worker"]
+    not_killed = Setup.measured([account(returned([], waited=0.0))])
+    assert result.lost(not_killed) == pytest.approx(result.causes["dead worker"])
 
 
 def test_steps_on_a_gpu_at_half_speed_lose_half_their_time():

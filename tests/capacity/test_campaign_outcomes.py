@@ -60,7 +60,7 @@ def killed_return(returned_after: float | None):
         held_at_kill=[NODE, "quota"],
         killed={"return": 100.0},
         returned_at=None if returned_after is None else 100.0 + returned_after,
-        retried_after=lambda: timing.task_heartbeat_timeout_s + timing.lifecycle_retry_delay_s,
+        retried_after=lambda: timing.task_heartbeat_timeout_s + timing.retry_delay_s,
         ledger=SimpleNamespace(attempts=[]),
     )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -62,11 +61,10 @@ SOURCES = {
     "save_timeout_s": hang_policy("save_timeout"),
     "hang_floor_s": hang_policy("floor"),
     "startup_timeout_s": hang_policy("startup_timeout"),
-    "retry_delay_s": lambda: airflow_default("core", "default_task_retry_delay"),
     "task_heartbeat_timeout_s": lambda: airflow_default("scheduler", "task_instance_heartbeat_timeout"),
     "triggerer_health_check_s": lambda: airflow_default("triggerer", "triggerer_health_check_threshold"),
     "job_poll_interval_s": job_poll_interval,
-    "lifecycle_retry_delay_s": lifecycle_retry_delay,
+    "retry_delay_s": lifecycle_retry_delay,
     "evidence_wait_s": evidence_wait,
     "node_probe_s": probe_interval,
 }
@@ -86,13 +84,16 @@ def test_the_scale_divides_every_interval_and_is_recorded():
     timing = Timing(scale=60)
     assert (
         timing.nccl_timeout_s == 10
-        and timing.lifecycle_retry_delay_s == 5 / 60
+        and timing.retry_delay_s == 5 / 60
         and timing.job_poll_interval_s == 10 / 60
     )
     recorded = timing.to_dict()
     assert recorded["scale"] == 60
-    assert recorded["intervals"]["retry_delay_s"] == {"production_s": 300.0, "campaign_s": 5.0, "kept": False}
+    assert recorded["intervals"]["nccl_timeout_s"] == {
+        "production_s": 600.0,
+        "campaign_s": 10.0,
+        "kept": False,
+    }
     assert recorded["intervals"]["hang_floor_s"] == {"production_s": 30.0, "campaign_s": 3.0, "kept": True}
-    assert timedelta(seconds=timing.retry_delay_s) == timedelta(seconds=5)
     with pytest.raises(ValueError, match="scale"):
         Timing(scale=0.5)
