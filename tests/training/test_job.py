@@ -385,3 +385,23 @@ def test_gang_training_operator_hands_min_nodes_to_the_run_and_refuses_a_bad_one
     assert not operator().spec().sizing.elastic  # off unless asked for
     with pytest.raises(ValueError, match="min_nodes must be an integer from 1 to nodes"):
         operator(min_nodes=5).spec()
+
+
+def test_every_attempt_tells_the_trainer_the_run_s_original_size_so_an_elastic_resume_keeps_its_global_batch():
+    """TRAINOPS_ORIGINAL_NODES / TRAINOPS_ORIGINAL_WORLD_SIZE are the run's own size on every attempt
+    (the same as the current size on a full one); the helper turns them into the accumulation steps."""
+    from trainops.checkpoints.helper import elastic_world
+
+    run = spec(nodes=4, min_nodes=2, procs_per_node=2)
+    full = build_job(run, name="j", dag_id="d", run_id="r", attempt=1, resume_from=None)
+    smaller = build_job(
+        run, name="j", dag_id="d", run_id="r", attempt=2, resume_from="s3://b/runs/r1/step-40/", nodes=2
+    )
+    for job, nodes in ((full, "4"), (smaller, "2")):
+        env = {k: v["value"] for k, v in env_of(job).items() if "value" in v}
+        assert env["TRAINOPS_ORIGINAL_NODES"] == "4" and env["TRAINOPS_ORIGINAL_WORLD_SIZE"] == "8"
+        assert env["TRAINOPS_WORLD_SIZE"] == nodes
+        world = elastic_world({**env, "RANK": "3"})  # torchrun sets RANK in each worker
+        assert world.accumulation_steps == 8 // int(env["WORLD_SIZE"]) and world.resized == (nodes == "2")
+    with pytest.raises(ValueError, match="TRAINOPS_ORIGINAL_NODES"):
+        spec(nodes=4, env={"TRAINOPS_ORIGINAL_NODES": "2"})  # trainops sets it

@@ -14,6 +14,13 @@ Importable in a training image with only boto3 installed (no Airflow)::
 
 Environment: ``TRAINOPS_RUN_URI`` (the run path), ``TRAINOPS_RESUME_FROM`` (set by the
 orchestrator, empty on a fresh start), and boto3's usual AWS variables (``AWS_ENDPOINT_URL_S3``).
+
+An elastic resume (``min_nodes``) may run an attempt on fewer ranks than the run was sized for;
+:func:`elastic_world` tells the trainer how to keep the global batch (and so the loss curve) there::
+
+    world = elastic_world()                    # TRAINOPS_ORIGINAL_WORLD_SIZE vs WORLD_SIZE, RANK
+    accumulate = world.accumulation_steps      # original // current ranks (ElasticSizeError if it does not divide)
+    mine = world.samples(offset, global_batch) # this rank's global sample indices of the step's batch
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ from trainops.errors import PermanentError
 
 RUN_URI_ENV = "TRAINOPS_RUN_URI"
 RESUME_FROM_ENV = "TRAINOPS_RESUME_FROM"
+ORIGINAL_WORLD_SIZE_ENV = (
+    "TRAINOPS_ORIGINAL_WORLD_SIZE"  # ranks the run was sized for: nodes x procs_per_node
+)
+ORIGINAL_NODES_ENV = "TRAINOPS_ORIGINAL_NODES"  # nodes the run was sized for (its ``nodes``)
+NODES_ENV = "TRAINOPS_WORLD_SIZE"  # this attempt's nodes (a node count, despite the name)
 HEARTBEAT_FILE = "heartbeat.json"
 HEARTBEAT_LIMIT = 64 << 10  # heartbeat() writes ~200 bytes plus the trainer's ``extra``
 CLOCK_SKEW_S = 300.0  # how far ahead of a reader's clock a trainer's may run
@@ -248,3 +260,181 @@ def _require_env(name: str) -> str:
     if not value:
         raise ValueError(f"{name} is not set: pass run_uri= or set {name}=s3://bucket/runs/<run>/")
     return value
+
+
+class ElasticSizeError(ValueError):
+    """This attempt's size cannot keep the run's global batch the way the trainer asked."""
+
+
+@dataclass(frozen=True)
+class ElasticWorld:
+    """The run's original size and this attempt's, in ranks (processes), and what keeps the global batch.
+
+    An elastic resume runs an attempt on fewer nodes than the run's ``nodes`` (down to ``min_nodes``).
+    Training that keeps a fixed micro-batch per rank would silently change its global batch (and so its
+    effective learning rate); instead each rank accumulates gradients over ``accumulation_steps``
+    micro-batches, and takes its slice of every global batch by sample index (:meth:`samples`), so no
+    sample is repeated or skipped across the resize when the data position is saved in the checkpoint
+    as a global sample offset.  Scale each micro-batch's summed loss by ``1 / share`` (the rank's
+    samples per step) so the data-parallel gradient average is the mean over the global batch.
+
+    ``model_parallel``: ranks per data-parallel replica (tensor, pipeline, context parallel), laid out
+    contiguously (rank = dp_rank * model_parallel + i, torch's device-mesh order with the data-parallel
+    dimension outermost); 1 for plain data parallel and FSDP.  Sharded state (FSDP) over the
+    data-parallel ranks grows by :attr:`shard_growth` per GPU: check it fits the GPU's memory.
+    """
+
+    rank: int
+    world_size: int
+    original_world_size: int
+    model_parallel: int = 1
+    nodes: int | None = None  # this attempt's nodes (TRAINOPS_WORLD_SIZE), for messages
+    original_nodes: int | None = None  # the run's nodes (TRAINOPS_ORIGINAL_NODES), for messages
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "original_world_size", "model_parallel"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if (
+            isinstance(self.rank, bool)
+            or not isinstance(self.rank, int)
+            or not 0 <= self.rank < self.world_size
+        ):
+            raise ValueError(
+                f"rank must be an integer from 0 to world_size - 1 ({self.world_size - 1}), got {self.rank!r}"
+            )
+        for name, ranks in (
+            ("WORLD_SIZE", self.world_size),
+            (ORIGINAL_WORLD_SIZE_ENV, self.original_world_size),
+        ):
+            if ranks % self.model_parallel:
+                raise ValueError(
+                    f"{name}={ranks} ranks do not split into data-parallel replicas of "
+                    f"model_parallel={self.model_parallel} ranks"
+                )
+
+    @property
+    def resized(self) -> bool:
+        """Whether this attempt runs on another size than the run's original one (an elastic resume)."""
+        return self.world_size != self.original_world_size
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel replicas now: the size to shard a sampler with."""
+        return self.world_size // self.model_parallel
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel replica: the rank to shard a sampler with."""
+        return self.rank // self.model_parallel
+
+    @property
+    def original_dp_size(self) -> int:
+        """Data-parallel replicas the run was sized for."""
+        return self.original_world_size // self.model_parallel
+
+    @property
+    def shard_growth(self) -> float:
+        """How many times its full-size shard each GPU now holds of state sharded over the data-parallel
+        ranks (FSDP parameters, gradients, optimizer state): ``original_dp_size / dp_size``."""
+        return self.original_dp_size / self.dp_size
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step that keep the global batch with an unchanged micro-batch:
+        ``original_dp_size // dp_size`` (1 on the original size).  Raises ElasticSizeError, naming the
+        variables and the nearest sizes that would do, when the current size does not divide the original."""
+        original, now = self.original_dp_size, self.dp_size
+        if original % now == 0:
+            return original // now
+        fits = [d for d in range(1, original + 1) if original % d == 0]
+        below = max(d for d in fits if d < now)
+        above = [d for d in fits if d > now]
+        nearest = f"{below} (accumulation {original // below})" + (f" or {above[0]}" if above else "")
+        nodes = ""
+        if self.original_nodes and self.nodes:
+            dividing = [n for n in range(1, self.original_nodes + 1) if self.original_nodes % n == 0]
+            nodes = (
+                f" ({NODES_ENV}={self.nodes} of {ORIGINAL_NODES_ENV}={self.original_nodes} nodes; "
+                f"node counts that divide it: {', '.join(map(str, dividing))})"
+            )
+        raise ElasticSizeError(
+            f"{self.world_size} ranks (WORLD_SIZE) do not divide {ORIGINAL_WORLD_SIZE_ENV}="
+            f"{self.original_world_size}{nodes}: no whole number of accumulation steps keeps the global "
+            f"batch on {now} data-parallel ranks of {original}; the nearest sizes that do: {nearest} "
+            f"data-parallel ranks. Keep the global batch with smaller micro-batches instead "
+            f"(ElasticWorld.micro_batches), or resume only on sizes that divide it (trainops resumes on "
+            f"any node count from min_nodes to nodes)"
+        )
+
+    def share(self, global_batch: int) -> int:
+        """Samples each data-parallel rank takes of a global batch of ``global_batch`` samples; raises
+        ElasticSizeError when it does not split evenly over the current data-parallel ranks."""
+        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or global_batch < 1:
+            raise ValueError(f"global_batch must be an integer >= 1, got {global_batch!r}")
+        if global_batch % self.dp_size:
+            fits = [d for d in range(1, self.dp_size) if global_batch % d == 0]
+            raise ElasticSizeError(
+                f"a global batch of {global_batch} samples does not split evenly over {self.dp_size} "
+                f"data-parallel ranks (WORLD_SIZE={self.world_size}, {ORIGINAL_WORLD_SIZE_ENV}="
+                f"{self.original_world_size}); the nearest fewer that it does: {fits[-1]}"
+            )
+        return global_batch // self.dp_size
+
+    def samples(self, offset: int, global_batch: int) -> range:
+        """This rank's global sample indices of the global batch that starts at sample ``offset``:
+        a contiguous ``share(global_batch)`` of them, by data-parallel rank.  Save the offset after the
+        step (``offset + global_batch``) in the checkpoint: any size that resumes it goes on with the
+        next sample, each rank with its own slice."""
+        share = self.share(global_batch)
+        start = offset + self.dp_rank * share
+        return range(start, start + share)
+
+    def micro_batches(self, micro_batch: int) -> tuple[int, ...]:
+        """Sizes of this rank's micro-batches in one optimizer step that keep the global batch of
+        ``original_dp_size * micro_batch`` samples, none larger than ``micro_batch``:
+        ``accumulation_steps`` of ``micro_batch`` when the size divides the original, else the rank's
+        share split as evenly as it goes (e.g. 3 -> 2 ranks of 32: two of 24).  Raises ElasticSizeError
+        when the global batch does not split evenly over the current ranks."""
+        if isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1:
+            raise ValueError(f"micro_batch must be an integer >= 1, got {micro_batch!r}")
+        share = self.share(self.original_dp_size * micro_batch)
+        count = -(-share // micro_batch)
+        size, larger = divmod(share, count)
+        return tuple(size + 1 if i < larger else size for i in range(count))
+
+
+def elastic_world(env: Mapping[str, str] | None = None, *, model_parallel: int = 1) -> ElasticWorld:
+    """The run's original size and this attempt's, from the environment (``os.environ`` by default).
+
+    ``RANK`` and ``WORLD_SIZE`` (this attempt's ranks; set by trainops, or by torchrun in each worker),
+    ``TRAINOPS_ORIGINAL_WORLD_SIZE`` (the ranks the run was sized for: its ``nodes`` x ``procs_per_node``,
+    the same on every attempt), and for messages ``TRAINOPS_ORIGINAL_NODES`` / ``TRAINOPS_WORLD_SIZE``
+    (the run's nodes and this attempt's).  Without ``TRAINOPS_ORIGINAL_WORLD_SIZE`` (outside trainops)
+    the current size is the original; without ``WORLD_SIZE``, one rank.  Raises ValueError naming a
+    variable that is not a positive integer.
+    """
+    env = os.environ if env is None else env
+
+    def number(name: str, default: int | None, least: int = 1) -> int | None:
+        text = str(env.get(name, "")).strip()
+        if not text:
+            return default
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {text[:SHOWN]!r}")
+        return value
+
+    world = number("WORLD_SIZE", 1)
+    return ElasticWorld(
+        rank=number("RANK", 0, least=0),
+        world_size=world,
+        original_world_size=number(ORIGINAL_WORLD_SIZE_ENV, world),
+        model_parallel=model_parallel,
+        nodes=number(NODES_ENV, None),
+        original_nodes=number(ORIGINAL_NODES_ENV, None),
+    )

@@ -214,7 +214,10 @@ def _env(spec: TrainingSpec, name: str, attempt: int, resume_from: str | None, s
         "TRAINOPS_RUN_URI": spec.run_path,
         "TRAINOPS_RESUME_FROM": resume_from or "",
         "TRAINOPS_ATTEMPT": str(attempt),
-        "TRAINOPS_WORLD_SIZE": str(size),
+        "TRAINOPS_WORLD_SIZE": str(size),  # this attempt's nodes
+        # the run's own size, on every attempt: an elastic resume's trainer keeps its global batch with them
+        "TRAINOPS_ORIGINAL_NODES": str(spec.nodes),
+        "TRAINOPS_ORIGINAL_WORLD_SIZE": str(spec.nodes * spec.procs_per_node),
         "MASTER_ADDR": address,
         "MASTER_PORT": str(spec.master_port),
         "WORLD_SIZE": str(size * spec.procs_per_node),
