@@ -3,8 +3,12 @@
 Each pod of the trainops Job is one rank: ``torch.distributed`` rendezvouses through the env the Job
 sets (``MASTER_ADDR`` = rank 0 behind the Job's headless Service, ``MASTER_PORT``, ``RANK``,
 ``WORLD_SIZE``).  A small MLP, sharded across the ranks with ``fully_shard``, learns a fixed
-function on synthetic batches that depend only on (step, rank), so a resumed run retraces the
-original one.  Every ``--checkpoint-every`` steps each rank saves its shard with
+function from a synthetic data set read by global sample index: each step takes the next global
+batch of ``--batch`` x the run's original ranks (``TRAINOPS_ORIGINAL_WORLD_SIZE``) samples, each rank
+its contiguous slice, so a resumed run retraces the original one, at its size or, after an elastic
+resume, on fewer ranks: each then accumulates gradients over more micro-batches (the helper's
+``elastic_world()``) and the loss curve is the same.  The checkpoint records the data position as a
+global sample offset (``train.samples``).  Every ``--checkpoint-every`` steps each rank saves its shard with
 ``torch.distributed.checkpoint`` and uploads it to ``$TRAINOPS_RUN_URI/step-<N>/``; rank 0 uploads
 the ``.metadata`` last and commits the checkpoint with ``trainops.checkpoints.helper.commit``.
 Rank 0 beats the helper's heartbeat.  On start, rank 0 asks ``resume_from()`` where to resume and
@@ -36,9 +40,10 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from trainops.checkpoints.helper import RUN_URI_ENV, commit, heartbeat, resume_from
+from trainops.checkpoints.helper import RUN_URI_ENV, commit, elastic_world, heartbeat, resume_from
 
 FEATURES, HIDDEN = 16, 64
+DATA_SIZE = 1 << 16  # samples in the synthetic data set; sample i is row i % DATA_SIZE
 METADATA_FILE = ".metadata"
 RESUMES = "resumes"
 
@@ -48,12 +53,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=200, help="train until this step")
     parser.add_argument("--checkpoint-every", type=int, default=20, help="steps between checkpoints")
     parser.add_argument("--heartbeat-every", type=int, default=5, help="steps between heartbeats")
-    parser.add_argument("--batch", type=int, default=32, help="samples per rank and step")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=32,
+        help="samples per rank and micro-batch; the global batch is this times the run's original ranks",
+    )
     parser.add_argument("--lr", type=float, default=1e-2, help="AdamW learning rate")
     parser.add_argument(
         "--step-seconds", type=float, default=0.0, help="extra time per step (a slower model)"
     )
     parser.add_argument("--timeout-seconds", type=float, default=120.0, help="collective timeout")
+    parser.add_argument("--loss-log", help="rank 0 appends each step's global loss here (JSON lines)")
     args = parser.parse_args(argv)
     for name in ("steps", "checkpoint_every", "heartbeat_every", "batch"):
         if getattr(args, name) < 1:
@@ -75,15 +86,33 @@ def build(world: int, lr: float) -> tuple[torch.nn.Module, torch.optim.Optimizer
     return model, torch.optim.AdamW(model.parameters(), lr=lr)
 
 
-def train_step(model, optimizer, step: int, rank: int, world: int, batch: int) -> float:
-    generator = torch.Generator().manual_seed(step * world + rank)
-    x = torch.randn(batch, FEATURES, generator=generator)
-    y = torch.sin(x).sum(dim=1, keepdim=True)
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward()
+def dataset() -> torch.Tensor:
+    """The inputs of the synthetic data set, the same in every process (its targets: ``target``)."""
+    return torch.randn(DATA_SIZE, FEATURES, generator=torch.Generator().manual_seed(1234))
+
+
+def target(x: torch.Tensor) -> torch.Tensor:
+    return torch.sin(x).sum(dim=1, keepdim=True)
+
+
+def train_step(model, optimizer, x: torch.Tensor, micro_batches: tuple[int, ...], global_batch: int) -> float:
+    """One optimizer step over this rank's samples ``x`` of the global batch, in ``micro_batches``
+    (gradient accumulation); returns the global batch's mean loss (a collective).
+
+    Each micro-batch's summed loss is divided by the rank's share (``len(x)``): FSDP averages the
+    gradients over the ranks, so the step follows the mean over the global batch, whatever the split."""
+    share, total, start = len(x), torch.zeros(()), 0
+    for index, size in enumerate(micro_batches):
+        model.set_requires_gradient_sync(index == len(micro_batches) - 1)  # reduce once, after the last
+        xb = x[start : start + size]
+        loss = torch.nn.functional.mse_loss(model(xb), target(xb), reduction="sum")
+        (loss / share).backward()
+        total += loss.detach()
+        start += size
     optimizer.step()
     optimizer.zero_grad()
-    return loss.item()
+    dist.all_reduce(total)
+    return total.item() / global_batch
 
 
 def state_digest(tree) -> str:
@@ -146,15 +175,25 @@ class Run:
         self.args = args
         self.run_uri = run_uri if run_uri.endswith("/") else run_uri + "/"
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        # the run's original size (TRAINOPS_ORIGINAL_WORLD_SIZE) against this attempt's
+        self.elastic = elastic_world({**os.environ, "RANK": str(self.rank), "WORLD_SIZE": str(self.world)})
+        self.global_batch = self.elastic.original_dp_size * args.batch  # kept across an elastic resume
+        self.micro_batches = self.elastic.micro_batches(args.batch)  # refuses a batch that does not split
+        self.data = dataset()
         self.model, self.optimizer = build(self.world, args.lr)
         self.scratch = Path(tempfile.mkdtemp(prefix=f"rank{self.rank}-"))
 
     def log(self, message: str) -> None:
         print(f"[rank {self.rank}/{self.world}] {message}", flush=True)
 
-    def state(self, step: int) -> dict:
+    def state(self, step: int, samples: int) -> dict:
         model, optimizer = get_state_dict(self.model, self.optimizer)
-        return {"model": model, "optim": optimizer, "train": {"step": step}}
+        return {"model": model, "optim": optimizer, "train": {"step": step, "samples": samples}}
+
+    def batch(self, samples: int) -> torch.Tensor:
+        """This rank's slice of the global batch that starts at global sample ``samples``."""
+        mine = self.elastic.samples(samples, self.global_batch)
+        return self.data[torch.arange(mine.start, mine.stop) % DATA_SIZE]
 
     def full_state_digest(self) -> str | None:
         """The digest of the whole (unsharded) model and optimizer state, on rank 0 (a collective)."""
@@ -162,12 +201,12 @@ class Run:
         model, optimizer = get_state_dict(self.model, self.optimizer, options=options)
         return state_digest({"model": model, "optim": optimizer}) if self.rank == 0 else None
 
-    def save(self, step: int) -> None:
+    def save(self, step: int, samples: int) -> None:
         uri = f"{self.run_uri}step-{step}/"
         if self.rank == 0:
             heartbeat(step, ranks=self.world, saving=True, phase="checkpoint", run_uri=self.run_uri)
         local = self.scratch / f"step-{step}"
-        dcp.save(self.state(step), checkpoint_id=local)  # this rank's shard: __<rank>_0.distcp
+        dcp.save(self.state(step, samples), checkpoint_id=local)  # this rank's shard: __<rank>_0.distcp
         upload(local, uri, sorted(n for n in os.listdir(local) if n != METADATA_FILE))
         dist.barrier()  # every shard is in the bucket: now the metadata that names them, then commit
         if self.rank == 0:
@@ -176,23 +215,24 @@ class Run:
             self.log(f"checkpoint {uri} committed ({result.files} files, {result.bytes} bytes)")
             heartbeat(step, ranks=self.world, run_uri=self.run_uri)
 
-    def resume(self) -> int:
-        """Load the checkpoint ``resume_from()`` names (rank 0 decides for all); the step to go on from."""
+    def resume(self) -> tuple[int, int]:
+        """Load the checkpoint ``resume_from()`` names (rank 0 decides for all); the step and the global
+        sample offset to go on from."""
         choice = [resume_from() if self.rank == 0 else None]
         dist.broadcast_object_list(choice, src=0)
         source = choice[0]
         if not source:
             self.log("fresh start at step 0")
-            return 0
+            return 0, 0
         local = self.scratch / "resume"
         local.mkdir()
         download(source, local)
-        state = self.state(-1)
+        state = self.state(-1, -1)
         dcp.load(state, checkpoint_id=local)
         set_state_dict(
             self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
         )
-        step = int(state["train"]["step"])
+        step, samples = int(state["train"]["step"]), int(state["train"]["samples"])
         digest = self.full_state_digest()
         if self.rank == 0:
             record = {
@@ -202,19 +242,33 @@ class Run:
                 "attempt": os.environ.get("TRAINOPS_ATTEMPT"),
             }
             put_json(f"{self.run_uri}{RESUMES}/attempt-{record['attempt']}.json", record)
-        self.log(f"resumed from {source} at step {step} (state sha256 {digest})")
-        return step
+        self.log(f"resumed from {source} at step {step}, sample {samples} (state sha256 {digest})")
+        return step, samples
 
     def train(self) -> None:
-        step = self.resume()
+        step, samples = self.resume()
+        if self.elastic.resized:
+            self.log(
+                f"elastic: {self.world} of the run's {self.elastic.original_world_size} ranks keep its global batch "
+                f"of {self.global_batch} with micro-batches {list(self.micro_batches)} per rank; each holds "
+                f"{self.elastic.shard_growth:g}x its sharded state"
+            )
         while step < self.args.steps:
             step += 1
-            loss = train_step(self.model, self.optimizer, step, self.rank, self.world, self.args.batch)
+            x = self.batch(samples)
+            loss = train_step(self.model, self.optimizer, x, self.micro_batches, self.global_batch)
+            samples += self.global_batch
+            if self.rank == 0 and self.args.loss_log:
+                with open(self.args.loss_log, "a") as log:
+                    print(
+                        json.dumps({"step": step, "loss": loss, "ranks": self.world, "samples": samples}),
+                        file=log,
+                    )
             time.sleep(self.args.step_seconds)
             if self.rank == 0 and step % self.args.heartbeat_every == 0:
                 heartbeat(step, ranks=self.world, run_uri=self.run_uri, extra={"loss": loss})
             if step % self.args.checkpoint_every == 0 or step == self.args.steps:
-                self.save(step)
+                self.save(step, samples)
         self.log(f"training done at step {step}")
 
 
