@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=16, help="GPU nodes of 8 GPUs in the devcluster")
     parser.add_argument("--scale", type=float, default=60.0, help="production seconds per campaign second")
     parser.add_argument("--no-baseline", action="store_true", help="run trainops only")
+    parser.add_argument("--kinds", help="comma-separated fault kinds to draw from (default: all)")
     parser.add_argument("--json", type=Path, help="write the result as JSON here")
     parser.add_argument(
         "--readme", type=Path, help="write the campaign section of this README from the result"
@@ -47,6 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.campaign import FAULTS, campaign
     from benchmarks.campaign.timing import Timing
 
+    kinds = tuple(args.kinds.split(",")) if args.kinds else FAULTS
+    if unknown := set(kinds) - set(FAULTS):
+        parser.error(f"--kinds: unknown {sorted(unknown)}; known: {', '.join(FAULTS)}")
+
     started = time.monotonic()
 
     def progress(run, report) -> None:
@@ -69,13 +74,14 @@ def main(argv: list[str] | None = None) -> int:
         "nodes": args.nodes,
         "scale": args.scale,
         "baseline": not args.no_baseline,
-        "kinds": list(FAULTS),
+        "kinds": list(kinds),
     }
     report = campaign(
         args.runs,
         args.seed,
         nodes=args.nodes,
         timing=Timing(args.scale),
+        kinds=kinds,
         baseline=not args.no_baseline,
         progress=progress,
     )

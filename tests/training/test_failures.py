@@ -54,6 +54,45 @@ def test_gpu_errors_in_the_users_log_are_hints_never_blame(printed):
     assert failure.to_dict()["hints"] == failure.hints
 
 
+def with_gpus(obj, capacity, allocatable):
+    obj["status"]["capacity"] = {"nvidia.com/gpu": capacity, "cpu": "96"}
+    obj["status"]["allocatable"] = {"nvidia.com/gpu": allocatable, "cpu": "95500m"}
+    return obj
+
+
+def test_a_gpu_its_device_plugin_took_out_of_allocatable_blames_the_node_without_waiting_for_the_probe():
+    nodes = {"a": with_gpus(node("a"), "8", "7"), "b": with_gpus(node("b"), "8", "8")}
+    logs = {"p0": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"}
+
+    failure = classify([pod("p0", "a", 1)], nodes, logs)
+
+    assert failure.kind is FailureKind.INFRASTRUCTURE
+    assert failure.culprits == {
+        "a": {
+            "problems": [
+                "1 GPU(s) unhealthy: the device plugin took them out of allocatable "
+                "(nvidia.com/gpu capacity 8, allocatable 7)"
+            ]
+        }
+    }
+    assert reason_code("; ".join([*failure.culprits["a"]["problems"], *failure.hints])) == "xid-79"
+    assert reason_code(failure.culprits["a"]["problems"][0]) == "gpu-unhealthy"
+
+
+@pytest.mark.parametrize(
+    ("capacity", "allocatable"),
+    [("8", "8"), (None, "7"), ("8", None), ("8", "a lot"), ("0", "0")],
+)
+def test_allocatable_equal_to_capacity_or_unreadable_is_no_evidence(capacity, allocatable):
+    obj = node("a")
+    obj["status"]["capacity"] = {} if capacity is None else {"nvidia.com/gpu": capacity}
+    obj["status"]["allocatable"] = {} if allocatable is None else {"nvidia.com/gpu": allocatable}
+
+    failure = classify([pod("p0", "a", 1)], {"a": obj}, {"p0": "Xid 79"})
+
+    assert failure.kind is FailureKind.USER_CODE and failure.culprits == {}
+
+
 def test_the_node_probes_word_blames_the_node_and_the_log_stays_a_hint():
     nodes = {"a": node("a", gpu="False"), "b": node("b")}
     logs = {"p0": "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus"}

@@ -13,6 +13,7 @@ _CODES = (
     ("node not Ready", "node-not-ready"),
     ("node object is gone", "node-lost"),
     ("GPUHealthy=False", "gpu-unhealthy"),
+    ("GPU(s) unhealthy", "gpu-unhealthy"),
 )
 
 

@@ -7,9 +7,9 @@ A node is blamed only on evidence from the node side; what the user's container 
 attempt and never enough to quarantine: a kernel bug in the user's code prints the same lines.
 
 Rules, in order:
-1. Node-side evidence (the node not Ready or gone, a ``GPUHealthy=False`` condition published by
-   the node probe, a health verdict that says quarantine) makes it an infrastructure failure and
-   blames that node (it gets quarantined).
+1. Node-side evidence (the node not Ready or gone, GPUs its device plugin took out of allocatable,
+   a ``GPUHealthy=False`` condition published by the node probe, a health verdict that says
+   quarantine) makes it an infrastructure failure and blames that node (it gets quarantined).
 2. The kubelet's or the control plane's word that the pod was taken away (node lost, evicted,
    disrupted, killed by SIGTERM/SIGKILL from outside) is infrastructure too, blaming nobody.
 3. Otherwise a failed container with a non-zero exit code is the user's code (exit 1, a
@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from trainops.conventions import GPU_HEALTHY_CONDITION, HEALTH_LABEL, HEALTH_QUARANTINED
+from trainops.conventions import GPU_HEALTHY_CONDITION, GPU_RESOURCE, HEALTH_LABEL, HEALTH_QUARANTINED
 
 
 class FailureKind(StrEnum):
@@ -172,7 +172,14 @@ def node_problems(node: Mapping | None) -> list[str]:
     if node is None:
         return ["the node object is gone (node deleted or lost)"]
     problems = []
-    conditions = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
+    status = node.get("status") or {}
+    if (lost := unhealthy_gpus(status)) > 0:
+        problems.append(
+            f"{lost} GPU(s) unhealthy: the device plugin took them out of allocatable "
+            f"({GPU_RESOURCE} capacity {_count(status.get('capacity'))}, "
+            f"allocatable {_count(status.get('allocatable'))})"
+        )
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
     ready = conditions.get("Ready")
     if ready is not None and ready.get("status") != "True":
         problems.append(
@@ -184,6 +191,21 @@ def node_problems(node: Mapping | None) -> list[str]:
     if ((node.get("metadata") or {}).get("labels") or {}).get(HEALTH_LABEL) == HEALTH_QUARANTINED:
         problems.append("node already quarantined")
     return problems
+
+
+def unhealthy_gpus(status: Mapping) -> int:
+    """GPUs the node's device plugin reports unhealthy: capacity counts every device, allocatable only
+    the healthy ones (kubelet reserves nothing of an extended resource)."""
+    capacity, allocatable = _count(status.get("capacity")), _count(status.get("allocatable"))
+    return capacity - allocatable if capacity is not None and allocatable is not None else 0
+
+
+def _count(resources: Mapping | None) -> int | None:
+    value = (resources or {}).get(GPU_RESOURCE)
+    try:
+        return int(value)
+    except (TypeError, ValueError):  # absent, or not a plain count: no reading
+        return None
 
 
 def gpu_errors(text: str) -> list[str]:

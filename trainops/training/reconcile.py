@@ -311,14 +311,16 @@ class TrainingRun:
     def _blame(self, failure: Failure, nodes: dict[str, dict | None]) -> None:
         """Quarantine the culprits; ``nodes``: those just read for the classification (saves a read)."""
         for node, evidence in sorted(failure.culprits.items()):
-            reason = "; ".join(evidence["problems"])
+            # what its pods printed (an XID) says what the node's own word (a GPU out of allocatable) means
+            printed = [hint for hint in failure.hints if f" on {node} printed " in hint]
+            reason = "; ".join(evidence["problems"] + printed)
             if not self.options.quarantine_culprits:
                 continue
             wrote = quarantine_node(
                 self.cluster.kube,
                 node,
                 reason,
-                {"problems": evidence["problems"], "run": self.run},
+                {"problems": evidence["problems"], "pods_printed": printed, "run": self.run},
                 nodes.get(node),
             )
             self.log.info(
