@@ -45,12 +45,14 @@ bench: setup
 	$(BIN)/python benchmarks/run.py
 
 # RUNS lifecycle runs (gate, claim, train with resumes, verify, give back) on the devcluster, one seeded
-# fault each, under trainops and under the baseline policy; prints the table, writes
+# fault each (SEED, and KINDS=a,b to draw from a subset), under trainops and under the baseline policy; prints the table, writes
 # benchmarks/campaign.json and the README's campaign numbers; exits 1 on any violation (~20 s a run here).
 # (Single runs and the checks' own failures run in `make test`: tests/capacity/test_campaign*.py.)
 RUNS ?= 200
+SEED ?= 1
+KINDS ?=
 campaign: setup
-	$(BIN)/python -m benchmarks.campaign --runs $(RUNS) --seed 1 --json benchmarks/campaign.json --readme README.md
+	$(BIN)/python -m benchmarks.campaign --runs $(RUNS) --seed $(SEED) $(if $(KINDS),--kinds $(KINDS)) --json benchmarks/campaign.json --readme README.md
 
 # The three wheels into dist/ (trainops-core, airflow-provider-trainops, trainops-devcluster), for the
 # images (Dockerfile, deploy/probe.Dockerfile) and for installing elsewhere.
