@@ -88,9 +88,26 @@ def read_node(kube: Any, name: str) -> dict:
     return json_of(Kube.of(kube).core.read_node(name, _preload_content=False))
 
 
+def gpus(node: dict, part: str = "allocatable") -> int | None:
+    """The node's ``nvidia.com/gpu`` in ``status.<part>`` (``capacity`` or ``allocatable``); None when it
+    says none, or not as a plain count."""
+    value = ((node.get("status") or {}).get(part) or {}).get(GPU_RESOURCE)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
 def allocatable_gpus(node: dict) -> int:
     """The node's allocatable ``nvidia.com/gpu`` (0 when it has none)."""
-    return int((node.get("status") or {}).get("allocatable", {}).get(GPU_RESOURCE, 0))
+    return gpus(node) or 0
+
+
+def unhealthy_gpus(node: dict) -> int:
+    """GPUs the node's device plugin reports unhealthy: ``capacity`` counts every device, ``allocatable``
+    only the healthy ones (kubelet reserves nothing of an extended resource)."""
+    capacity, allocatable = gpus(node, "capacity"), gpus(node)
+    return capacity - allocatable if capacity is not None and allocatable is not None else 0
 
 
 def list_nodes(kube: Any, label_selector: str = "") -> list[dict]:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from trainops.conventions import GPU_HEALTHY_CONDITION, GPU_RESOURCE, HEALTH_LABEL, HEALTH_QUARANTINED
+from trainops.kube.nodes import gpus, unhealthy_gpus
 
 
 class FailureKind(StrEnum):
@@ -172,14 +173,12 @@ def node_problems(node: Mapping | None) -> list[str]:
     if node is None:
         return ["the node object is gone (node deleted or lost)"]
     problems = []
-    status = node.get("status") or {}
-    if (lost := unhealthy_gpus(status)) > 0:
+    if (lost := unhealthy_gpus(node)) > 0:
         problems.append(
             f"{lost} GPU(s) unhealthy: the device plugin took them out of allocatable "
-            f"({GPU_RESOURCE} capacity {_count(status.get('capacity'))}, "
-            f"allocatable {_count(status.get('allocatable'))})"
+            f"({GPU_RESOURCE} capacity {gpus(node, 'capacity')}, allocatable {gpus(node)})"
         )
-    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    conditions = {c.get("type"): c for c in (node.get("status") or {}).get("conditions") or []}
     ready = conditions.get("Ready")
     if ready is not None and ready.get("status") != "True":
         problems.append(
@@ -191,21 +190,6 @@ def node_problems(node: Mapping | None) -> list[str]:
     if ((node.get("metadata") or {}).get("labels") or {}).get(HEALTH_LABEL) == HEALTH_QUARANTINED:
         problems.append("node already quarantined")
     return problems
-
-
-def unhealthy_gpus(status: Mapping) -> int:
-    """GPUs the node's device plugin reports unhealthy: capacity counts every device, allocatable only
-    the healthy ones (kubelet reserves nothing of an extended resource)."""
-    capacity, allocatable = _count(status.get("capacity")), _count(status.get("allocatable"))
-    return capacity - allocatable if capacity is not None and allocatable is not None else 0
-
-
-def _count(resources: Mapping | None) -> int | None:
-    value = (resources or {}).get(GPU_RESOURCE)
-    try:
-        return int(value)
-    except (TypeError, ValueError):  # absent, or not a plain count: no reading
-        return None
 
 
 def gpu_errors(text: str) -> list[str]:
