@@ -46,7 +46,8 @@ class RunPathOperator(BaseOperator):
     def execute(self, context: Any) -> dict[str, str]:
         from trainops.hooks.checkpoint_store import CheckpointStoreHook
 
-        from trainops.checkpoints.owner import claim_run_path, derived_run_name, run_path
+        from trainops.checkpoints.owner import claim_run_path
+        from trainops.training.naming import derived_run_name, run_path
 
         dag_run = context["dag_run"]
         owner = f"{dag_run.dag_id}/{dag_run.run_id}"

@@ -21,7 +21,6 @@ import threading
 from collections import Counter
 from typing import Any
 
-from trainops.capacity.claims import holder_of, is_quarantined
 from trainops.conventions import (
     FABRIC_LABEL,
     GPU_HEALTHY_CONDITION,
@@ -37,7 +36,7 @@ from trainops.health.prometheus import PrometheusClient
 from trainops.health.published import read_summary
 from trainops.kube.client import Kube, json_of
 from trainops.kube.lists import PAGE, list_all
-from trainops.kube.nodes import NodeState, allocatable_gpus
+from trainops.kube.nodes import NodeState, allocatable_gpus, holder_of, is_quarantined
 from trainops.kube.retry import Deadline
 from trainops.placement.request import DEFAULT_LEVELS, HOSTNAME_LABEL
 

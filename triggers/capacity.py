@@ -9,7 +9,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from trainops.capacity.claims import holder_of
+from trainops.kube.nodes import holder_of
 
 
 class NodesFreeTrigger(BaseTrigger):

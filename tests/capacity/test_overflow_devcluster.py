@@ -23,13 +23,13 @@ from tests.capacity.helpers import (
     snapshot,
     writes,
 )
-from trainops.capacity.claims import holder_of, release
+from trainops.capacity.claims import release
 from trainops.capacity.overflow import OVERFLOW_ANNOTATION, OverflowPoolError, lent
 from trainops.capacity.procedure import claim, give_back
 from trainops.capacity.quota import set_grant
 from trainops.capacity.reaper import reap
 from trainops.cli import main
-from trainops.kube.nodes import edit_node
+from trainops.kube.nodes import edit_node, holder_of
 from trainops.kube.retry import Deadline
 
 RUN = "train_llm/manual__9"

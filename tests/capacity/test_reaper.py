@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.capacity.helpers import DEPLOYMENTS, default_seeded_objects, kube_for, nodes_by_app, snapshot
-from trainops.capacity.claims import holder_of
 from trainops.capacity.procedure import claim, give_back
 from trainops.cli import main
+from trainops.kube.nodes import holder_of
 
 GHOST, ALIVE = "training_lifecycle/manual__ghost", "training_lifecycle/manual__alive"
 CLAIM = """

@@ -23,9 +23,9 @@ from tests.e2e.conftest import (
 )
 from tests.training.conftest import heartbeat_step, jobs, node, pods, when
 from trainops.checkpoints.latest import latest_verified
-from trainops.checkpoints.owner import derived_run_name
 from trainops.conventions import HEALTH_LABEL, QUARANTINE_EVIDENCE_ANNOTATION, QUARANTINE_TAINT
 from trainops.kube.client import Kube
+from trainops.training.naming import derived_run_name
 
 
 def final_checkpoint_events(dag_id: str = DAG_ID) -> list[dict]:

@@ -16,8 +16,8 @@ from trainops_devcluster import stack, stack_spec
 from tests.e2e.conftest import Capacity, assert_capacity_back
 from tests.services.conftest import TERMINAL, trainer, wait_for
 from tests.training.conftest import heartbeat_step
+from trainops.conventions import KUEUE_JOB_UID_LABEL
 from trainops.kube.client import Kube
-from trainops.training.cluster import JOB_UID_LABEL
 from trainops.training.job import RUN_LABEL
 from trainops.training.naming import run_key
 
@@ -36,7 +36,7 @@ def run_workloads(api, run_id: str) -> list[dict]:
     return [
         w
         for w in kube.list(kube.kueue("workloads"), "training")
-        if w["metadata"].get("labels", {}).get(JOB_UID_LABEL) in uids
+        if w["metadata"].get("labels", {}).get(KUEUE_JOB_UID_LABEL) in uids
     ]
 
 

@@ -15,16 +15,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from trainops.conventions import (
-    CLAIMED_BY_ANNOTATION,
-    HEALTH_LABEL,
-    HEALTH_QUARANTINED,
-    MODE_TAINT,
-    MODE_TRAINING,
-    QUARANTINE_TAINT,
-)
+from trainops.conventions import CLAIMED_BY_ANNOTATION, MODE_TAINT, MODE_TRAINING
 from trainops.errors import PermanentError, TemporaryError
-from trainops.kube.nodes import NodeChange, NodeState, with_taint, without_taint
+from trainops.kube.nodes import NodeChange, NodeState, holder_of, is_quarantined, with_taint, without_taint
 
 CLAIMED_AT_ANNOTATION = "trainops.io/claimed-at"
 CLAIM_PRIOR_ANNOTATION = "trainops.io/claim-prior"
@@ -61,15 +54,6 @@ def parse_run(run: str) -> str:
             f"run {run!r} must be '<dag_id>/<run_id>' (exactly one '/'), e.g. 'train_llm/manual__1'"
         )
     return run
-
-
-def holder_of(annotations: dict[str, str] | None) -> str | None:
-    """The run holding a node, from its annotations (``None`` when free)."""
-    return (annotations or {}).get(CLAIMED_BY_ANNOTATION) or None
-
-
-def is_quarantined(state: NodeState) -> bool:
-    return state.taint(QUARANTINE_TAINT) is not None or state.labels.get(HEALTH_LABEL) == HEALTH_QUARANTINED
 
 
 def claim_age_s(annotations: Mapping, now: datetime) -> float | None:

@@ -9,8 +9,8 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from trainops.capacity.claims import CLAIMED_AT_ANNOTATION, claim_age_s, holder_of, is_quarantined
-from trainops.kube.nodes import NodeState
+from trainops.capacity.claims import CLAIMED_AT_ANNOTATION, claim_age_s
+from trainops.kube.nodes import NodeState, holder_of, is_quarantined
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

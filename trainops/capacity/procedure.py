@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from trainops.capacity import claims, inference, prepull
-from trainops.capacity.claims import NodeQuarantined, NodesHeld, holder_of, is_quarantined, parse_run
+from trainops.capacity.claims import NodeQuarantined, NodesHeld, parse_run
 from trainops.capacity.drain import drain, list_pods, pods_on
 from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
 from trainops.capacity.loans import get_path, lend_patch, loans_of, repay_part_patch
@@ -46,7 +46,7 @@ from trainops.capacity.ranking import drain_costs, least_disruptive
 from trainops.conventions import GPU_RESOURCE, MODE_TAINT
 from trainops.errors import TemporaryError
 from trainops.kube.client import DEPLOYMENTS, EXISTS, MISSING, PDBS, PODS, Kube
-from trainops.kube.nodes import NodeState, allocatable_gpus, edit_node, list_nodes
+from trainops.kube.nodes import NodeState, allocatable_gpus, edit_node, holder_of, is_quarantined, list_nodes
 from trainops.kube.retry import Deadline, DeadlineExceeded, call
 from trainops.placement.nodes import place_nodes
 from trainops.placement.place import domains_of

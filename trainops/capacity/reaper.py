@@ -21,14 +21,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from urllib.parse import quote
 
-from trainops.capacity.claims import claim_age_s, holder_of, parse_run
+from trainops.capacity.claims import claim_age_s, parse_run
 from trainops.capacity.inference import loans_by_run
 from trainops.capacity.procedure import Deadlines, give_back
 from trainops.capacity.quota import grants_of
 from trainops.errors import PermanentError
 from trainops.kube import kueue
 from trainops.kube.client import Kube
-from trainops.kube.nodes import list_nodes
+from trainops.kube.nodes import holder_of, list_nodes
 from trainops.kube.retry import Deadline
 
 module_log = logging.getLogger(__name__)

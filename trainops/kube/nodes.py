@@ -14,6 +14,9 @@ off until the deadline.  When nothing changes, nothing is written.
     edit_node(core_v1, "gpu-node-003",
               lambda s: with_taint(s, {"key": "trainops.io/quarantine", "value": "xid-79", "effect": "NoSchedule"}),
               Deadline(60))
+
+What trainops's own marks on a node say is read here too, for every part that needs it: the run
+holding the node (``holder_of``) and whether it is quarantined (``is_quarantined``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from trainops.conventions import GPU_RESOURCE
+from trainops.conventions import (
+    CLAIMED_BY_ANNOTATION,
+    GPU_RESOURCE,
+    HEALTH_LABEL,
+    HEALTH_QUARANTINED,
+    QUARANTINE_TAINT,
+)
 from trainops.kube.client import NODES, Kube, json_of
 from trainops.kube.guarded import Edited, merge_patch_of
 from trainops.kube.retry import Deadline
@@ -65,6 +74,15 @@ def with_taint(state: NodeState, taint: dict) -> NodeState:
 
 def without_taint(state: NodeState, key: str) -> NodeState:
     return replace(state, taints=[t for t in state.taints if t["key"] != key])
+
+
+def holder_of(annotations: dict[str, str] | None) -> str | None:
+    """The run holding a node, from its annotations (``None`` when free)."""
+    return (annotations or {}).get(CLAIMED_BY_ANNOTATION) or None
+
+
+def is_quarantined(state: NodeState) -> bool:
+    return state.taint(QUARANTINE_TAINT) is not None or state.labels.get(HEALTH_LABEL) == HEALTH_QUARANTINED
 
 
 def node_patch(before: NodeState, after: NodeState) -> dict | None:

@@ -8,10 +8,9 @@ import logging
 import time
 from collections.abc import Collection, Iterator, Mapping
 
-from trainops.capacity.claims import holder_of, is_quarantined
-from trainops.conventions import GPU_POOL_LABEL, MODE_TAINT, MODE_TRAINING
+from trainops.conventions import GPU_POOL_LABEL, KUEUE_JOB_UID_LABEL, MODE_TAINT, MODE_TRAINING
 from trainops.kube.client import JOBS, NODES, PODS, SERVICES, Kind, Kube
-from trainops.kube.nodes import NodeState
+from trainops.kube.nodes import NodeState, holder_of, is_quarantined
 from trainops.kube.retry import Deadline
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
 from trainops.training.ledger import timestamp
@@ -19,7 +18,6 @@ from trainops.training.naming import run_key
 
 log = logging.getLogger(__name__)
 LOG_TAIL_LINES = 100
-JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 WORKLOADS = "workloads"
 WORKLOAD_WAIT_S = 30.0  # Kueue makes a Job's Workload within this of the Job's creation, or never
 
@@ -54,7 +52,7 @@ class GangCluster:
     def workloads(self, namespace: str, job: dict) -> list[dict]:
         """The Kueue Workloads of ``job`` (by its uid)."""
         return self.kube.list(
-            self.workload_kind(), namespace, labels=f"{JOB_UID_LABEL}={job['metadata']['uid']}"
+            self.workload_kind(), namespace, labels=f"{KUEUE_JOB_UID_LABEL}={job['metadata']['uid']}"
         )
 
     def stop(self, namespace: str, job_name: str, workload: str | None = None) -> str:
@@ -90,7 +88,7 @@ class GangCluster:
         log.info(
             "waiting up to %.0fs for Kueue to make the Workload of Job %s to stop it", left, meta["name"]
         )
-        labels, until = f"{JOB_UID_LABEL}={meta['uid']}", time.monotonic() + left
+        labels, until = f"{KUEUE_JOB_UID_LABEL}={meta['uid']}", time.monotonic() + left
         for found in self.kube.watch(self.workload_kind(), namespace, labels=labels, until=until):
             if names := sorted(name for name, workload in found.items() if workload is not None):
                 return names
@@ -131,7 +129,7 @@ class GangCluster:
         if not uids:
             return []
         return self.kube.list(
-            self.workload_kind(), namespace, labels=f"{JOB_UID_LABEL} in ({','.join(uids)})"
+            self.workload_kind(), namespace, labels=f"{KUEUE_JOB_UID_LABEL} in ({','.join(uids)})"
         )
 
     def live_pods(self, namespace: str, run: str) -> list[str]:

@@ -44,10 +44,11 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
 from trainops.checkpoints.store import CheckpointStore
+from trainops.conventions import KUEUE_JOB_UID_LABEL
 from trainops.kube.aio import Resource, collection, watch
 from trainops.kube.client import EVENTS, JOBS, PODS, Kind
 from trainops.kube.kueue import BY_KUEUE, BY_USER, deactivation_message, workload_facts
-from trainops.training.cluster import JOB_UID_LABEL, GangCluster
+from trainops.training.cluster import GangCluster
 from trainops.training.job import JOB_NAME_LABEL, condition
 from trainops.training.progress import HangPolicy, ProgressTracker
 
@@ -353,7 +354,7 @@ def watched(api, namespace: str, job_name: str, job_uid: str, workloads: Kind) -
     return [
         collection(api, "job", JOBS, namespace, fields=f"metadata.name={job_name}"),
         collection(api, "pod", PODS, namespace, labels=f"{JOB_NAME_LABEL}={job_name}"),
-        collection(api, "workload", workloads, namespace, labels=f"{JOB_UID_LABEL}={job_uid}"),
+        collection(api, "workload", workloads, namespace, labels=f"{KUEUE_JOB_UID_LABEL}={job_uid}"),
         collection(
             api, "event", EVENTS, namespace, fields=f"involvedObject.uid={job_uid},reason=FailedCreate"
         ),

@@ -36,6 +36,7 @@ from enum import StrEnum
 from typing import Any
 
 from trainops.checkpoints.formats.base import step_from_name
+from trainops.conventions import KUEUE_JOB_UID_LABEL
 from trainops.kube.kueue import deactivation_message, workload_facts
 from trainops.training.job import (
     ATTEMPT_LABEL,
@@ -391,9 +392,7 @@ def read_ledger(
     """The run's ledger from its Jobs and their Workloads (matched by the Job's uid); numbers with no
     Job are ``gone`` (named by ``job_name(number)`` when given).  ``known``: attempts this process saw
     whose Jobs are gone since (what the follower saw of a Job deleted under it)."""
-    from trainops.training.cluster import JOB_UID_LABEL
-
-    by_uid = {(w.get("metadata") or {}).get("labels", {}).get(JOB_UID_LABEL): w for w in workloads}
+    by_uid = {(w.get("metadata") or {}).get("labels", {}).get(KUEUE_JOB_UID_LABEL): w for w in workloads}
     found: dict[int, Attempt] = {}
     for job in jobs:
         attempt = read_attempt(job, by_uid.get((job.get("metadata") or {}).get("uid")))
