@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
+import time
 from datetime import datetime, timedelta
 
 import kubernetes
@@ -251,3 +255,70 @@ def test_cli_publish_without_a_driver_sets_condition_unknown(no_driver, cluster,
     assert "gpu_count [node] gpu_count unknown: NVML cannot start" in ours["message"]
     assert "gpu-node-a: exclude; wrote configmap, condition" in capsys.readouterr().out
     assert configmap(cluster) is not None
+
+
+class PublishWatch:
+    """``publish`` as the CLI calls it, noting whether NVML was open each time; ``sigterm_after``:
+    send this process SIGTERM once that many reports were published (after checking a handler is set)."""
+
+    def __init__(self, fake: FakeNvml, sigterm_after: int = 0):
+        self.fake, self.sigterm_after, self.nvml_open = fake, sigterm_after, []
+
+    def __call__(self, report, core_api, publisher):
+        try:
+            self.fake.nvmlDeviceGetCount()
+            self.nvml_open.append(True)
+        except pynvml.NVMLError_Uninitialized:
+            self.nvml_open.append(False)
+        writes = publish(report, core_api, publisher)
+        if self.sigterm_after and len(self.nvml_open) == self.sigterm_after:
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+            threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        return writes
+
+
+def publish_args(cluster, tmp_path, *extra: str) -> list[str]:
+    node = ["--node", NODE, "--kubeconfig", str(cluster.kubeconfig), "--ib-sysfs", str(tmp_path)]
+    return ["probe", "--publish", *node, *extra]
+
+
+@pytest.fixture
+def fake_nvml(node, monkeypatch):
+    fake = FakeNvml(node)
+    monkeypatch.setattr("trainops.health.cli.load_pynvml", lambda: fake)
+    return fake
+
+
+def test_cli_publish_shuts_nvml_down_between_samples_and_publishes_with_it_shut(
+    fake_nvml, cluster, tmp_path, monkeypatch, capsys
+):
+    watch = PublishWatch(fake_nvml)
+    monkeypatch.setattr("trainops.health.cli.publish", watch)
+    args = publish_args(cluster, tmp_path, "--iterations", "3", "--interval", "0.01")
+    assert main(args) == 0
+    assert watch.nvml_open == [False, False, False]
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        fake_nvml.nvmlDeviceGetCount()
+    report = HealthReport.from_json(configmap(cluster)["data"]["report.json"])
+    assert report.signals["gpu_count"].value == 8  # read while it was open
+
+
+@pytest.mark.parametrize("hold", [False, True], ids=["sampled", "held"])
+def test_cli_publish_stops_at_sigterm_between_samples_with_nvml_shut_down(
+    fake_nvml, cluster, tmp_path, monkeypatch, capsys, hold
+):
+    """The probe is its container's PID 1: without a handler SIGTERM would be ignored until the
+    kubelet's SIGKILL, the driver held all that time. With one it ends within the interval's wait."""
+    watch = PublishWatch(fake_nvml, sigterm_after=1)
+    monkeypatch.setattr("trainops.health.cli.publish", watch)
+    before = signal.getsignal(signal.SIGTERM)
+    started = time.monotonic()
+    assert (
+        main(publish_args(cluster, tmp_path, "--interval", "3600", *(["--hold-nvml"] if hold else []))) == 0
+    )
+    assert time.monotonic() - started < 30
+    assert watch.nvml_open == [hold]  # held: open while publishing; sampled: shut already
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        fake_nvml.nvmlDeviceGetCount()
+    assert f"{NODE}: SIGTERM: stopped" in capsys.readouterr().out
+    assert signal.getsignal(signal.SIGTERM) == before

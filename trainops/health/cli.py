@@ -2,7 +2,7 @@
 ``trainops health``: the gate and the release of quarantined nodes, for operators.
 
 trainops probe --once [--json] [--window S] [--gemm]
-trainops probe --publish --node NAME [--interval S] [--kubeconfig K]
+trainops probe --publish --node NAME [--interval S] [--kubeconfig K] [--hold-nvml]
 trainops health gate [--kubeconfig K] [--selector S] [--prometheus URL] [--min-nodes N] [--dry-run] [--json]
 trainops health release NODE [--kubeconfig K] [--prometheus URL]
 """
@@ -12,9 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +98,15 @@ def _register_probe(subparsers: Any) -> None:
     parser.add_argument(
         "--gemm",
         action="store_true",
-        help="also time a short GEMM per GPU, once per probe start and only on idle GPUs (needs torch+CUDA)",
+        help="also time a short GEMM per GPU, once per probe start and only on idle GPUs (needs torch+CUDA; "
+        "its CUDA context then holds the driver for the probe's life)",
+    )
+    parser.add_argument(
+        "--hold-nvml",
+        action="store_true",
+        help="--publish: keep NVML open between reports, watching XIDs continuously (default: NVML is open "
+        "only while a report is sampled, so a driver upgrade can unload the driver between samples; XIDs "
+        "raised between samples then come from dcgm-exporter)",
     )
     parser.set_defaults(func=run_probe)
 
@@ -115,8 +127,9 @@ def run_probe(args: argparse.Namespace) -> int:
     ib_reader = SysfsIbReader(args.ib_sysfs)
     speed_probe = once_per_boot(measure_gemm_tflops) if args.gemm else None
     window = args.fault_window
-    with NvmlReader(load_pynvml(), xid_lookback_s=window) as nvml:
-        if args.once:
+    nvml = NvmlReader(load_pynvml(), xid_lookback_s=window)
+    if args.once:
+        with nvml:
             node = args.node or socket.gethostname()
             previous = None
             if args.window:
@@ -126,7 +139,31 @@ def run_probe(args: argparse.Namespace) -> int:
                 nvml, ib_reader, node, speed_probe=speed_probe, previous=previous, window_s=window
             )
             return _print_once(report, args.json)
-        return _publish_loop(args, nvml, ib_reader, speed_probe)
+    with _stop_on_sigterm() as stop:
+        if args.hold_nvml:
+            with nvml:  # closed (event set freed, nvmlShutdown) however the loop ends
+                return _publish_loop(args, nvml, ib_reader, speed_probe, stop)
+        return _publish_loop(args, nvml, ib_reader, speed_probe, stop)
+
+
+@contextmanager
+def _stop_on_sigterm() -> Iterator[threading.Event]:
+    """An event SIGTERM sets, for the loop to end between reports instead of at the kubelet's SIGKILL.
+
+    The probe runs as its container's PID 1 (deploy/probe.Dockerfile), and the kernel delivers no
+    signal to PID 1 that has no handler: without one, a pod the DaemonSet controller deletes (the
+    node's ``nvidia.com/gpu.deploy.client`` label paused for a driver upgrade) would hold the driver
+    until its grace period ran out."""
+    stop = threading.Event()
+    try:
+        before = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    except ValueError:  # not the main thread (embedded): the caller handles signals
+        yield stop
+        return
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _print_once(report: HealthReport, as_json: bool) -> int:
@@ -146,13 +183,22 @@ def _print_once(report: HealthReport, as_json: bool) -> int:
     return 0
 
 
-def _publish_loop(args: argparse.Namespace, nvml: NvmlReader, ib_reader: SysfsIbReader, speed_probe) -> int:
+def _publish_loop(
+    args: argparse.Namespace,
+    nvml: NvmlReader,
+    ib_reader: SysfsIbReader,
+    speed_probe,
+    stop: threading.Event,
+) -> int:
+    """Report, publish, wait ``--interval``; until ``--iterations`` or SIGTERM (``stop``). Unless NVML
+    is held (``--hold-nvml``), each report opens NVML for its sample only: it is shut down before the
+    report is published and while the loop waits."""
     core_api = _core_api(args.kubeconfig)
     publisher = Publisher(report_heartbeat_s=args.report_heartbeat, node_heartbeat_s=args.node_heartbeat)
     previous: HealthReport | None = None
     published = 0
     failed = False
-    while True:
+    while not stop.is_set():
         report = collect_report(
             nvml, ib_reader, args.node, speed_probe=speed_probe, previous=previous, window_s=args.fault_window
         )
@@ -175,7 +221,9 @@ def _publish_loop(args: argparse.Namespace, nvml: NvmlReader, ib_reader: SysfsIb
         published += 1
         if args.iterations and published >= args.iterations:
             return 1 if failed else 0
-        time.sleep(args.interval)
+        stop.wait(args.interval)
+    print(f"{args.node}: SIGTERM: stopped, NVML shut down", flush=True)
+    return 1 if failed else 0
 
 
 def _core_api(kubeconfig: str | None) -> Any:

@@ -8,8 +8,16 @@ Nothing defaults to healthy. When NVML cannot start at all, ``gpu_count`` is unk
 reason names the fix (see ``INIT_FIXES``).
 
 XID events reach NVML clients only after they register for them, so a reader watches from
-:meth:`NvmlReader.start` on and keeps what it saw for ``xid_lookback_s``: keep one reader open
-across reports (the ``--publish`` loop does).
+:meth:`NvmlReader.start` on and keeps what it saw for ``xid_lookback_s``. Two ways to use one reader
+across reports:
+
+* held (``start()`` once, or ``with NvmlReader(...)``): NVML stays open and XIDs are watched
+  continuously (``trainops probe --publish --hold-nvml``; the devcluster's probe daemon);
+* sampled (:meth:`NvmlReader.sample` per report, the ``--publish`` default): NVML is open only while a
+  sample runs (nvmlInit, XID registration, the reads, nvmlShutdown), so between samples the probe
+  holds nothing of the driver and a GPU Operator driver upgrade can unload it. XIDs raised between
+  samples are not seen then: ``xid_events`` lists those seen while sampling, and when there are none
+  it is unknown (saying so), for the gate to fill from dcgm-exporter's XID series.
 """
 
 from __future__ import annotations
@@ -51,6 +59,11 @@ INIT_FIXES = {
     ),
 }
 PERMISSION_HINT = "the unprivileged probe may not read this (NVML: Insufficient Permissions)"
+XIDS_BETWEEN_SAMPLES = (
+    "no XID seen while the probe sampled; it lets NVML go between samples (so a driver upgrade can "
+    "unload the driver) and sees no XID raised then: dcgm-exporter's XID series fill this (or run "
+    "the probe with --hold-nvml to watch XIDs continuously)"
+)
 
 
 def load_pynvml() -> ModuleType:
@@ -61,7 +74,8 @@ def load_pynvml() -> ModuleType:
 
 
 class NvmlReader:
-    """Reads GPU signals. Use as a context manager: ``with NvmlReader(pynvml) as r: r.read()``."""
+    """Reads GPU signals. Held: ``with NvmlReader(pynvml) as r: r.read()``; sampled: ``r.sample()``
+    per report, NVML open only while it runs (XIDs seen are kept across samples)."""
 
     def __init__(self, nvml: Any, xid_lookback_s: float = 7200.0, clock: Callable[[], float] = time.time):
         self.nvml = nvml
@@ -72,6 +86,13 @@ class NvmlReader:
         self._xid_unknown: dict[int, str] = {}
         self._xids: list[tuple[float, int, int]] = []  # (seen at, gpu index, xid)
         self._watch_since = 0.0
+        self._held = False  # started by start() (or ``with``), until close()
+        self._sampling = False  # inside sample(): XIDs were not watched before this sample began
+
+    @property
+    def held(self) -> bool:
+        """Whether NVML is held open across reports (``start``/``with``) rather than per sample."""
+        return self._held
 
     def __enter__(self) -> NvmlReader:
         self.start()
@@ -81,7 +102,12 @@ class NvmlReader:
         self.close()
 
     def start(self) -> None:
-        """Initialise NVML and register for XID events on every GPU."""
+        """Initialise NVML and register for XID events on every GPU; NVML stays open until ``close``."""
+        self._held = True
+        self._open()
+
+    def _open(self) -> None:
+        self._xid_unknown = {}
         try:
             self.nvml.nvmlInit()
         except self.nvml.NVMLError as err:
@@ -109,13 +135,37 @@ class NvmlReader:
                 self._xid_unknown[index] = f"XID events not available: {err}"
 
     def close(self) -> None:
+        """Free the XID event set and shut NVML down (it was initialised once, so it is shut down once)."""
+        self._held = False
+        self._release()
+
+    def _release(self) -> None:
         if self._init_error is not None:
-            return
-        if self._event_set is not None:
-            self.nvml.nvmlEventSetFree(self._event_set)
-            self._event_set = None
-        self.nvml.nvmlShutdown()
+            return  # nvmlInit failed (nothing to shut down) or already shut down
         self._init_error = "NVML closed"
+        event_set, self._event_set = self._event_set, None
+        try:
+            if event_set is not None:
+                self.nvml.nvmlEventSetFree(event_set)
+        finally:  # shut down even when the event set cannot be freed (a driver going away)
+            self.nvml.nvmlShutdown()
+
+    def sample(self, xid_wait_ms: int = 0) -> tuple[Signals, dict[str, Signals]]:
+        """One sample with NVML open only while it runs: nvmlInit and the XID registration, ``read``,
+        then the event set freed and nvmlShutdown, even when a read fails. NVML counts its inits, so a
+        held reader is read as it is instead."""
+        if self._held:
+            return self.read(xid_wait_ms)
+        self._open()
+        self._sampling = True
+        try:
+            return self.read(xid_wait_ms)
+        finally:
+            self._sampling = False
+            try:
+                self._release()
+            except self.nvml.NVMLError:
+                pass  # the driver went away under the sample: there is nothing left to release
 
     def read(self, xid_wait_ms: int = 0) -> tuple[Signals, dict[str, Signals]]:
         """Node-level signals and per-GPU signals (keyed by GPU index as a string)."""
@@ -341,6 +391,8 @@ class NvmlReader:
         if reason:
             return {"xid_events": Signal.unknown(reason)}
         seen = [(at, xid) for at, gpu, xid in self._xids if gpu == index]
+        if self._sampling and not seen:
+            return {"xid_events": Signal.unknown(XIDS_BETWEEN_SAMPLES)}
         signals = {"xid_events": Signal(sorted({xid for _, xid in seen}))}
         if seen:
             signals["xid_events_at"] = Signal(max(at for at, _ in seen))

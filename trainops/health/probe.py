@@ -54,7 +54,8 @@ def collect_report(
     xid_wait_ms: int = 0,
     window_s: float = FAULT_WINDOW_S,
 ) -> HealthReport:
-    """One report. ``nvml`` is an open :class:`NvmlReader` or a pynvml-like module (opened for this call).
+    """One report. ``nvml`` is an :class:`NvmlReader` -- held open (read as it is) or not (it opens
+    NVML for this sample only: :meth:`NvmlReader.sample`) -- or a pynvml-like module (opened for this call).
 
     With ``previous`` (this node's last report), cumulative ``counter_*`` signals also become
     ``*_per_min`` rates, held for ``window_s`` after a burst (see ``add_window_signals``); without it
@@ -95,7 +96,7 @@ def _speeds(
 
 def _read_gpus(nvml: Any, xid_wait_ms: int) -> tuple[Signals, dict[str, Signals]]:
     if isinstance(nvml, NvmlReader):
-        return nvml.read(xid_wait_ms)
+        return nvml.sample(xid_wait_ms)  # held: read as it is; else NVML is open for this sample only
     with NvmlReader(nvml) as reader:
         return reader.read(xid_wait_ms)
 
