@@ -9,7 +9,7 @@ import yaml
 from trainops_devcluster import topology
 
 from trainops.doctor.admission import POLICIES
-from trainops.doctor.placement import untolerated
+from trainops.placement.scheduling import untolerated
 
 DEPLOY = Path(__file__).parents[2] / "deploy"
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from trainops.health.outliers import modified_z_scores
 from trainops.health.policy import NodeVerdict
 from trainops.health.report import HealthReport, Signal
-from trainops.health.stragglers import choose_nodes, modified_z_scores, node_speed, percent_below_median
+from trainops.health.stragglers import choose_nodes, node_speed, percent_below_median
 
 
 def ok(*names: str) -> list[NodeVerdict]:

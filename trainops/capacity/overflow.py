@@ -31,8 +31,8 @@ from decimal import Decimal
 
 from trainops.capacity.inference import DEPLOYMENT, WorkloadRef
 from trainops.capacity.loans import LOANS_ANNOTATION, loans_of
-from trainops.doctor.placement import node_taints, selects, untolerated
 from trainops.errors import PermanentError
+from trainops.placement.scheduling import node_taints, selects, untolerated
 
 OVERFLOW_ANNOTATION = "trainops.io/overflow-pool"
 OVERFLOW_OF_LABEL = "trainops.io/overflow-of"
@@ -132,7 +132,7 @@ def pod_requests(pod_spec: dict) -> dict[str, Decimal]:
 
 def fits_node(pod_spec: dict, node: dict) -> bool:
     """Whether pods of ``pod_spec`` may run on ``node`` at all (resources aside): Ready, schedulable,
-    its taints tolerated, its labels selected (``trainops.doctor.placement``, as kube-scheduler)."""
+    its taints tolerated, its labels selected (``trainops.placement.scheduling``, as kube-scheduler)."""
     spec, status = node.get("spec") or {}, node.get("status") or {}
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
     if spec.get("unschedulable") or ready.get("status") != "True":

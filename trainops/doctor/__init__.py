@@ -7,10 +7,12 @@ every check under a deadline of its own.
 
 One module per check group: ``gpu_operator``, ``node_probe``, ``dcgm``, ``kueue``, ``tolerations``,
 ``namespaces``, ``admission``, ``access`` (the package's permissions, ``trainops.permissions``);
-``checks.CHECKS`` lists them, ``runner`` runs them, ``result`` holds what they answer.
+``checks.CHECKS`` lists them, ``runner`` runs them, ``config`` holds what they are given
+(``DoctorConfig``) and what a check is (``Check``), ``result`` what they answer.
 """
 
+from trainops.doctor.config import DoctorConfig
 from trainops.doctor.result import Finding, Problem, Report
-from trainops.doctor.runner import ClusterUnreachable, DoctorConfig, run_doctor
+from trainops.doctor.runner import ClusterUnreachable, run_doctor
 
 __all__ = ["ClusterUnreachable", "DoctorConfig", "Finding", "Problem", "Report", "run_doctor"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from trainops.doctor import access, admission, dcgm, gpu_operator, kueue, namespaces, node_probe, tolerations
-from trainops.doctor.runner import Check
+from trainops.doctor.config import Check
 
 CHECKS: tuple[Check, ...] = (
     Check(

@@ -11,7 +11,8 @@ import argparse
 import json
 import sys
 
-from trainops.doctor.runner import CHECK_DEADLINE_S, ClusterUnreachable, DoctorConfig, run_doctor
+from trainops.doctor.config import CHECK_DEADLINE_S, DoctorConfig
+from trainops.doctor.runner import ClusterUnreachable, run_doctor
 from trainops.health.gate import DEFAULT_SELECTOR
 from trainops.health.prometheus import DEFAULT_NODE_LABEL
 from trainops.permissions import ACCOUNTS, WORKER

@@ -12,12 +12,12 @@ import time
 
 from trainops.conventions import HEALTH_NAMESPACE
 from trainops.doctor.gpu_operator import probe_daemon_set
-from trainops.doctor.placement import node_taints, selects, untolerated
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
 from trainops.health.policy import DEFAULT_POLICY
 from trainops.health.published import REPORT_SELECTOR, configmap_name, read_report
 from trainops.kube.client import CONFIGMAPS, NODES, PODS
+from trainops.placement.scheduling import node_taints, selects, untolerated
 
 APPLY_PROBE = "kubectl apply -f deploy/node-probe.yaml (or name yours: --probe-daemonset NAMESPACE/NAME)"
 REPORT_AGE_S = next(row.threshold for row in DEFAULT_POLICY.rows if row.name == "report_age")

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 
+from trainops.doctor.config import Check, DoctorConfig
 from trainops.doctor.reads import Reads
-from trainops.doctor.result import FAILED, OK, PROBLEM, SKIPPED, Finding, Outcome, Problem, Report, Skip
+from trainops.doctor.result import FAILED, OK, PROBLEM, SKIPPED, Finding, Problem, Report, Skip
 from trainops.errors import PermanentError
-from trainops.health.gate import DEFAULT_SELECTOR
-from trainops.health.prometheus import PrometheusClient
 from trainops.kube.client import api_message
 from trainops.kube.retry import Deadline
-from trainops.permissions import ACCOUNTS, WORKER
 
-CHECK_DEADLINE_S = 30.0
 JOIN_GRACE_S = 2.0  # a check's reads end at its deadline; this covers the thread's own wrap-up
 
 
@@ -27,51 +24,8 @@ class ClusterUnreachable(PermanentError):
     """The API server cannot be reached, or does not accept these credentials."""
 
 
-@dataclass(frozen=True)
-class DoctorConfig:
-    """What trainops is set up to use (the lifecycle's defaults), and how long each check may take.
-
-    ``probe_daemon_set``: ``<namespace>/<name>`` of the node probe's DaemonSet.  ``account``: whose
-    permissions (``trainops.permissions``) to ask for, as the caller: ``worker``, ``triggerer`` or
-    ``api-server``.  ``prometheus``: the Prometheus that scrapes dcgm-exporter (None: not checked)."""
-
-    selector: str = DEFAULT_SELECTOR
-    training_namespace: str = "training"
-    cluster_queue: str = "training"
-    local_queue: str = "training"
-    priority_class: str = "training-standard"
-    probe_daemon_set: str = "kube-system/trainops-node-probe"
-    prometheus: PrometheusClient | None = None
-    account: str = WORKER
-    check_deadline_s: float = CHECK_DEADLINE_S
-
-    def __post_init__(self) -> None:
-        namespace, _, name = self.probe_daemon_set.partition("/")
-        if not namespace or not name or "/" in name:
-            raise ValueError(
-                f"probe_daemon_set must be <namespace>/<name>, e.g. kube-system/trainops-node-probe, "
-                f"got {self.probe_daemon_set!r}"
-            )
-        if self.account not in ACCOUNTS:
-            raise ValueError(f"account must be one of {', '.join(ACCOUNTS)}, got {self.account!r}")
-        if not self.check_deadline_s > 0:
-            raise ValueError(f"check_deadline_s must be > 0 seconds, got {self.check_deadline_s!r}")
-
-    @property
-    def probe(self) -> tuple[str, str]:
-        namespace, _, name = self.probe_daemon_set.partition("/")
-        return namespace, name
-
-
-@dataclass(frozen=True)
-class Check:
-    name: str
-    about: str  # what it checks, in a few words
-    run: Callable[[Reads, DoctorConfig], Outcome]
-
-
 def run_doctor(kube, config: DoctorConfig, checks: Sequence[Check] | None = None) -> Report:
-    """Every check (default: ``trainops.doctor.CHECKS``) against the cluster behind ``kube`` (a
+    """Every check (default: ``trainops.doctor.checks.CHECKS``) against the cluster behind ``kube`` (a
     ``Kube``); reads only.  Raises ``ClusterUnreachable`` when the API server cannot be read at all."""
     from trainops.doctor.checks import CHECKS
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from trainops.doctor.gpu_operator import INSTALL, cluster_policy
 from trainops.doctor.node_probe import gpu_nodes, no_gpu_nodes
-from trainops.doctor.placement import TRAINOPS_TAINTS, selects, tolerations_for, untolerated
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
+from trainops.placement.scheduling import TRAINOPS_TAINTS, selects, tolerations_for, untolerated
 
 VALUES = "deploy/gpu-operator-values.yaml"
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from trainops.health.stragglers import modified_z_scores
+from trainops.health.outliers import modified_z_scores
 from trainops.kube.nodes import NodeState, edit_node
 from trainops.kube.retry import Deadline
 

@@ -20,13 +20,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from trainops.health.outliers import modified_z_scores
 from trainops.health.report import HealthReport, Signal, get_signal
 
 if TYPE_CHECKING:
     from trainops.health.policy import NodeVerdict
 
-MAD_SCALE = 0.6745  # makes the MAD-based score comparable to a normal z-score
-MEAN_AD_SCALE = 1.253314  # Iglewicz & Hoaglin fallback when the MAD is zero
 USABLE = ("ok", "warn")
 UNKNOWN_SPEED = ("group", "exclude")
 
@@ -44,21 +43,6 @@ def node_speed(report: HealthReport, signal: str = "gemm_tflops") -> Signal:
         if isinstance(speed.value, bool) or not isinstance(speed.value, int | float):
             raise ValueError(f"gpu {key} {signal}={repr(speed.value)[:80]} is not a number")
     return Signal(min(s.value for _, s in speeds))
-
-
-def modified_z_scores(speeds: Mapping[str, float]) -> dict[str, float]:
-    """0.6745 * (x - median) / MAD per node (mean absolute deviation fallback when MAD is 0)."""
-    if not speeds:
-        return {}
-    median = statistics.median(speeds.values())
-    deviations = [abs(v - median) for v in speeds.values()]
-    mad = statistics.median(deviations)
-    if mad > 0:
-        return {node: MAD_SCALE * (v - median) / mad for node, v in speeds.items()}
-    mean_ad = statistics.fmean(deviations)
-    if mean_ad == 0:
-        return dict.fromkeys(speeds, 0.0)
-    return {node: (v - median) / (MEAN_AD_SCALE * mean_ad) for node, v in speeds.items()}
 
 
 def percent_below_median(speeds: Mapping[str, float]) -> dict[str, float]:

@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from trainops.doctor.placement import TRAINOPS_TAINTS, Taint, selects, tolerates, tolerations_for, untolerated
+from trainops.placement.scheduling import (
+    TRAINOPS_TAINTS,
+    Taint,
+    selects,
+    tolerates,
+    tolerations_for,
+    untolerated,
+)
 
 INFERENCE, TRAINING, QUARANTINE = TRAINOPS_TAINTS
 MODE = {"key": "trainops.io/mode", "operator": "Exists", "effect": "NoSchedule"}
