@@ -74,6 +74,12 @@ class GangTrainingOperator(BaseOperator):
     :param quarantine_culprits: quarantine (taint, label, evidence) the nodes blamed for a failure.
     :param evidence_wait_s: when the failed pods printed GPU or NCCL errors that no node confirms, how long
         to wait for the nodes' own health reports before judging it the user's code (the log is a hint only).
+    :param check_queue: before the first Job, read ``local_queue`` and its ClusterQueue and fail at once,
+        submitting nothing, when a resource the pods request is covered by none of its resource groups (Kueue
+        would never admit it).  Turn it off only where Kueue's configuration excludes or transforms that
+        resource (``resources.excludeResourcePrefixes``, ``transformations``).  Queues it cannot read (RBAC)
+        are logged and not checked; either way Kueue's own answer that it can never admit the request ends
+        the attempt at once (``never_admitted``), not at ``admission_timeout``.
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.
     :param retries: Airflow retries of this task (a try that failed on its own: the next one reattaches or
         resumes); also the resume budget when ``max_resumes`` is None.
@@ -175,6 +181,7 @@ class GangTrainingOperator(BaseOperator):
         unconfirmed_fault_retries: int = 1,
         quarantine_culprits: bool = True,
         evidence_wait_s: float = EVIDENCE_WAIT_S,
+        check_queue: bool = True,
         kubernetes_conn_id: str = "kubernetes_default",
         kubeconfig: str | None = None,
         aws_conn_id: str | None = "aws_default",
@@ -203,6 +210,7 @@ class GangTrainingOperator(BaseOperator):
         )
         self.fail_fast_on_user_error, self.quarantine_culprits = fail_fast_on_user_error, quarantine_culprits
         self.evidence_wait_s, self.unconfirmed_fault_retries = evidence_wait_s, unconfirmed_fault_retries
+        self.check_queue = check_queue
         self.kubernetes_conn_id, self.kubeconfig = kubernetes_conn_id, kubeconfig
         self.aws_conn_id = aws_conn_id
 
@@ -278,6 +286,7 @@ class GangTrainingOperator(BaseOperator):
                 fail_fast_on_user_error=self.fail_fast_on_user_error,
                 quarantine_culprits=self.quarantine_culprits,
                 evidence_wait_s=self.evidence_wait_s,
+                check_queue=self.check_queue,
             ),
             follow_config=self.follow_config(),
             logger=self.log,

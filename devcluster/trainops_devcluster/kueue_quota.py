@@ -211,7 +211,8 @@ def _choose_flavor(
             return flavor.name, ("", "")
     if not reasons:
         return None, ("NoMatchingFlavor", f"no flavor covers {', '.join(sorted(wanted))}")
-    # the most hopeful reason wins: waiting for quota beats a permanent misfit
+    # the most hopeful reason wins: waiting for quota beats a permanent misfit; the message lists every
+    # flavor's reason, sorted and joined with ", " (Kueue's flavorassigner Status.Message)
     order = {"WaitingForQuota": 0, "ExceedsMaxQuota": 1, "NoMatchingFlavor": 2}
     best = min(reasons, key=lambda item: order[item[0]])
-    return None, (best[0], "; ".join(message for _, message in reasons))
+    return None, (best[0], ", ".join(sorted(message for _, message in reasons)))

@@ -1,4 +1,6 @@
 """Can Kueue admit the run at all?  Checked before anything is claimed, with reads only.
+(The training run checks its Job's own requests before its first Job: both read the queues through
+``trainops.kube.queues``.)
 
 Kueue leaves a Workload pending for good when a resource its pods request is in none of its
 ClusterQueue's ``coveredResources`` (0.13: ``Pending``, "resource rdma/ib unavailable in
@@ -14,15 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from trainops.errors import PermanentError
 from trainops.kube.client import Kube
+from trainops.kube.queues import QUEUES_MANIFEST, QueueMismatch, coverage_fix, read_queues, uncovered
 from trainops.kube.retry import Deadline
 
-QUEUES_MANIFEST = "deploy/kueue-queues.yaml"
-
-
-class QueueMismatch(PermanentError, ValueError):
-    """The run's Kueue queues cannot admit it; the message says what to change."""
+__all__ = ["QUEUES_MANIFEST", "QueueMismatch", "check_queue"]
 
 
 def check_queue(
@@ -39,35 +37,29 @@ def check_queue(
     given) and covers every one of ``resources`` (the names one pod of the run requests, e.g.
     ``nvidia.com/gpu``, ``rdma/ib``), and WorkloadPriorityClass ``priority_class`` (when given)
     exists; else ``QueueMismatch``."""
-    queue = kube.get(kube.kueue("localqueues"), local_queue, namespace, deadline=deadline)
+    queue, target, found = read_queues(kube, namespace, local_queue, deadline)
     if queue is None:
         raise QueueMismatch(
             f"LocalQueue {namespace}/{local_queue} does not exist: create it (see {QUEUES_MANIFEST}) or name "
             "the LocalQueue the run is submitted to"
         )
-    target = str((queue.get("spec") or {}).get("clusterQueue") or "")
     if cluster_queue is not None and target != cluster_queue:
         raise QueueMismatch(
             f"LocalQueue {namespace}/{local_queue} sends runs to ClusterQueue {target!r}, but the claim raises "
             f"the quota of ClusterQueue {cluster_queue!r}, so the run would never be admitted: point the "
             f"LocalQueue's spec.clusterQueue at {cluster_queue!r}, or claim for {target!r}"
         )
-    found = kube.get(kube.kueue("clusterqueues", namespaced=False), target, deadline=deadline)
     if found is None:
         raise QueueMismatch(
             f"ClusterQueue {target!r} of LocalQueue {namespace}/{local_queue} does not exist: create it "
             f"(see {QUEUES_MANIFEST})"
         )
-    groups = (found.get("spec") or {}).get("resourceGroups") or []
-    covered = {name for group in groups for name in group.get("coveredResources") or []}
-    missing = sorted(set(resources) - covered)
+    missing = uncovered(found, resources)
     if missing:
-        names = ", ".join(missing)
         raise QueueMismatch(
-            f"ClusterQueue {target} does not cover {names}, which each pod of the run requests: Kueue would "
-            f'leave the run pending ("resource {missing[0]} unavailable in ClusterQueue"). Add {names} to '
-            f"coveredResources of ClusterQueue {target}, with a nominalQuota in each flavor of that resource "
-            f"group (see {QUEUES_MANIFEST}), or exclude it from Kueue's quota in Kueue's configuration "
+            f"ClusterQueue {target} does not cover {', '.join(missing)}, which each pod of the run requests: "
+            f'Kueue would leave the run pending ("resource {missing[0]} unavailable in ClusterQueue"). '
+            f"{coverage_fix(target, missing)}, or exclude it from Kueue's quota in Kueue's configuration "
             "(resources.excludeResourcePrefixes) and from the resources checked here"
         )
     if (

@@ -8,9 +8,18 @@ import logging
 import time
 from collections.abc import Collection, Iterator, Mapping
 
-from trainops.conventions import GPU_POOL_LABEL, KUEUE_JOB_UID_LABEL, MODE_TAINT, MODE_TRAINING
-from trainops.kube.client import JOBS, NODES, PODS, SERVICES, Kind, Kube
+from trainops.conventions import (
+    GPU_POOL_LABEL,
+    KUEUE_JOB_UID_LABEL,
+    KUEUE_QUEUE_LABEL,
+    MODE_TAINT,
+    MODE_TRAINING,
+)
+from trainops.errors import TemporaryError
+from trainops.kube.client import JOBS, NODES, PODS, SERVICES, Kind, Kube, api_message
+from trainops.kube.kueue import KueueNotServed
 from trainops.kube.nodes import NodeState, holder_of, is_quarantined
+from trainops.kube.queues import QueueMismatch, coverage_fix, read_queues, requested_resources, uncovered
 from trainops.kube.retry import Deadline
 from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
 from trainops.training.ledger import timestamp
@@ -35,6 +44,45 @@ class GangCluster:
     def create_job(self, job: dict) -> tuple[dict, bool]:
         """Create the Job; returns it and whether this call created it (False: it already existed)."""
         return self.kube.create(job, JOBS)
+
+    def check_admissible(self, job: Mapping) -> str | None:
+        """Refuse ``job`` (its Workload's one PodSet, before it is created) when a resource its pod
+        template requests is covered by no resource group of the ClusterQueue behind its LocalQueue:
+        Kueue would never admit it (``QueueMismatch``, naming the resource, the ClusterQueue and the fix).
+        Reads only.  When the queues cannot be read (RBAC, Kueue not served, a LocalQueue or ClusterQueue
+        that does not exist yet), it says so in the log and refuses nothing: Kueue's own answer ends the
+        attempt then (the follower).  Returns the ClusterQueue's name when it was read."""
+        from kubernetes.client.exceptions import ApiException
+
+        meta = job["metadata"]
+        namespace, local_queue = meta["namespace"], (meta.get("labels") or {}).get(KUEUE_QUEUE_LABEL)
+        if not local_queue:
+            return None
+        where = f"LocalQueue {namespace}/{local_queue}"
+        try:
+            queue, target, found = read_queues(self.kube, namespace, local_queue, self.kube.deadline())
+        except (ApiException, KueueNotServed, TemporaryError) as error:
+            log.warning(
+                "could not read %s and its ClusterQueue (%s); submitting unchecked", where, _said(error)
+            )
+            return None
+        if found is None:
+            absent = (
+                f"{where} does not exist" if queue is None else f"its ClusterQueue {target!r} does not exist"
+            )
+            log.warning("%s; submitting unchecked: Kueue leaves the run pending until it does", absent)
+            return None
+        requested = requested_resources(job["spec"]["template"].get("spec") or {})
+        if missing := uncovered(found, requested):
+            raise QueueMismatch(
+                f"Kueue can never admit Job {namespace}/{meta['name']}: ClusterQueue {target} (behind {where}) "
+                f"does not cover {', '.join(missing)}, which each pod of the run requests (Kueue would answer "
+                f'"resource {missing[0]} unavailable in ClusterQueue" and the run wait for its admission '
+                f"timeout); nothing was submitted. {coverage_fix(target, missing)}, or drop the request from "
+                "the run (extra_resources, pod_template)"
+            )
+        log.info("%s -> ClusterQueue %s covers %s", where, target, ", ".join(sorted(requested)) or "nothing")
+        return target
 
     def create_service(self, service: dict) -> bool:
         """Create a Service; False when it already existed."""
@@ -190,6 +238,12 @@ class GangCluster:
         """The nodes ``names`` now, then again each time one of them changes, until ``until``
         (``time.monotonic()``): ``Kube.watch`` on nodes, filtered to these names."""
         yield from self.kube.watch(NODES, names=set(names), until=until)
+
+
+def _said(error: BaseException) -> str:
+    """An API error's status and message, or the error (for the log)."""
+    status = getattr(error, "status", None)
+    return f"HTTP {status}: {api_message(error)}" if status else f"{type(error).__name__}: {error}"
 
 
 def _usable(node: Mapping, run: str) -> bool:

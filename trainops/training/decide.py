@@ -77,11 +77,14 @@ class Budget:
 
 @dataclass(frozen=True)
 class Options:
-    """How failures are judged (the operator's parameters of the same names)."""
+    """How failures are judged (the operator's parameters of the same names); ``check_queue``: before
+    this process's first Job, read its queues and refuse a request Kueue can never admit (a resource the
+    ClusterQueue does not cover; off where Kueue's configuration excludes or transforms resources)."""
 
     fail_fast_on_user_error: bool = True
     quarantine_culprits: bool = True
     evidence_wait_s: float = 0.0
+    check_queue: bool = True
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,7 @@ def follower_failure(status: str, message: str) -> Failure | None:
         "start_timeout": FailureKind.START_TIMEOUT,
         "admission_timeout": FailureKind.ADMISSION_TIMEOUT,
         "pods_refused": FailureKind.PODS_REFUSED,
+        "never_admitted": FailureKind.NEVER_ADMITTED,
         "deactivated": FailureKind.STOPPED,
         "kueue_deactivated": FailureKind.KUEUE_DEACTIVATED,
         "job_missing": FailureKind.INFRASTRUCTURE,

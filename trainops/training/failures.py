@@ -38,6 +38,9 @@ class FailureKind(StrEnum):
     PODS_REFUSED = (
         "pods_refused"  # the API refuses its pods: no resume helps until the spec or policy changes
     )
+    NEVER_ADMITTED = (
+        "never_admitted"  # Kueue answered that its queue can never admit the request as it stands
+    )
     STOPPED = "stopped"
     KUEUE_DEACTIVATED = "kueue_deactivated"  # Kueue gave up on it (requeuing limit, maximum execution time)
 

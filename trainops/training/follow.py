@@ -13,6 +13,10 @@ checkpoints, see ``progress``). It returns an ``Outcome`` as soon as one of thes
   learned bound (see ``progress``);
 - ``start_timeout``: admitted, but the gang's pods are not all running within ``start_timeout``;
 - ``admission_timeout``: not admitted by Kueue within ``admission_timeout``;
+- ``never_admitted``: Kueue answered that its queue can never admit the request as the queue and the
+  request stand (``QuotaReserved=False``: "resource rdma/ib unavailable in ClusterQueue", a flavor
+  whose taints, labels or topology the pods can never match: ``trainops.kube.queues.never_admits``),
+  not an answer that may change (quota short, a preemption under way);
 - ``pods_refused``: the API refuses the Job's pods (Pod Security, an admission policy or webhook):
   the Job controller's ``FailedCreate`` event, whose message is the API's.  A pod over a namespace's
   ResourceQuota is refused too, but the quota may clear (other pods end): that refusal is named in
@@ -48,6 +52,7 @@ from trainops.conventions import KUEUE_JOB_UID_LABEL
 from trainops.kube.aio import Resource, collection, watch
 from trainops.kube.client import EVENTS, JOBS, PODS, Kind
 from trainops.kube.kueue import BY_KUEUE, BY_USER, deactivation_message, workload_facts
+from trainops.kube.queues import never_admits
 from trainops.training.cluster import GangCluster
 from trainops.training.job import JOB_NAME_LABEL, condition
 from trainops.training.progress import HangPolicy, ProgressTracker
@@ -68,6 +73,7 @@ class Status(StrEnum):
     START_TIMEOUT = "start_timeout"
     ADMISSION_TIMEOUT = "admission_timeout"
     PODS_REFUSED = "pods_refused"
+    NEVER_ADMITTED = "never_admitted"
     DEACTIVATED = "deactivated"
     KUEUE_DEACTIVATED = "kueue_deactivated"
     JOB_MISSING = "job_missing"
@@ -279,6 +285,12 @@ class RunState:
             return Status.DEACTIVATED, deactivation_message(facts)
         if facts and facts.finished:
             return Status.FAILED, f"Workload finished ({facts.finished})"
+        if facts and facts.pending and not facts.admitted and (never := never_admits(facts.pending.message)):
+            queue = f"LocalQueue {self.config.namespace}/{(self.workload.get('spec') or {}).get('queueName')}"
+            return Status.NEVER_ADMITTED, (
+                f"Kueue can never admit Workload {facts.name} as its queue and the run's request stand "
+                f"(QuotaReserved=False, {facts.pending}): {never.fix(queue)}"
+            )
         if self.queued_since is not None and self.config.admission_timeout is not None:
             if now >= self.queued_since + self.config.admission_timeout:
                 return Status.ADMISSION_TIMEOUT, (

@@ -129,6 +129,7 @@ class TrainingRun:
         self.followed: Attempt | None = None  # the attempt this process last followed
         self.stops: list[str] = []  # what stopping did, in this process
         self._path_claimed = False
+        self._queue_checked = False  # the queues covered what this process's first Job requests
 
     @property
     def run(self) -> str:
@@ -405,6 +406,9 @@ class TrainingRun:
                 annotations=begun_annotation(self.budget.try_number, self.clock(), action.spent),
                 nodes=action.nodes,
             )
+            if self.options.check_queue and not self._queue_checked:  # Kueue could never admit it: fail now
+                self.cluster.check_admissible(job)
+                self._queue_checked = True
             submitted, created = self.cluster.create_job(job)
         self.log.info(
             "%s Job %s/%s", "submitted" if created else "found already submitted", self.namespace, name
