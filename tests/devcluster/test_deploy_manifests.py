@@ -15,6 +15,7 @@ from trainops_devcluster import topology
 from tests.capacity.helpers import kube_for
 from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.kubectl_support import kubectl
+from tests.health.driver_upgrade_support import label_gpu_clients
 from trainops.capacity.procedure import claim
 from trainops.conventions import MODE_TAINT, QUARANTINE_TAINT
 
@@ -31,6 +32,9 @@ def test_the_readme_steps_apply_in_order_on_a_fresh_cluster(make_devcluster):
     early = kubectl(cluster.kubeconfig, "apply", "-f", str(REPO / "deploy/rbac.yaml"), check=False)
     assert early.returncode != 0 and 'namespaces "training" not found' in early.stderr
 
+    label_gpu_clients(
+        cluster
+    )  # as GPU Operator v26.7.0+ labels GPU nodes (README; the devcluster's is v25.10.0)
     for step in STEPS:
         kubectl(cluster.kubeconfig, "apply", "-f", str(REPO / step))
 

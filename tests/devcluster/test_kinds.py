@@ -14,6 +14,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.kubectl_support import kubectl as run_kubectl
+from tests.health.driver_upgrade_support import label_gpu_clients
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,6 +30,7 @@ def probe_pods(devcluster) -> list[dict]:
 
 
 def test_node_probe_manifest_applies_and_runs_one_pod_per_gpu_node(kubectl, devcluster):
+    label_gpu_clients(devcluster)  # as GPU Operator v26.7.0+ labels GPU nodes (the devcluster's is v25.10.0)
     out = kubectl("apply", "-f", str(REPO / "deploy" / "node-probe.yaml")).stdout
     assert "daemonset.apps/trainops-node-probe created" in out
     assert "clusterrole.rbac.authorization.k8s.io/trainops-node-probe created" in out

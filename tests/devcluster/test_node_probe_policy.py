@@ -17,6 +17,7 @@ from trainops_devcluster.authn import ADMIN_TOKEN
 
 from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.kubectl_support import kubectl
+from tests.health.driver_upgrade_support import label_gpu_clients
 from trainops.capacity.claims import CLAIM_PRIOR_ANNOTATION
 from trainops.cli import main
 from trainops.conventions import (
@@ -57,6 +58,7 @@ def cluster(make_devcluster):
     claim; the devcluster's own probe daemon stopped (it writes the store, not the API)."""
     dev = make_devcluster(nodes=2)
     dev.probe_daemon.stop()
+    label_gpu_clients(dev)  # as GPU Operator v26.7.0+ labels GPU nodes: the probe's nodeSelector wants it
     kubectl(dev.kubeconfig, "apply", "-f", str(DEPLOY / "node-probe.yaml"))
     kubectl(dev.kubeconfig, "apply", "-f", str(DEPLOY / "node-probe-admission.yaml"))
     held = {

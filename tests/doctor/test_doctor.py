@@ -16,9 +16,11 @@ from trainops_devcluster import topology
 from tests.devcluster.ctrl_support import wait_for
 from tests.devcluster.kubectl_support import kubectl
 from tests.e2e.test_rbac_least_privilege import attributes_of
+from tests.health.driver_upgrade_support import label_gpu_clients
 from trainops.cli import main
 from trainops.conventions import GPU_POOL_LABEL, HEALTH_NAMESPACE
 from trainops.doctor.admission import POLICIES
+from trainops.doctor.gpu_operator import CLIENT_LABEL, CUSTOM_LABEL_ENV, PAUSED
 from trainops.doctor.namespaces import ENFORCE
 from trainops.health.published import configmap_name
 from trainops.permissions import TRIGGERER, WORKER, permissions_of
@@ -27,6 +29,8 @@ REPO = Path(__file__).parents[2]
 README_STEPS = ["namespaces", "kueue-queues", "rbac", "node-probe", "node-probe-admission"]
 GPU_NODES = ["gpu-node-000", "gpu-node-001", "gpu-node-002"]
 PROBE = ("daemonsets.apps", "kube-system", "trainops-node-probe")
+# ClusterPolicy spec.driver.manager.env that has the driver manager pause the client label
+CLIENT_PAUSED = [{"name": CUSTOM_LABEL_ENV, "value": CLIENT_LABEL}]
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +40,15 @@ def cluster(tmp_path_factory):
 
     with DevCluster(nodes=len(GPU_NODES), fresh=True, inference=[], prometheus=True) as dev:
         dev.wait_until_settled()
+        # the devcluster's GPU Operator is v25.10.0: set up as deploy/node-probe.yaml says for operators
+        # before v26.7.0, so a driver upgrade pauses the probe by its client label
+        label_gpu_clients(dev)
+        patch(
+            dev,
+            "clusterpolicy",
+            "cluster-policy",
+            body={"spec": {"driver": {"manager": {"env": CLIENT_PAUSED}}}},
+        )
         for step in README_STEPS:
             dev.create_from_file(REPO / "deploy" / f"{step}.yaml")
         # the devcluster's GPU nodes offer rdma/ib: the README's RDMA step (IPC_LOCK needs privileged)
@@ -237,6 +250,24 @@ def node_without_gpu_present_label(cluster):
 
 
 @contextlib.contextmanager
+def probe_not_following_the_client_label(cluster):
+    target = ("daemonset", "-n", "kube-system", "trainops-node-probe")
+    patch(cluster, *target, body={"spec": {"template": {"spec": {"nodeSelector": {CLIENT_LABEL: None}}}}})
+    wait_for(lambda: probes_rolled(cluster), "the probe pods rolled")
+    yield
+    patch(cluster, *target, body={"spec": {"template": {"spec": {"nodeSelector": {CLIENT_LABEL: "true"}}}}})
+    wait_for(lambda: probes_rolled(cluster), "the probe pods rolled back")
+
+
+@contextlib.contextmanager
+def driver_manager_not_pausing_the_client_label(cluster):
+    policy = ("clusterpolicy", "cluster-policy")
+    patch(cluster, *policy, body={"spec": {"driver": {"manager": {"env": []}}}})
+    yield
+    patch(cluster, *policy, body={"spec": {"driver": {"manager": {"env": CLIENT_PAUSED}}}})
+
+
+@contextlib.contextmanager
 def probe_stopped_an_hour_ago(cluster):
     """gpu-node-002's probe stopped publishing an hour ago: its telemetry is gone, its report old."""
     name = configmap_name("gpu-node-002")
@@ -386,6 +417,8 @@ WRONG = {
     "runtime-class-missing": (runtime_class_deleted, (), "gpu-operator", "RuntimeClass nvidia (ClusterPolicy spec.operator.runtimeClass) does not exist", "container toolkit"),
     "operator-not-ready": (operator_not_ready, (), "gpu-operator", "ClusterPolicy cluster-policy is notReady", "kubectl get pods -n gpu-operator"),
     "probe-without-runtime-class-under-cdi": (probe_without_runtime_class, (), "gpu-operator", "CDI is on, and the probe DaemonSet kube-system/trainops-node-probe runs with the default runtime", "runtimeClassName: nvidia"),
+    "probe-stays-through-driver-upgrades": (probe_not_following_the_client_label, (), "gpu-operator", f"its nodeSelector has no label the driver manager sets to {PAUSED}", f'add {CLIENT_LABEL}: "true" to its nodeSelector'),
+    "client-label-not-paused": (driver_manager_not_pausing_the_client_label, (), "gpu-operator", f"it selects nodes by {CLIENT_LABEL}, which the driver manager of GPU Operator v25.10.0 (older than v0.12.0) does not set", f"{CUSTOM_LABEL_ENV}={CLIENT_LABEL} in ClusterPolicy spec.driver.manager.env"),
     "probe-not-on-a-gpu-node": (node_without_gpu_present_label, (), "node-probe", "gpu-node-001: no probe pod: the node does not match the DaemonSet's nvidia.com/gpu.present=true", "GPU Feature Discovery"),
     "stale-report": (probe_stopped_an_hour_ago, ("--prometheus", ""), "probe-reports", "gpu-node-002: its report is 3600s old", "kubectl logs -n kube-system"),
     "metric-not-exported": (lambda c: exporter_without(c, "DCGM_FI_DEV_ROW_REMAP_PENDING"), (), "dcgm-exporter", "no DCGM_FI_DEV_ROW_REMAP_PENDING series: the gate reads row_remap_pending", "deploy/dcgm-exporter-counters.csv enables it"),

@@ -4,6 +4,16 @@ From the operator's ClusterPolicy (``nvidia.com/v1``) and the RuntimeClasses.  W
 default from v25.10.0) the operator does not make ``nvidia`` the default runtime: only pods that
 name its RuntimeClass get GPUs, so a probe DaemonSet without ``runtimeClassName`` sees no GPU.
 A probe that names a RuntimeClass that does not exist gets no pod at all.
+
+Driver upgrades: with the operator-managed driver (``spec.driver.enabled``, the default) the driver
+manager (k8s-driver-manager, the driver pod's init container) must unload the kernel module, which
+fails while any process holds NVML ("driver is in use"). It evicts only pods that request
+``nvidia.com/gpu*``/``nvidia.com/mig-*`` and never DaemonSet pods (``cmd/nvdrain``, ``internal/kubernetes``:
+``IgnoreAllDaemonSets``), whatever ``ENABLE_GPU_POD_EVICTION`` says; it moves the rest by node labels:
+the operands' ``nvidia.com/gpu.deploy.<operand>``, ``nvidia.com/gpu.deploy.client`` for third-party
+clients (v0.12.0, GPU Operator v26.7.0: it waits for DaemonSet pods with that key in their
+nodeSelector), and the label named in ``NODE_LABEL_FOR_GPU_POD_EVICTION`` (not waited for). A probe
+DaemonSet selecting on none of them stays on the node and the upgrade stalls there.
 """
 
 from __future__ import annotations
@@ -20,6 +30,34 @@ RUNTIME_CLASSES = Kind("node.k8s.io", "v1", "runtimeclasses", namespaced=False)
 DEFAULT_RUNTIME_CLASS = "nvidia"  # the chart's operator.runtimeClass
 CDI_DEFAULT_FROM = (25, 10)  # cdi.enabled defaults to true from v25.10.0
 INSTALL = "helm upgrade --install gpu-operator nvidia/gpu-operator -n gpu-operator -f deploy/gpu-operator-values.yaml"
+# Driver upgrades (k8s-driver-manager cmd/driver-manager/main.go; gpu-operator controllers/state_manager.go)
+CLIENT_LABEL = "nvidia.com/gpu.deploy.client"  # GPU Operator puts it on GPU nodes from v26.7.0
+PAUSED = "paused-for-driver-upgrade"  # what the driver manager sets a "true" label to while it upgrades
+CLIENT_LABEL_FROM = (26, 7)  # GPU Operator version that labels nodes and ships driver manager v0.12.0
+CLIENT_PAUSE_FROM = (0, 12)  # driver manager version that pauses CLIENT_LABEL and waits for its pods
+CUSTOM_LABEL_ENV = "NODE_LABEL_FOR_GPU_POD_EVICTION"  # a label it also pauses (v0.6.3+), without waiting
+HOLD_NVML = "--hold-nvml"  # the probe keeps NVML open between samples (trainops probe)
+OPERAND_LABELS = tuple(  # the operands' labels the driver manager pauses (v0.12.0), waiting by app label only
+    f"nvidia.com/gpu.deploy.{name}"
+    for name in (
+        "operator-validator",
+        "container-toolkit",
+        "device-plugin",
+        "gpu-feature-discovery",
+        "dcgm-exporter",
+        "dcgm",
+        "mig-manager",
+        "nvsm",
+        "sandbox-validator",
+        "sandbox-device-plugin",
+        "vgpu-device-manager",
+        "dra-driver",
+        "dra-validator",
+        "dcgm-dra",
+        "dcgm-exporter-dra",
+    )
+)
+MANAGER_ENV = "ClusterPolicy spec.driver.manager.env (Helm driver.manager.env)"
 
 
 def operator_version(policy: dict) -> str | None:
@@ -29,6 +67,115 @@ def operator_version(policy: dict) -> str | None:
         return labels["app.kubernetes.io/version"]
     chart = labels.get("helm.sh/chart") or ""
     return chart.removeprefix("gpu-operator-") if chart.startswith("gpu-operator-") else None
+
+
+def _release(version: str | None) -> tuple[int, ...] | None:
+    found = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    return tuple(int(part) for part in found.groups() if part is not None) if found else None
+
+
+def driver_manager_version(policy: dict, version: str | None) -> tuple[str | None, bool | None]:
+    """The driver manager's version (``spec.driver.manager.version``, else the one the operator's
+    ``version`` ships, as far as told) and whether it pauses ``CLIENT_LABEL`` (None: cannot tell)."""
+    named = (((policy.get("spec") or {}).get("driver") or {}).get("manager") or {}).get("version")
+    release = _release(named)
+    if release is not None:
+        return named, release[:2] >= CLIENT_PAUSE_FROM
+    operator = _release(version)
+    if operator is None:
+        return None, None
+    if operator[:2] >= CLIENT_LABEL_FROM:
+        return f"of GPU Operator {version} (v0.12.0 or later)", True
+    return f"of GPU Operator {version} (older than v0.12.0)", False
+
+
+def _node_selection(template_spec: dict) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """The probe's nodeSelector, and the keys its required node affinity wants (``In``) with their values."""
+    selector = {k: str(v) for k, v in (template_spec.get("nodeSelector") or {}).items()}
+    required = ((template_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    wanted: dict[str, list[str]] = {}
+    for term in required.get("nodeSelectorTerms") or []:
+        for expression in term.get("matchExpressions") or []:
+            if expression.get("operator") == "In":
+                wanted.setdefault(expression.get("key", ""), []).extend(expression.get("values") or [])
+    return selector, wanted
+
+
+def driver_upgrade(
+    policy: dict, version: str | None, probe: dict | None, where: str
+) -> tuple[str, list[Problem]]:
+    """Whether a driver upgrade moves the probe (``where``: its DaemonSet's namespace/name) off the node
+    before unloading the driver: a few words for the summary, and the problem when it would stall."""
+    driver = (policy.get("spec") or {}).get("driver") or {}
+    if driver.get("enabled") is False:
+        return "driver on the host (no upgrade unloads it)", []
+    if probe is None:
+        return "", []
+    spec = ((probe.get("spec") or {}).get("template") or {}).get("spec") or {}
+    selector, affinity = _node_selection(spec)
+    manager, pauses_client = driver_manager_version(policy, version)
+    env = {e.get("name"): e.get("value") for e in (driver.get("manager") or {}).get("env") or []}
+    custom = env.get(CUSTOM_LABEL_ENV) or ""
+    paused = set(OPERAND_LABELS) | ({custom} if custom else set())
+    waited = {CLIENT_LABEL} if pauses_client else set()
+    paused |= waited
+    # a label the driver manager flips from a value the probe wants ("false" stays "false")
+    selects = sorted(k for k, v in selector.items() if k in paused and v not in ("", "false"))
+    affine = sorted(k for k, values in affinity.items() if k in paused and set(values) - {"", "false"})
+    hold = any(
+        HOLD_NVML in (c.get("args") or []) + (c.get("command") or []) for c in spec.get("containers") or []
+    )
+    label = f'{CLIENT_LABEL}: "true"'
+    if set(selects) & waited:
+        return f"driver upgrades move the probe off the node first ({CLIENT_LABEL}, waited for)", []
+    if selects or affine:
+        how = f"nodeSelector {selects[0]}" if selects else f"node affinity on {affine[0]}"
+        if not hold:
+            return (
+                f"driver upgrades pause the probe by {how} without waiting for it to go (it lets NVML go "
+                "between samples)",
+                [],
+            )
+        return how, [
+            Problem(
+                f"the probe DaemonSet {where} runs with {HOLD_NVML} (NVML open between samples) and is paused for "
+                f"a driver upgrade by {how}, which the driver manager does not wait for: unloading the driver "
+                'can fail while it still runs ("driver is in use")',
+                f"drop {HOLD_NVML} from its args (deploy/node-probe.yaml), or select nodes by {label} on GPU "
+                "Operator v26.7.0 or later (the driver manager waits for DaemonSet pods with that nodeSelector key)",
+            )
+        ]
+    held = (
+        f"the probe DaemonSet {where} opens NVML but is neither evicted (the driver manager evicts only pods "
+        "that request nvidia.com/gpu*, never DaemonSet pods) nor paused"
+    )
+    stall = 'a driver upgrade stalls on its nodes: the kernel module cannot unload ("driver is in use")'
+    by_hand = (
+        f"label the GPU nodes {CLIENT_LABEL}=true and set {CUSTOM_LABEL_ENV}={CLIENT_LABEL} in {MANAGER_ENV}, "
+        f"or upgrade GPU Operator to v{CLIENT_LABEL_FROM[0]}.{CLIENT_LABEL_FROM[1]}.0 or later (it labels the "
+        "nodes and its driver manager pauses that label)"
+    )
+    if CLIENT_LABEL in selector or CLIENT_LABEL in affinity:
+        which = manager or "of this GPU Operator (version unknown: no spec.driver.manager.version)"
+        return "", [
+            Problem(
+                f"{held}: it selects nodes by {CLIENT_LABEL}, which the driver manager {which} does not set to "
+                f"{PAUSED}, and {CUSTOM_LABEL_ENV} names {custom or 'no label'}; {stall}",
+                by_hand,
+            )
+        ]
+    fix = f"add {label} to its nodeSelector (deploy/node-probe.yaml)"
+    if not pauses_client:
+        fix += f"; this GPU Operator's driver manager does not pause it by itself: {by_hand}"
+    return "", [
+        Problem(
+            f"{held}: its nodeSelector has no label the driver manager sets to {PAUSED} ({CLIENT_LABEL}"
+            f"{', ' + custom if custom else ''}); {stall}",
+            fix,
+        )
+    ]
 
 
 def cdi_enabled(policy: dict, version: str | None) -> bool:
@@ -117,9 +264,12 @@ def check(reads: Reads, config) -> Outcome:
                 f"set spec.template.spec.runtimeClassName: {runtime_class} (deploy/node-probe.yaml)",
             )
         )
+    upgrade, stalls = driver_upgrade(policy, version, probe, f"{namespace}/{probe_name}")
+    problems += stalls
     uses = "no probe DaemonSet" if probe is None else f"the probe uses {used or 'the default runtime'}"
     return Outcome(
         f"GPU Operator {version or '(version unknown)'} {state}, CDI {'on' if cdi else 'off'}, "
-        f"RuntimeClass {runtime_class} {'present' if runtime_class in classes else 'missing'}; {uses}",
+        f"RuntimeClass {runtime_class} {'present' if runtime_class in classes else 'missing'}; {uses}"
+        + (f"; {upgrade}" if upgrade and not stalls else ""),
         problems,
     )
