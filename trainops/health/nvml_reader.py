@@ -18,8 +18,8 @@ across reports:
   holds nothing of the driver and a GPU Operator driver upgrade can unload it. XIDs raised between
   samples are not seen then: ``xid_events`` lists those seen while sampling, and when there are none
   it is unknown (saying so), for the gate to fill from dcgm-exporter's XID series. Without persistence
-  mode (``persistence_mode`` warns) and no other NVML client, the driver tears the GPUs down when the
-  last client shuts down: each sample then initialises them again, and volatile ECC counts restart.
+  mode (``persistence_mode`` warns) and no other NVML client, the driver deinitialises the GPUs when
+  the last client leaves, so each sample initialises them again (slower samples).
 """
 
 from __future__ import annotations
