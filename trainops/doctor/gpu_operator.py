@@ -8,8 +8,10 @@ A probe that names a RuntimeClass that does not exist gets no pod at all.
 Driver upgrades: with the operator-managed driver (``spec.driver.enabled``, the default) the driver
 manager (k8s-driver-manager, the driver pod's init container) must unload the kernel module, which
 fails while any process holds NVML ("driver is in use"). It evicts only pods that request
-``nvidia.com/gpu*``/``nvidia.com/mig-*`` and never DaemonSet pods (``cmd/nvdrain``, ``internal/kubernetes``:
-``IgnoreAllDaemonSets``), whatever ``ENABLE_GPU_POD_EVICTION`` says; it moves the rest by node labels:
+``nvidia.com/gpu*``/``nvidia.com/mig-*`` (or hold an NVIDIA DRA claim) and never DaemonSet pods
+(``internal/kubernetes`` ``DeleteOrEvictPods``, ``cmd/nvdrain`` before v0.9.0: ``IgnoreAllDaemonSets``),
+whatever ``ENABLE_GPU_POD_EVICTION`` says (GPU Operator's upgrade controller deletes the same kind of
+pods, ``gpuPodSpecFilter``); it moves the rest by node labels:
 the operands' ``nvidia.com/gpu.deploy.<operand>``, ``nvidia.com/gpu.deploy.client`` for third-party
 clients (v0.12.0, GPU Operator v26.7.0: it waits for DaemonSet pods with that key in their
 nodeSelector), and the label named in ``NODE_LABEL_FOR_GPU_POD_EVICTION`` (not waited for). A probe
