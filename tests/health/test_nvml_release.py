@@ -10,8 +10,8 @@ import pytest
 from trainops_devcluster.telemetry import FakeNvml, TelemetryIbReader
 
 from trainops.health.nvml_reader import XIDS_BETWEEN_SAMPLES, NvmlReader
-from trainops.health.policy import evaluate
-from trainops.health.probe import collect_report
+from trainops.health.policy import DEFAULT_POLICY, evaluate
+from trainops.health.probe import Publisher, collect_report, own_view
 
 
 class WatchedNvml(FakeNvml):
@@ -116,3 +116,25 @@ def test_held_nvml_stays_open_and_watches_xids_between_reports(node, clock):
         assert second.gpus["1"]["xid_events"].value == [79] and second.gpus["0"]["xid_events"].value == []
     assert_released(fake)
     assert len(fake.event_sets) == 1
+
+
+def test_the_probes_own_condition_warns_of_xids_between_samples_and_the_gate_policy_still_needs_them(
+    node, clock
+):
+    """The node's GPUHealthy stays True on a healthy sampled node (the gap named in its message); the
+    gate, which merges dcgm-exporter's XIDs, judges the report by the policy as it is (unknown: exclude)."""
+    reader = NvmlReader(WatchedNvml(node), clock=clock)
+    first = sample(reader, node, clock)
+    clock.now += 60
+    report = sample(reader, node, clock, previous=first)
+    writes = Publisher().plan(report)
+    assert writes.verdict.verdict == "warn" and writes.condition["status"] == "True"
+    assert "no XID seen while the probe sampled" in writes.condition["message"]
+    assert evaluate(report, now=clock.now).verdict == "exclude"  # what the gate does without dcgm-exporter
+
+
+def test_an_xid_watch_unknown_for_another_reason_is_judged_as_the_policy_says(node, clock):
+    node.set_xid_events_supported(False)
+    report = sample(NvmlReader(WatchedNvml(node), clock=clock), node, clock)
+    assert "XID events not available" in report.gpus["0"]["xid_events"].reason
+    assert own_view(report, DEFAULT_POLICY) is DEFAULT_POLICY

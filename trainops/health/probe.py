@@ -18,7 +18,7 @@ from trainops.conventions import HEALTH_SUMMARY_ANNOTATION as SUMMARY_ANNOTATION
 from trainops.errors import TemporaryError
 from trainops.health.expect import clock_under_load, compared_with_node
 from trainops.health.ib_reader import IbReader, IbUnavailable
-from trainops.health.nvml_reader import NvmlReader
+from trainops.health.nvml_reader import XIDS_BETWEEN_SAMPLES, NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.published import (
     DIGEST_ANNOTATION,
@@ -209,7 +209,7 @@ class Publisher:
     def plan(self, report: HealthReport) -> Writes:
         """What to write for ``report`` (call :meth:`wrote` once written)."""
         at = report.collected_at
-        verdict = evaluate(report, self.policy, now=at)
+        verdict = evaluate(report, own_view(report, self.policy), now=at)
         speed = node_speed(report)
         digest = report_digest(verdict, speed.value if speed.known else None, compared_with_node(report))
         changed = digest != self.digest
@@ -228,6 +228,24 @@ class Publisher:
             self.digest = writes.configmap["metadata"]["annotations"][DIGEST_ANNOTATION]
         if writes.condition is not None:
             self.node_written_at = at
+
+
+def own_view(report: HealthReport, policy: Policy) -> Policy:
+    """The policy for the probe's own verdict (its node's condition and summary) on ``report``.
+
+    A probe that lets NVML go between samples cannot say no XID was raised between them, and says so
+    (``xid_events`` unknown, ``XIDS_BETWEEN_SAMPLES``); the gate fills that from dcgm-exporter. The
+    probe, which has no such second source, warns of it instead of excluding its node, so a healthy
+    node's ``GPUHealthy`` stays True (the reason in its message). Any other unknown XID watch is judged
+    as the policy says."""
+    watches = [get_signal(signals, "xid_events") for signals in report.gpus.values()]
+    unknown = [signal for signal in watches if not signal.known and not signal.na]
+    if not unknown or any(signal.reason != XIDS_BETWEEN_SAMPLES for signal in unknown):
+        return policy
+    rows = [
+        row.name for row in policy.rows if row.signal == "xid_events" and row.if_unknown not in ("ok", "warn")
+    ]
+    return policy.with_overrides({name: {"if_unknown": "warn"} for name in rows})
 
 
 def publish(report: HealthReport, core_api: Any, publisher: Publisher) -> Writes:
