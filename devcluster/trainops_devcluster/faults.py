@@ -5,6 +5,25 @@ Faults that a real node would not survive the job of also fail the pods they hit
 stack does to a CUDA process: an XID that kills the GPU's contexts, uncorrectable ECC, a downed
 InfiniBand port (NCCL aborts), a node that stops responding.  Each such fault also records a
 Warning Event on the node.
+
+Broken hardware stays broken until ``repair`` (the node rebooted with its faults fixed), as on a
+real node:
+
+* **The GPU leaves allocatable.** NVIDIA's k8s-device-plugin marks a GPU Unhealthy on any XID
+  critical-error event whose code is not in its skip list (13, 31, 43, 45, 68, 109 by default;
+  ``DP_DISABLE_HEALTHCHECKS`` adds codes or ``all``, ``DP_ENABLE_HEALTHCHECKS`` takes codes out of
+  it) and never marks it healthy again while it runs (NVIDIA/k8s-device-plugin
+  ``internal/rm/health.go``; issue #234). The kubelet's device manager then reports
+  ``status.allocatable["nvidia.com/gpu"]`` as the healthy devices and ``status.capacity`` as all of
+  them (kubernetes ``pkg/kubelet/cm/devicemanager/manager.go`` ``GetCapacity``), and hands the
+  device to no new pod. Uncorrectable ECC counts: the driver reports it as an XID (48, or 94/95 on
+  GPUs that contain it), none of which the plugin skips.  This set is the device plugin's, not
+  ``FATAL_XIDS`` (which pods die): 13 and 31 kill the application but leave the GPU allocatable,
+  109 too; 63 or 92 kill nothing but take the GPU out.
+* **A downed fabric port keeps failing GPU pods.** NCCL's IB transport skips a port that is not
+  ACTIVE when it starts (NVIDIA/nccl ``src/transport/net_ib.cc`` ``ncclIbInit``), so a job pinned
+  to that HCA (``NCCL_IB_HCA``, ``NCCL_NET=IB``) cannot initialise its communicator: every GPU pod
+  that starts on the node fails ``runtime.NCCL_ABORT_S`` after it starts, with the same message.
 """
 
 from __future__ import annotations
@@ -27,6 +46,38 @@ FATAL_XIDS = frozenset(
     | set(xids.FATAL)
     | set(xids.UNDECODED)
 )
+# NVIDIA k8s-device-plugin's ignoredXids (internal/rm/health.go): application errors after which
+# the GPU stays healthy.  Every other XID critical error marks the GPU Unhealthy.
+DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+DISABLE_HEALTHCHECKS, ENABLE_HEALTHCHECKS = "DP_DISABLE_HEALTHCHECKS", "DP_ENABLE_HEALTHCHECKS"
+
+
+def _xid_list(text: str) -> tuple[bool, set[int]]:
+    """The device plugin's reading of one of its env variables: (``all``/``xids`` named, the codes)."""
+    codes: set[int] = set()
+    for part in text.lower().split(","):
+        part = part.strip()
+        if part in ("all", "xids"):
+            return True, set()
+        if part.isdigit():
+            codes.add(int(part))
+    return False, codes
+
+
+def device_plugin_marks_unhealthy(code: int, env: Mapping[str, str] | None = None) -> bool:
+    """Whether NVIDIA's device plugin marks a GPU Unhealthy on XID ``code``, given its environment
+    (``DP_DISABLE_HEALTHCHECKS``, ``DP_ENABLE_HEALTHCHECKS``), as ``getDisabledHealthCheckXids`` and
+    ``disabledXIDs.IsDisabled`` decide it."""
+    env = env or {}
+    all_disabled, disabled = _xid_list(env.get(DISABLE_HEALTHCHECKS, ""))
+    all_enabled, enabled = _xid_list(env.get(ENABLE_HEALTHCHECKS, ""))
+    if all_enabled:
+        return True
+    if code in enabled:
+        return True
+    return not (all_disabled or code in disabled or code in DEVICE_PLUGIN_SKIPPED_XIDS)
+
+
 XID_MEANING = {
     13: "Graphics Engine Exception",
     31: "GPU memory page fault",
@@ -49,10 +100,18 @@ XID_MEANING = {
 class Faults:
     """The devcluster's fault injection (``DevCluster.inject`` and ``trainops devcluster inject`` call these)."""
 
-    def __init__(self, store: Store, telemetry: Mapping, runtime: PodRuntime) -> None:
+    def __init__(
+        self,
+        store: Store,
+        telemetry: Mapping,
+        runtime: PodRuntime,
+        device_plugin_env: Mapping[str, str] | None = None,
+    ) -> None:
         self.store = store
         self.telemetry = telemetry
         self.runtime = runtime
+        # the device plugin's DP_DISABLE_HEALTHCHECKS / DP_ENABLE_HEALTHCHECKS (unset: its defaults)
+        self.device_plugin_env = dict(device_plugin_env or {})
         self.events = EventRecorder(store, "nvidia-device-health")
 
     # ---- pods and jobs -----------------------------------------------------------------
@@ -94,28 +153,36 @@ class Faults:
 
     # ---- GPUs and nodes ----------------------------------------------------------------
     def xid(self, node: str, code: int, gpu: int = 0) -> dict:
-        """An XID on one GPU; a fatal one also fails the pods using that GPU."""
+        """An XID on one GPU; a fatal one also fails the pods using that GPU, and one the device
+        plugin does not skip takes the GPU out of the node's allocatable until ``repair``."""
         self._telemetry(node).inject_xid(code, gpu=gpu)
         meaning = XID_MEANING.get(code, "GPU error")
         message = f"Xid {code} on GPU {gpu}: {meaning}"
         self._node_event(node, "XidError", message)
         failed = self._fail(self.runtime.pods_on_gpus(node, gpu), message) if code in FATAL_XIDS else []
+        if device_plugin_marks_unhealthy(code, self.device_plugin_env):
+            self.runtime.gpu_unhealthy(node, gpu)
         return {"failed_pods": failed}
 
     def ecc(self, node: str, uncorrectable: int, gpu: int = 0) -> dict:
-        """Uncorrectable ECC errors on one GPU: the process using it is killed (as with Xid 48)."""
+        """Uncorrectable ECC errors on one GPU: the process using it is killed (as with Xid 48), and
+        the GPU leaves the node's allocatable until ``repair`` (the driver's XID for it, 48 or 94/95,
+        is not one the device plugin skips)."""
         self._telemetry(node).inject_ecc(uncorrectable, gpu=gpu)
         message = f"{uncorrectable} uncorrectable ECC error(s) on GPU {gpu}"
         self._node_event(node, "EccError", message)
         failed = self._fail(self.runtime.pods_on_gpus(node, gpu), message) if uncorrectable > 0 else []
+        if uncorrectable > 0 and device_plugin_marks_unhealthy(48, self.device_plugin_env):
+            self.runtime.gpu_unhealthy(node, gpu)
         return {"failed_pods": failed}
 
     def ib_down(self, node: str, port: int = 1, device: str | None = None) -> dict:
         """An RDMA port goes down (the first fabric port unless ``device`` says): NCCL on the node's GPU
-        pods aborts."""
+        pods aborts, and on each GPU pod that starts there until ``repair``."""
         self._telemetry(node).ib_down(port=port, device=device)
         message = f"InfiniBand port {device or 'mlx5_0'}/{port} is down"
         self._node_event(node, "InfiniBandPortDown", message)
+        self.runtime.fabric_down(node, f"NCCL error: {message}")
         return {"failed_pods": self._fail(self.runtime.pods_on_gpus(node), f"NCCL error: {message}")}
 
     def nvlink_errors(self, node: str, replay: int, gpu: int = 0) -> dict:
@@ -146,8 +213,11 @@ class Faults:
         return {"failed_pods": []}
 
     def repair(self, node: str) -> dict:
-        """The node rebooted with its faults fixed (its probe then reports it healthy again)."""
+        """The node rebooted with its faults fixed (its probe then reports it healthy again): the
+        device plugin starts afresh with every GPU healthy, so all are allocatable again, and the
+        fabric port is up."""
         self._telemetry(node).repair()
+        self.runtime.restore_node(node)
         return {"failed_pods": []}
 
     def telemetry_missing(self, node: str) -> dict:

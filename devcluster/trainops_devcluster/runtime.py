@@ -18,7 +18,11 @@ removed.  ``restartPolicy`` Always/OnFailure restarts containers in place with b
 The kubelet also hands out GPU indices per node (as the device plugin does: the process sees
 them as ``NVIDIA_VISIBLE_DEVICES``, and the speed of the slowest of them, a slowed GPU's fault, as
 ``DEVCLUSTER_GPU_SPEED``: the demo trainer's steps take that much longer) and tells the node's
-telemetry when its GPUs are busy.  A
+telemetry when its GPUs are busy.  A GPU the device plugin reported Unhealthy (``gpu_unhealthy``,
+after a fatal XID) is handed out no more and leaves ``status.allocatable`` (``status.capacity``
+keeps it, as the kubelet's device manager reports them) until ``restore_node`` (the node repaired).
+While a node's fabric port is down (``fabric_down``), a GPU container that starts there dies
+``NCCL_ABORT_S`` after it starts with the NCCL error (see ``faults``).  A
 Virtual-Kubelet-like node (label ``type=virtual-kubelet``) runs its pods without GPU devices: its
 GPUs are another provider's, so no indices are handed out and no telemetry is told.
 
@@ -64,6 +68,8 @@ RESTART_BACKOFF_S = (0.05, 5.0)  # first and longest wait before restarting a co
 VIRTUAL_NODE_LABEL, VIRTUAL_NODE_VALUE = "type", "virtual-kubelet"  # Virtual Kubelet's node label
 GPU_SPEED_ENV = "DEVCLUSTER_GPU_SPEED"  # the slowest of the container's GPUs, as a fraction of full speed
 PORT_ENV = "DEVCLUSTER_PORT_"  # + containerPort: the local port a process binds for it
+GPU_RESOURCE = "nvidia.com/gpu"
+NCCL_ABORT_S = 0.2  # a GPU container on a node whose fabric port is down dies this long after it starts
 
 
 class PodNotRunning(NotFound):
@@ -154,6 +160,8 @@ class PodRuntime(InformerController):
         self.loopback = Loopback(store)
         self._runs: dict[Key, PodRun] = {}
         self._gpu_users: dict[str, dict[int, Key]] = {}
+        self._unhealthy: dict[str, set[int]] = {}  # node -> GPU indices its device plugin reported Unhealthy
+        self._fabric_down: dict[str, str] = {}  # node -> the NCCL error its GPU containers die with
         self._ips = itertools.count(2)
         self._closed = threading.Event()
 
@@ -308,6 +316,9 @@ class PodRuntime(InformerController):
             if seconds is not None:
                 self.after(seconds, lambda: run.hung or finish(Exit(code))())
         self.events.record(pod, "Started", f"Started container {container.spec['name']}", host=run.node)
+        message = self._fabric_down.get(run.node)
+        if message and run.gpus:  # NCCL finds its HCA port down at init and aborts the process
+            self.after(NCCL_ABORT_S, lambda: self._abort(run, index, generation, Exit(1, "Error", message)))
 
     def _spawn(self, run: PodRun, pod: dict, index: int, generation: int) -> None:
         container = run.containers[index]
@@ -559,9 +570,10 @@ class PodRuntime(InformerController):
             or (node.get("metadata") or {}).get("labels", {}).get(VIRTUAL_NODE_LABEL) == VIRTUAL_NODE_VALUE
         ):
             return []
-        total = int(((node.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu", 0))
+        total = _gpu_devices(node)
         users = self._gpu_users.setdefault(run.node, {})
-        gpus = [i for i in range(total) if i not in users][:wanted]
+        unhealthy = self._unhealthy.get(run.node, set())
+        gpus = [i for i in range(total) if i not in users and i not in unhealthy][:wanted]
         for gpu in gpus:
             users[gpu] = run.key
         self._update_training_activity(run.node)
@@ -634,6 +646,54 @@ class PodRuntime(InformerController):
 
         return self.call(find)
 
+    def gpu_unhealthy(self, node: str, gpu: int) -> None:
+        """The node's device plugin reports GPU ``gpu`` Unhealthy: it is handed out no more and the
+        kubelet reports ``status.allocatable`` without it (``status.capacity`` still counts it)."""
+
+        def mark() -> None:
+            self._unhealthy.setdefault(node, set()).add(gpu)
+            self._write_gpu_allocatable(node)
+
+        self.call(mark)
+
+    def fabric_down(self, node: str, message: str) -> None:
+        """The node's fabric port is down: each GPU container that starts there dies with ``message``
+        ``NCCL_ABORT_S`` after it starts, until ``restore_node``."""
+        self.call(lambda: self._fabric_down.__setitem__(node, message))
+
+    def restore_node(self, node: str) -> None:
+        """The node rebooted repaired: every GPU healthy and allocatable again, the fabric up."""
+
+        def restore() -> None:
+            self._fabric_down.pop(node, None)
+            if self._unhealthy.pop(node, None):
+                self._write_gpu_allocatable(node)
+
+        self.call(restore)
+
+    def unhealthy_gpus(self, node: str) -> list[int]:
+        return self.call(lambda: sorted(self._unhealthy.get(node, ())))
+
+    def _write_gpu_allocatable(self, node: str) -> None:
+        """Report the node's healthy GPUs as allocatable, as the kubelet's device manager does."""
+        unhealthy = self._unhealthy.get(node, set())
+
+        def write(obj: dict) -> None:
+            status = obj.setdefault("status", {})
+            allocatable = status.setdefault("allocatable", {})
+            capacity = status.setdefault("capacity", {})
+            if (
+                GPU_RESOURCE not in capacity
+            ):  # a node written without capacity: its devices are all allocatable
+                capacity[GPU_RESOURCE] = allocatable.get(GPU_RESOURCE, "0")
+            total = int(capacity[GPU_RESOURCE])
+            allocatable[GPU_RESOURCE] = str(total - len([i for i in unhealthy if i < total]))
+
+        try:
+            self.store.mutate("nodes", "", node, write)
+        except NotFound:
+            pass
+
     def running_pods(self, node: str) -> list[Key]:
         return self.call(
             lambda: sorted(key for key, run in self._runs.items() if run.node == node and run.started)
@@ -654,6 +714,17 @@ class PodRuntime(InformerController):
                 _signal(container.process, signal.SIGKILL)
             else:
                 self._exited(run, index, container.generation, exit)
+
+    def _abort(self, run: PodRun, index: int, generation: int, exit: Exit) -> None:
+        """One container of a running pod dies now with ``exit``, if it is still the run that started."""
+        container = run.containers[index]
+        if not self._current(run) or container.generation != generation or not container.running:
+            return
+        if container.local:
+            container.forced = exit
+            _signal(container.process, signal.SIGKILL)
+        else:
+            self._exited(run, index, generation, exit)
 
     def stop(self) -> None:
         self._closed.set()
@@ -677,6 +748,13 @@ def _annotation_seconds(pod: dict, name: str, default: float | None) -> float | 
     if seconds < 0:
         raise ValueError(f"annotation {name}: invalid value {raw!r}: want a number of seconds >= 0")
     return seconds
+
+
+def _gpu_devices(node: dict) -> int:
+    """How many GPU devices the node has: its capacity (healthy or not), else its allocatable."""
+    status = node.get("status") or {}
+    count = (status.get("capacity") or {}).get(GPU_RESOURCE)
+    return int(count if count is not None else (status.get("allocatable") or {}).get(GPU_RESOURCE, 0))
 
 
 def _signal(process: subprocess.Popen | None, signum: int) -> None:
