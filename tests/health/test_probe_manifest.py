@@ -105,7 +105,8 @@ def test_a_driver_upgrade_moves_the_probe_off_its_node_and_back(make_devcluster)
     nodes = label_gpu_clients(cluster)
     kubectl(cluster.kubeconfig, "apply", "-f", str(MANIFEST))
     wait_for(
-        lambda: sorted(p["spec"].get("nodeName") for p in probe_pods(cluster)) == nodes, "a probe per node"
+        lambda: sorted(p["spec"].get("nodeName") or "" for p in probe_pods(cluster)) == nodes,
+        "a probe per node",
     )
     upgraded, others = nodes[1], [nodes[0], nodes[2]]
     assert awaited_by_driver_manager(cluster, upgraded)
@@ -114,9 +115,8 @@ def test_a_driver_upgrade_moves_the_probe_off_its_node_and_back(make_devcluster)
     wait_for(
         lambda: not awaited_by_driver_manager(cluster, upgraded), "the probe pod gone, not only terminating"
     )
-    assert (
-        sorted(p["spec"].get("nodeName") or "" for p in probe_pods(cluster)) == others
-    )  # the other nodes keep theirs
+    # the other nodes keep theirs
+    assert sorted(p["spec"].get("nodeName") or "" for p in probe_pods(cluster)) == others
 
     kubectl(cluster.kubeconfig, "label", "node", upgraded, f"{CLIENT_LABEL}=true", "--overwrite")
     wait_for(
