@@ -109,7 +109,7 @@ class GangTrainingOperator(BaseOperator):
     :param shm_size: size limit of the memory-backed ``/dev/shm`` (None: keep the 64 MiB container default).
     :param extra_resources: more devices for the trainer container, e.g. ``{"rdma/ib": "1"}`` or
         ``{"nvidia.com/hostdev": "8"}`` (requests and limits); the ClusterQueue must cover each (list them
-        in the claim's ``run_resources``, which checks it before anything is claimed).
+        in the claim's ``run_resources``, which checks it before anything is claimed; see ``check_queue``).
     :param capabilities: Linux capabilities for the trainer container (an ``rdma/`` device in
         ``extra_resources`` adds ``IPC_LOCK`` itself; one outside the runtime's default set, like
         ``IPC_LOCK``, needs the namespace's Pod Security level to be "privileged").

@@ -20,6 +20,7 @@ from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
 from trainops.kube.client import Kind
 from trainops.kube.kueue import GROUP, KueueNotServed
+from trainops.kube.queues import covered_resources
 
 #: the Kueue resources trainops reads or writes (and the priority classes its Workloads name)
 RESOURCES = ("clusterqueues", "localqueues", "workloads", "resourceflavors", "workloadpriorityclasses")
@@ -49,15 +50,6 @@ def check_api(reads: Reads, config) -> Outcome:
 def cluster_queue(reads: Reads, config) -> dict | None:
     kind = reads.kube.kueue("clusterqueues", namespaced=False)
     return reads.shared("clusterqueue", lambda: reads.get(kind, config.cluster_queue))
-
-
-def covered(queue: dict) -> set[str]:
-    """Every resource the ClusterQueue's resource groups cover."""
-    return {
-        name
-        for group in (queue.get("spec") or {}).get("resourceGroups") or []
-        for name in group.get("coveredResources") or []
-    }
 
 
 def _inactive(obj: dict | None, what: str) -> Problem | None:
@@ -103,7 +95,7 @@ def check_queues(reads: Reads, config) -> Outcome:
         problems += [p for p in [_inactive(obj, what)] if p]
     problems += _unplaceable_nodes(reads, config, queue or {})
     priority = config.priority_class
-    resources = ", ".join(sorted(covered(queue or {}))) or "nothing"
+    resources = ", ".join(sorted(covered_resources(queue or {}))) or "nothing"
     return Outcome(
         f"LocalQueue {namespace}/{local} -> ClusterQueue {config.cluster_queue} (covers {resources}), "
         f"WorkloadPriorityClass {priority}",
