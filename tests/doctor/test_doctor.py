@@ -250,6 +250,15 @@ def node_without_gpu_present_label(cluster):
 
 
 @contextlib.contextmanager
+def node_paused_for_a_driver_upgrade(cluster):
+    run(cluster, "label", "--overwrite", "node", "gpu-node-001", f"{CLIENT_LABEL}={PAUSED}")
+    wait_for(lambda: "gpu-node-001" not in probes_ready(cluster), "the probe pod gone from gpu-node-001")
+    yield
+    run(cluster, "label", "--overwrite", "node", "gpu-node-001", f"{CLIENT_LABEL}=true")
+    wait_for(lambda: probes_ready(cluster) == set(GPU_NODES), "the probe pod back on gpu-node-001")
+
+
+@contextlib.contextmanager
 def probe_not_following_the_client_label(cluster):
     target = ("daemonset", "-n", "kube-system", "trainops-node-probe")
     patch(cluster, *target, body={"spec": {"template": {"spec": {"nodeSelector": {CLIENT_LABEL: None}}}}})
@@ -420,6 +429,7 @@ WRONG = {
     "probe-stays-through-driver-upgrades": (probe_not_following_the_client_label, (), "gpu-operator", f"its nodeSelector has no label the driver manager sets to {PAUSED}", f'add {CLIENT_LABEL}: "true" to its nodeSelector'),
     "client-label-not-paused": (driver_manager_not_pausing_the_client_label, (), "gpu-operator", f"it selects nodes by {CLIENT_LABEL}, which the driver manager of GPU Operator v25.10.0 (older than v0.12.0) does not set", f"{CUSTOM_LABEL_ENV}={CLIENT_LABEL} in ClusterPolicy spec.driver.manager.env"),
     "probe-not-on-a-gpu-node": (node_without_gpu_present_label, (), "node-probe", "gpu-node-001: no probe pod: the node does not match the DaemonSet's nvidia.com/gpu.present=true", "GPU Feature Discovery"),
+    "probe-paused-for-a-driver-upgrade": (node_paused_for_a_driver_upgrade, (), "node-probe", f"gpu-node-001: no probe pod: GPU Operator's driver manager paused it for a driver upgrade ({CLIENT_LABEL}={PAUSED})", "wait for the upgrade"),
     "stale-report": (probe_stopped_an_hour_ago, ("--prometheus", ""), "probe-reports", "gpu-node-002: its report is 3600s old", "kubectl logs -n kube-system"),
     "metric-not-exported": (lambda c: exporter_without(c, "DCGM_FI_DEV_ROW_REMAP_PENDING"), (), "dcgm-exporter", "no DCGM_FI_DEV_ROW_REMAP_PENDING series: the gate reads row_remap_pending", "deploy/dcgm-exporter-counters.csv enables it"),
     "wrong-node-label": (nothing_changed, ("--prometheus-node-label", "UUID"), "dcgm-exporter", "the gate keys dcgm-exporter's series by label 'UUID', which names no GPU node; 'Hostname' does", "--prometheus-node-label) to Hostname"),

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from trainops.conventions import HEALTH_NAMESPACE
-from trainops.doctor.gpu_operator import probe_daemon_set
+from trainops.doctor.gpu_operator import CLIENT_LABEL, PAUSED, probe_daemon_set
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
 from trainops.health.policy import DEFAULT_POLICY
@@ -19,6 +19,11 @@ from trainops.health.published import REPORT_SELECTOR, configmap_name, read_repo
 from trainops.kube.client import CONFIGMAPS, NODES, PODS
 from trainops.placement.scheduling import node_taints, selects, untolerated
 
+# who sets the labels the shipped DaemonSet selects on
+LABEL_SETTERS = {
+    "nvidia.com/gpu.present": "GPU Feature Discovery sets it",
+    CLIENT_LABEL: "GPU Operator sets it from v26.7.0",
+}
 APPLY_PROBE = "kubectl apply -f deploy/node-probe.yaml (or name yours: --probe-daemonset NAMESPACE/NAME)"
 REPORT_AGE_S = next(row.threshold for row in DEFAULT_POLICY.rows if row.name == "report_age")
 
@@ -53,9 +58,17 @@ def _not_running(namespace: str, name: str, template: dict, node: dict, pod: dic
         labels = node["metadata"].get("labels") or {}
         wanted = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if labels.get(k) != v}
         want = " ".join(f"{k}={v}" for k, v in wanted.items())
+        if any(labels.get(k) == PAUSED for k in wanted):
+            return Problem(
+                f"{node_name}: no probe pod: GPU Operator's driver manager paused it for a driver upgrade "
+                f"({CLIENT_LABEL}={PAUSED}); its report goes stale meanwhile",
+                "wait for the upgrade: the driver manager sets the label back to true and the probe returns",
+            )
+        setters = ", ".join(f"{k}: {LABEL_SETTERS[k]}" for k in wanted if k in LABEL_SETTERS)
         return Problem(
             f"{node_name}: no probe pod: the node does not match the DaemonSet's {want or 'required node affinity'}",
-            f"kubectl label node {node_name} {want} (GPU Feature Discovery sets it), or widen the DaemonSet's nodeSelector"
+            f"kubectl label node {node_name} {want}{f' ({setters})' if setters else ''}, or widen the "
+            "DaemonSet's nodeSelector"
             if want
             else "widen the DaemonSet's node affinity to GPU nodes",
         )
