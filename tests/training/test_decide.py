@@ -24,6 +24,7 @@ from trainops.training.decide import (
     Wait,
     Want,
     decide,
+    follower_failure,
     verdict_of,
 )
 from trainops.training.failures import Failure, FailureKind
@@ -366,6 +367,12 @@ VERDICTS = [
         Failure(F.PODS_REFUSED, 'violates PodSecurity "baseline:latest"'),
         Verdict.FAIL,
         "violates PodSecurity",
+    ),
+    VerdictRow(
+        "Kueue says its queue can never admit the request: fail with Kueue's answer, no resume",
+        follower_failure("never_admitted", "resource rdma/ib unavailable in ClusterQueue"),
+        Verdict.FAIL,
+        "never_admitted: resource rdma/ib unavailable in ClusterQueue",
     ),
 ]
 
