@@ -41,6 +41,11 @@ down:
 test: setup
 	$(BIN)/python -m pytest
 
+# Every benchmarks/bench_*.py at the sizes the README quotes, cut off after BENCH_BUDGET_S (1,800 s by
+# default: this 2-core machine's half hour), then a summary table and benchmarks/bench.json (the commit, its
+# uncommitted changes, each result line's values, ratio, target and verdict). BENCH_LARGE=1 adds the large
+# sizes (the health gate at 8,192 nodes) and lifts the budget: make bench BENCH_LARGE=1.
+# `python -m benchmarks.results` writes the README's benchmark rows from benchmarks/bench.json.
 bench: setup
 	$(BIN)/python benchmarks/run.py
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
+from results import record
 from trainops_devcluster.cluster import DevCluster
 from trainops_devcluster.topology import InferenceWorkload
 
@@ -28,11 +29,12 @@ def writes(cluster) -> int:
     return sum(e["verb"] in ("create", "update", "patch", "delete") for e in cluster.server.audit.entries())
 
 
-def line(name: str, figures: str, ratio: float, target: float) -> bool:
+def line(name: str, figures: str, ratio: float, target: float, **values: object) -> bool:
     ok = ratio <= target
     print(
         f"bench {name}: {figures} ratio={ratio:.2f} target={target:g} {'PASS' if ok else 'FAIL'}", flush=True
     )
+    record(name, passed=ok, ratio=round(ratio, 3), target=f"<={target:g}", **values)
     return ok
 
 
@@ -75,12 +77,23 @@ def main() -> int:
         f"nodes={NODES} claim={per_claim:.2f} return={per_return:.2f} writes/node",
         max(per_claim, per_return),
         WRITES_TARGET,
+        nodes=NODES,
+        claim_writes_per_node=round(per_claim, 3),
+        return_writes_per_node=round(per_return, 3),
     )
     # Reported, not judged: the issue sets no time target, and the claim's wall time includes waiting for
     # evicted inference pods to terminate, which no number of bare patches measures.
     print(
         f"bench capacity_claim_return: nodes={NODES} claim={claim_s:.2f}s return={return_s:.2f}s "
         f"floor={floor_s:.2f}s ({2 * NODES} bare node patches) ratio={(claim_s + return_s) / floor_s:.2f} (reported)"
+    )
+    record(
+        "capacity_claim_return",
+        ratio=round((claim_s + return_s) / floor_s, 3),
+        nodes=NODES,
+        claim_s=round(claim_s, 3),
+        return_s=round(return_s, 3),
+        floor_s=round(floor_s, 3),
     )
     return 0 if ok else 1
 

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from results import record
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.checkpoints import torch_dcp  # noqa: E402
@@ -155,6 +157,7 @@ def measure(
     result = verify_checkpoint(uri, store=store)
     if not result.ok or result.files != files:
         print(f"bench checkpoint_verify: {uri} did not verify: {result.reasons[:3]} FAIL")
+        record("checkpoint_verify", passed=False, error=f"{uri} did not verify: {result.reasons[:3]}")
         return None
     list_s = best_of(runs, lambda: list_floor(client, prefix))
     verify_s = best_of(runs, lambda: verify_checkpoint(uri, store=store))
@@ -216,12 +219,18 @@ def main() -> int:
             f"verify={verify_s:.2f}s list={list_s:.2f}s peak={peak_mib:.1f}MiB",
             f"ratio={list_ratio:.2f} target<=1.5",
             list_ratio <= 1.5,
+            (list_ratio, "<=1.5", {"verify_s": verify_s, "list_s": list_s, "peak_mib": peak_mib}),
         ),
         (
             "checkpoint_verify_vs_head",
             f"verify={verify_s:.2f}s head={head_s:.2f}s ({HEADS_IN_FLIGHT} in flight)",
             f"ratio={head_speedup:.1f} target>=3",
             head_speedup >= 3,
+            (
+                head_speedup,
+                ">=3",
+                {"verify_s": verify_s, "head_s": head_s, "heads_in_flight": HEADS_IN_FLIGHT},
+            ),
         ),
         (
             "checkpoint_real_dcp_verify_vs_torch_read",
@@ -229,11 +238,25 @@ def main() -> int:
             f"sandbox={sandbox_s:.3f}s cold={cold_s:.2f}s) peak={real_peak_mib:.1f}MiB child_rss={rss_mib:.0f}MiB",
             f"ratio={torch_ratio:.2f} target<=2",
             torch_ratio <= 2,
+            (
+                torch_ratio,
+                "<=2",
+                {
+                    "verify_s": real_verify_s,
+                    "torch_read_s": torch_s,
+                    "cold_s": cold_s,
+                    "child_rss_mib": rss_mib,
+                },
+            ),
         ),
     ]
-    for name, figures, target, passed in lines:
+    for name, figures, target, passed, (ratio, target_value, values) in lines:
         print(f"bench {name}: {figures} {target} {'PASS' if passed else 'FAIL'}")
-    return 0 if all(passed for *_, passed in lines) else 1
+        rounded = {
+            key: round(value, 3) if isinstance(value, float) else value for key, value in values.items()
+        }
+        record(name, passed=passed, ratio=round(ratio, 3), target=target_value, **rounded)
+    return 0 if all(line[3] for line in lines) else 1
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from results import record
+
 DAGS = sorted(str(p) for p in (Path(__file__).resolve().parents[1] / "dags").glob("*.py"))
 BASELINE = "import airflow.sdk"
 PARSE = f"import runpy\nfor path in {DAGS!r}:\n    runpy.run_path(path)"
@@ -42,6 +44,15 @@ def main() -> int:
     print(
         f"bench dag_parse: {len(DAGS)} DAG files {ours * 1000:.0f} ms vs import airflow.sdk {base * 1000:.0f} ms "
         f"(median of {ROUNDS} fresh interpreters) ratio={ratio:.2f} target<={TARGET} {verdict}"
+    )
+    record(
+        "dag_parse",
+        passed=verdict == "PASS",
+        ratio=round(ratio, 3),
+        target=f"<={TARGET}",
+        dag_files=len(DAGS),
+        parse_ms=round(ours * 1000, 1),
+        import_airflow_sdk_ms=round(base * 1000, 1),
     )
     return 0 if verdict == "PASS" else 1
 

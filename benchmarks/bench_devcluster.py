@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from results import record
+
 NODES = 4096
 GPUS = 8
 SYSTEM_NODES = 2  # untainted CPU nodes beside the GPU pool, as the devcluster boots by default
@@ -94,6 +96,7 @@ def main() -> int:
         server.start()
         if not ready.wait(timeout=900):
             print("bench devcluster_list_nodes: the devcluster did not come up FAIL")
+            record("devcluster_list_nodes", passed=False, error="the devcluster did not come up")
             server.kill()
             return 1
         boot = time.perf_counter() - started
@@ -114,9 +117,20 @@ def main() -> int:
         f"paginated(limit={PAGE})={paginated:.3f}s unpaginated={unpaginated:.3f}s "
         f"ratio={ratio:.2f} target<={TARGET_RATIO} {verdict}"
     )
+    record(
+        "devcluster_list_nodes",
+        passed=verdict == "PASS",
+        ratio=round(ratio, 3),
+        target=f"<={TARGET_RATIO}",
+        nodes=NODES,
+        pods=PODS,
+        paginated_s=round(paginated, 3),
+        unpaginated_s=round(unpaginated, 3),
+    )
     print(
         f"bench devcluster_memory: server_peak_rss={peak.value:.0f}MiB startup_with_pods={boot:.1f}s (reported)"
     )
+    record("devcluster_memory", server_peak_rss_mib=round(peak.value), startup_with_pods_s=round(boot, 1))
     return 0 if verdict == "PASS" else 1
 
 

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from crash_resume import ARGS, NAMESPACE, Timeline, crash_first_attempt, line
+from results import record
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the campaign's trigger client
 from benchmarks.campaign.steps import async_client  # noqa: E402
@@ -139,6 +140,18 @@ def main() -> int:
         ratio,
         ">=2",
         ratio >= 2 and ours["nodes"] == MIN_NODES and base["nodes"] == NODES,
+    )
+    record(
+        "elastic-resume-vs-replacement",
+        passed=ratio >= 2 and ours["nodes"] == MIN_NODES and base["nodes"] == NODES,
+        ratio=round(ratio, 3),
+        target=">=2",
+        elastic_gpu_s=round(ours["gpu_s"], 1),
+        replacement_gpu_s=round(base["gpu_s"], 1),
+        elastic_lost_s=round(ours["lost_s"], 2),
+        replacement_lost_s=round(base["lost_s"], 2),
+        elastic_nodes=ours["nodes"],
+        steps_redone=f"{ours['redone']}/{base['redone']}",
     )
     return 0 if ratio >= 2 else 1
 

@@ -19,6 +19,7 @@ import os
 import sys
 import time
 
+from results import record
 from trainops_devcluster.cluster import DevCluster
 from trainops_devcluster.demo.load import Load, Stats, stats
 from trainops_devcluster.runtime import RUN_SECONDS
@@ -135,10 +136,27 @@ def main() -> int:
         f"{plain_during.served + plain_during.failed} target=0 {'PASS' if ok_failed else 'FAIL'}",
         flush=True,
     )
+    record(
+        "inference_failed_requests",
+        passed=ok_failed,
+        target="=0",
+        failed=during.failed,
+        requests=during.served + during.failed,
+        without_pool_failed=plain_during.failed,
+        without_pool_requests=plain_during.served + plain_during.failed,
+    )
     print(
         f"bench inference_p99_during_vs_before: with overflow pool p99 {before.p99_ms:.0f} ms before, "
         f"{during.p99_ms:.0f} ms during ratio={ratio:.2f} target={P99_TARGET:g} {'PASS' if ok_latency else 'FAIL'}",
         flush=True,
+    )
+    record(
+        "inference_p99_during_vs_before",
+        passed=ok_latency,
+        ratio=round(ratio, 3),
+        target=f"<={P99_TARGET:g}",
+        p99_before_ms=round(before.p99_ms),
+        p99_during_ms=round(during.p99_ms),
     )
     plain = "-" if plain_during.p99_ms is None else f"{plain_during.p99_ms / plain_before.p99_ms:.2f}"
     print(
@@ -146,6 +164,12 @@ def main() -> int:
         f"{plain_during.p99_ms or 0:.0f} ms during ratio={plain} (reported: today's behaviour, the Deployment "
         f"shrinks while training holds its nodes)",
         flush=True,
+    )
+    record(
+        "inference_without_overflow_pool",
+        ratio=None if plain_during.p99_ms is None else round(plain_during.p99_ms / plain_before.p99_ms, 3),
+        p99_before_ms=None if plain_before.p99_ms is None else round(plain_before.p99_ms),
+        p99_during_ms=None if plain_during.p99_ms is None else round(plain_during.p99_ms),
     )
     return 0 if ok_latency and ok_failed else 1
 

@@ -15,6 +15,7 @@ import random
 import sys
 import time
 
+from results import record
 from trainops_devcluster.cluster import DevCluster
 
 from trainops.capacity.procedure import claim, give_back
@@ -31,11 +32,12 @@ FREE = {"block-a": 5, "block-b": 4, "block-c": 6, "block-d": 11}
 RUN_NODES, SPARES = 16, 1
 
 
-def line(name: str, figures: str, ratio: float, target: float) -> bool:
+def line(name: str, figures: str, ratio: float, target: float, **values: object) -> bool:
     ok = ratio <= target
     print(
         f"bench {name}: {figures} ratio={ratio:.2f} target={target:g} {'PASS' if ok else 'FAIL'}", flush=True
     )
+    record(name, passed=ok, ratio=round(ratio, 3), target=f"<={target:g}", **values)
     return ok
 
 
@@ -161,6 +163,12 @@ def main() -> int:
         f"({baseline['racks']} racks)",
         placed["blocks"] / best,
         1.0,
+        blocks=placed["blocks"],
+        optimum=best,
+        racks=placed["racks"],
+        spare_in_run_blocks=placed["spare_home"],
+        baseline_blocks=baseline["blocks"],
+        baseline_racks=baseline["racks"],
     )
     ok = ok and placed["spare_home"]
     at_optimum, tried, spent = random_fleets(rng, 500)
@@ -171,6 +179,9 @@ def main() -> int:
             f"number of blocks; {1000 * spent / max(tried, 1):.2f} ms per placement",
             tried / max(at_optimum, 1),
             1.0,
+            at_optimum=at_optimum,
+            fleets=tried,
+            ms_per_placement=round(1000 * spent / max(tried, 1), 3),
         )
         and ok
     )

@@ -41,6 +41,7 @@ from crash_resume import (
     crash_first_attempt,
     line,
 )
+from results import record
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -210,6 +211,11 @@ def measure(at, state: Path) -> list[tuple[str, str, float, str, bool]]:
             speedup,
             ">=5",
             speedup >= 5 and ours.state == base.state == "success",
+            {
+                "trainops_s": round(ours_s, 3),
+                "provider_s": round(base_s, 3),
+                "runs": f"{ours.state}/{base.state}",
+            },
         )
     ]
 
@@ -232,9 +238,10 @@ def main() -> int:
         print(f"bench services: the services' logs are in {state}/logs", file=sys.stderr)
     else:
         shutil.rmtree(state, ignore_errors=True)
-    for result in results:
-        line(*result)
-    return 0 if all(ok for *_, ok in results) else 1
+    for name, figures, ratio, target, ok, values in results:
+        line(name, figures, ratio, target, ok)
+        record(name, passed=ok, ratio=round(ratio, 3), target=target, **values)
+    return 0 if all(result[4] for result in results) else 1
 
 
 if __name__ == "__main__":

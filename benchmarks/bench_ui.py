@@ -28,6 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from results import record
+
 NODES = 4096
 ROUNDS = 5
 TARGET = 1.5
@@ -121,6 +123,16 @@ def bench_fleet(kubeconfig: str, prometheus_url: str) -> bool:
         f"node_list={fastest(floors):.2f}s ratio={ratio:.2f} target<={TARGET} {'PASS' if passed else 'FAIL'} ({load()})",
         flush=True,
     )
+    record(
+        "ui_fleet",
+        passed=passed,
+        ratio=round(ratio, 3),
+        target=f"<={TARGET}",
+        nodes=NODES,
+        rows=rows,
+        fleet_s=round(fastest(fleets), 3),
+        node_list_s=round(fastest(floors), 3),
+    )
     tensor_ratio = fastest(activities) / fastest(queries)
     tensor_passed = tensor_ratio <= TARGET and active == NODES
     print(
@@ -128,6 +140,16 @@ def bench_fleet(kubeconfig: str, prometheus_url: str) -> bool:
         f"bare_query={fastest(queries):.2f}s ratio={tensor_ratio:.2f} target<={TARGET} "
         f"{'PASS' if tensor_passed else 'FAIL'}{f' error={error}' if error else ''} ({load()})",
         flush=True,
+    )
+    record(
+        "ui_tensor_activity",
+        passed=tensor_passed,
+        ratio=round(tensor_ratio, 3),
+        target=f"<={TARGET}",
+        nodes=NODES,
+        with_activity=active,
+        answer_s=round(fastest(activities), 3),
+        bare_query_s=round(fastest(queries), 3),
     )
     return passed and tensor_passed
 
