@@ -66,12 +66,10 @@ def run_one(script: Path, timeout: float | None) -> dict:
         except subprocess.TimeoutExpired:
             timed_out = True
             print(f"== {script.name}: the run's budget is spent, interrupting it", flush=True)
-            os.killpg(process.pid, signal.SIGINT)
-            try:
-                code = process.wait(timeout=INTERRUPT_GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                code = process.wait()
+            code = interrupt(process)
+        except KeyboardInterrupt:  # its own session does not get the terminal's Ctrl-C: pass it on
+            interrupt(process)
+            raise
         return {
             "script": script.name,
             "exit": code,
@@ -79,6 +77,23 @@ def run_one(script: Path, timeout: float | None) -> dict:
             "wall_s": round(time.monotonic() - started, 1),
             "results": read_records(records),
         }
+
+
+def interrupt(process: subprocess.Popen) -> int:
+    """SIGINT to the benchmark's process group (it tears its servers down), SIGKILL if it outlasts the grace."""
+    signal_group(process, signal.SIGINT)
+    try:
+        return process.wait(timeout=INTERRUPT_GRACE_S)
+    except subprocess.TimeoutExpired:
+        signal_group(process, signal.SIGKILL)
+        return process.wait()
+
+
+def signal_group(process: subprocess.Popen, signum: int) -> None:
+    try:
+        os.killpg(process.pid, signum)
+    except ProcessLookupError:  # it and its children already ended
+        pass
 
 
 def passed(entry: dict) -> bool:
