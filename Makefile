@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup demo demo-torch test bench campaign lint wheels up down
+.PHONY: setup demo demo-torch test test-fast bench campaign lint wheels up down
 
 setup: $(STAMP)
 
@@ -40,6 +40,11 @@ down:
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The tests marked `servers` left out: no devcluster API server, local S3, Airflow stack, Prometheus, Chromium
+# or torch ranks, and the run refuses to start one (the rule: tests/conftest.py, "Test tiers").
+test-fast: setup
+	$(BIN)/python -m pytest -m "not servers"
 
 # Every benchmarks/bench_*.py at the sizes the README quotes, cut off after BENCH_BUDGET_S (1,800 s by
 # default: this 2-core machine's half hour), then a summary table and benchmarks/bench.json (the commit, its

@@ -109,3 +109,156 @@ def k8s(devcluster):
     client = config.new_client_from_config(config_file=str(devcluster.kubeconfig))
     yield client
     client.close()
+
+
+# --- Test tiers ------------------------------------------------------------------------------------------
+# `make test` runs every test. `make test-fast` runs `pytest -m "not servers"`: the pure logic, with no
+# devcluster API server, local S3, Airflow services stack, Prometheus, Chromium or torch ranks.
+#
+# A test is marked `servers`
+#   - automatically, when it uses a fixture named in SERVER_FIXTURES, directly or through other fixtures;
+#   - by hand (`@pytest.mark.servers`, or `pytestmark = pytest.mark.servers` for a whole module), when it
+#     or a fixture of its own module starts a server, a listening socket, `python -m ...` or torch ranks.
+# A run that selects no `servers` test (`make test-fast`, or `pytest` on pure files) refuses, in the test
+# process, to listen on a socket, to start a child other than FAST_TIER_PROGRAMS or Python without `-m`, and
+# to start a multiprocessing process: a test missing its mark fails, saying so.
+
+SERVER_FIXTURES = {
+    "s3_server": "the local S3 server (s3, bucket and the checkpoint fixtures use it)",
+    "make_devcluster": "a devcluster: API server, controllers, process pods (devcluster, k8s use it)",
+    "cluster": "a running devcluster (the fixture of that name in every module that has one)",
+    "api": "a devcluster API server (tests/devcluster) or a client of a running devcluster",
+    "services": "the Airflow services stack (`make up`)",
+    "build": "the three wheels built from a clone and installed into fresh virtualenvs",
+}
+FAST_TIER_PROGRAMS = {"git", "file", "true", "sleep"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "servers: starts a server, torch ranks, a browser or a build; `make test-fast` leaves it out "
+        "(tests/conftest.py, Test tiers)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SERVER_FIXTURES.keys() & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.servers)
+
+
+def _server_free(items: list[pytest.Item]) -> bool:
+    return bool(items) and not any(item.get_closest_marker("servers") for item in items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if _server_free(session.items):
+        _NO_SERVERS.install()
+
+
+def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> str | None:
+    if _server_free(items):
+        return "no `servers` test selected: listening sockets and server processes are refused"
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    _NO_SERVERS.current = item.nodeid
+    yield
+    _NO_SERVERS.current = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = (yield).get_result()
+    refused = _NO_SERVERS.refused.pop(item.nodeid, None)
+    if refused and report.passed:  # the test swallowed the refusal: it still fails
+        report.outcome, report.longrepr = "failed", "\n".join(refused)
+
+
+class ServerRefused(RuntimeError):
+    """A test without the `servers` mark started a server in a run that selects no `servers` test."""
+
+
+class _NoServers:
+    def __init__(self) -> None:
+        self.current: str | None = None
+        self.refused: dict[str, list[str]] = {}
+        self.installed = False
+
+    def refuse(self, what: str) -> None:
+        test = self.current or "outside any test"
+        message = (
+            f"{test} {what}, in a run that selects no `servers` test (make test-fast): mark it "
+            "@pytest.mark.servers, or have it use a fixture in SERVER_FIXTURES (tests/conftest.py)"
+        )
+        self.refused.setdefault(test, []).append(message)
+        raise ServerRefused(message)
+
+    def install(self) -> None:
+        import multiprocessing.process
+        import socket
+        import subprocess
+
+        if self.installed:
+            return
+        self.installed = True
+        guard = self
+        listen, popen_init, start = (
+            socket.socket.listen,
+            subprocess.Popen.__init__,
+            multiprocessing.process.BaseProcess.start,
+        )
+
+        def guarded_listen(sock, *args):
+            guard.refuse(f"listened on a socket ({sock.getsockname()})")
+            return listen(sock, *args)
+
+        def guarded_popen_init(popen, args, *rest, **kwargs):
+            if not _fast_tier_program(args):
+                guard.refuse(f"started {args!r}")
+            return popen_init(popen, args, *rest, **kwargs)
+
+        def guarded_start(process):
+            guard.refuse(f"started the process {process!r}")
+            return start(process)
+
+        socket.socket.listen = guarded_listen
+        subprocess.Popen.__init__ = guarded_popen_init
+        multiprocessing.process.BaseProcess.start = guarded_start
+
+
+_NO_SERVERS = _NoServers()
+
+
+def _fast_tier_program(args) -> bool:
+    """A program in FAST_TIER_PROGRAMS, or Python running inline code or a script, not a module: the
+    devcluster, Airflow and torch ranks all start as ``python -m ...``."""
+    import os
+    import shlex
+
+    if isinstance(args, str | bytes):
+        argv = shlex.split(os.fsdecode(args))
+    elif isinstance(args, os.PathLike):
+        argv = [os.fspath(args)]
+    else:
+        argv = [os.fsdecode(arg) for arg in args]
+    if not argv:
+        return False
+    program = Path(argv[0]).name
+    if program in FAST_TIER_PROGRAMS:
+        return True
+    if not program.startswith("python"):
+        return False
+    options = iter(argv[1:])
+    for option in options:
+        if option in ("-X", "-W"):
+            next(options, None)
+        elif option == "-m":
+            return False
+        elif option == "-c" or not option.startswith("-"):
+            return True
+    return False

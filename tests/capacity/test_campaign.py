@@ -15,6 +15,8 @@ from trainops.checkpoints.helper import commit
 from trainops.kube.client import JOBS
 from trainops.training.job import build_job
 
+pytestmark = pytest.mark.servers  # `fleet` is a devcluster, a local S3 and the trainer
+
 
 @pytest.fixture(scope="module")
 def fleet():

@@ -50,6 +50,7 @@ def _str(text: str) -> bytes:
     return b"X" + len(text.encode()).to_bytes(4, "little") + text.encode()
 
 
+@pytest.mark.servers
 def test_torch_metadata_yields_the_size_each_shard_needs(real):
     requirements = shard_requirements(load_metadata(real))
     directory = torch_dcp.checkpoint()
@@ -59,6 +60,7 @@ def test_torch_metadata_yields_the_size_each_shard_needs(real):
     assert requirements.unstored_items == [] and requirements.incomplete_tensors == []
 
 
+@pytest.mark.servers
 def test_every_field_torch_writes_is_read(real):
     metadata = load_metadata(real)
     items = metadata.state_dict_metadata
@@ -79,6 +81,7 @@ def test_every_field_torch_writes_is_read(real):
     assert metadata.version == "1.0.0"
 
 
+@pytest.mark.servers
 def test_a_chunk_without_storage_or_a_tensor_missing_a_chunk_is_reported(real):
     metadata = load_metadata(real)
     metadata.state_dict_metadata["layer0.weight"].chunks.pop()
@@ -88,6 +91,7 @@ def test_a_chunk_without_storage_or_a_tensor_missing_a_chunk_is_reported(real):
     assert requirements.unstored_items == ["layer1.weight"]
 
 
+@pytest.mark.servers
 def test_the_reader_imports_no_torch():
     """Airflow workers and the triggerer have no torch: reading real metadata must not need it."""
     code = (
@@ -126,6 +130,7 @@ def test_eval_inside_an_allowed_container_is_refused(tmp_path, monkeypatch):
     assert not (tmp_path / "marker").exists()
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize("state", [b"}" + _str("evil") + b"K\x01s", b"N}" + _str("evil") + b"K\x01s\x86"])
 @pytest.mark.parametrize("module, name", sorted(ALLOWED_GLOBALS))
 def test_build_on_an_allowed_global_changes_nothing(module, name, state, real):
@@ -208,6 +213,7 @@ def test_garbage_is_unreadable_not_a_crash():
         load_metadata(b"\x80\x04not a pickle")
 
 
+@pytest.mark.servers
 def test_storage_entry_escaping_the_checkpoint_is_refused(real):
     escaping = real.replace(b"__1_0.distcp", b"../_0.distcp")  # same length: the pickle stays valid
     with pytest.raises(ValueError, match="unsafe path '../_0.distcp'"):

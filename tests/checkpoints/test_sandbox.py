@@ -91,6 +91,7 @@ REFUSALS = {
 }
 
 
+@pytest.mark.servers  # torch_dcp_metadata(): a real checkpoint from two torch ranks
 @pytest.mark.parametrize("payload, error, message", REFUSALS.values(), ids=REFUSALS.keys())
 def test_what_dcp_metadata_never_holds_ends_as_a_reason_in_the_child(payload, error, message):
     with pytest.raises(error) as raised:
@@ -105,6 +106,7 @@ def torch_dcp_metadata() -> bytes:
     return (torch_dcp.checkpoint() / ".metadata").read_bytes()
 
 
+@pytest.mark.servers
 def test_the_reader_reads_what_torch_writes():
     for ranks in (1, 2):
         directory = torch_dcp.checkpoint(ranks=ranks)
@@ -156,6 +158,7 @@ def test_the_verifying_process_survives_every_payload_under_1_gib():
     assert self_kib < 1 << 20 and 0 < children_kib < 1 << 20, (self_kib, children_kib)
 
 
+@pytest.mark.servers  # torch_dcp_metadata(): a real checkpoint from two torch ranks
 def test_a_reader_that_died_between_reads_is_replaced():
     """Killed by an operator or the OOM killer while idle: the next read starts another, and reads."""
     read_requirements(torch_dcp_metadata())

@@ -10,6 +10,8 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from tests.devcluster.local_api import LocalApi, pod
 
+pytestmark = pytest.mark.servers  # LocalApi: the devcluster's API server
+
 
 async def _api(local: LocalApi) -> client.ApiClient:
     return await config.new_client_from_config(config_file=str(local.kubeconfig))

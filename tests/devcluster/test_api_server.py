@@ -159,6 +159,7 @@ def test_label_and_field_selectors(api, core):
     assert exc.value.status == 400
 
 
+@pytest.mark.servers
 def test_pagination_returns_every_item_once_and_expires(tmp_path):
     api = LocalApi(tmp_path, history=30)
     try:
@@ -228,6 +229,7 @@ def test_watch_streams_changes_and_resumes_from_a_resource_version(api, core):
     assert replay == results
 
 
+@pytest.mark.servers
 def test_watch_from_a_compacted_resource_version_is_410(tmp_path):
     api = LocalApi(tmp_path, history=5)
     try:
@@ -705,6 +707,7 @@ def test_a_request_whose_client_closed_the_connection_is_cancelled_not_applied(a
     assert api.store.find("pods", "default", "keep") is not None
 
 
+@pytest.mark.servers
 @pytest.mark.parametrize(("served", "other"), [("v1beta1", "v1beta2"), ("v1beta2", "v1beta1")])
 def test_kueue_is_served_at_one_version_which_trainops_discovers_once_per_client(tmp_path, served, other):
     from trainops.kube.client import Kube

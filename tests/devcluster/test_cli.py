@@ -13,6 +13,8 @@ import requests
 
 from tests.devcluster.kubectl_support import kubectl
 
+pytestmark = pytest.mark.servers  # `trainops devcluster up` as a separate process
+
 TRAINOPS = [sys.executable, "-m", "trainops.cli"]
 
 

@@ -16,6 +16,8 @@ from trainops_devcluster.store import Store
 
 from tests.devcluster.ctrl_support import node
 
+pytestmark = pytest.mark.servers  # `api_client`: the devcluster's API server
+
 
 @pytest.fixture
 def api_client(tmp_path):

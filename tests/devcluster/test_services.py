@@ -8,6 +8,7 @@ import json
 import os
 import sys
 
+import pytest
 from trainops_devcluster.loopback import Loopback
 from trainops_devcluster.podutil import delete_pod
 from trainops_devcluster.runtime import LOCAL_IMAGE
@@ -172,6 +173,7 @@ def ready(plane, name: str) -> bool:
     )
 
 
+@pytest.mark.servers
 def test_a_cluster_ip_service_balances_over_its_ready_endpoints_as_kube_proxy_does():
     """Round-robin over the Ready endpoints only: a pod whose readiness probe fails gets nothing, nor
     does one that is terminating (it still serves the requests it has); with none left, connections

@@ -53,6 +53,7 @@ def logged_queries(cluster: DevCluster) -> list[str]:
     return [json.loads(line)["params"]["query"] for line in lines]
 
 
+@pytest.mark.servers
 def test_healthy_fleet_in_a_fixed_number_of_queries(start_fleet):
     cluster = start_fleet()
     before = len(logged_queries(cluster))
@@ -72,6 +73,7 @@ def test_healthy_fleet_in_a_fixed_number_of_queries(start_fleet):
     assert fleet.missing() == {}  # the devcluster's exporter runs deploy/dcgm-exporter-counters.csv
 
 
+@pytest.mark.servers
 def test_the_node_label_names_which_label_keys_the_reports(start_fleet):
     """dcgm-exporter's Hostname is the node's name only where NODE_NAME is set; a Prometheus that relabels
     the node's name (here the scrape target's ``node`` label, as from ``__meta_kubernetes_pod_node_name``)
@@ -95,6 +97,7 @@ def test_a_node_label_that_is_no_label_name_is_refused_before_any_query():
         PrometheusClient("http://prometheus.invalid:9090", node_label="node) or vector(1")
 
 
+@pytest.mark.servers
 def test_faults_show_up_per_node(start_fleet):
     cluster = start_fleet()
     cluster.inject("xid", "gpu-node-001", code=79, gpu=3)
@@ -117,6 +120,7 @@ def test_faults_show_up_per_node(start_fleet):
     assert reports["gpu-node-003"].gpus["5"]["tensor_active"].value == pytest.approx(0.58)
 
 
+@pytest.mark.servers
 def test_stale_and_missing_nodes_are_unknown(start_fleet):
     now = time.time()
 
@@ -139,6 +143,7 @@ def test_stale_and_missing_nodes_are_unknown(start_fleet):
     assert reports["gpu-node-000"].signals["gpu_count"].value == 8
 
 
+@pytest.mark.servers
 def test_missing_metric_is_unknown_per_signal(start_fleet):
     def prepare(telemetry: dict[str, NodeTelemetry]) -> None:
         telemetry["gpu-node-000"].exported.discard("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL")
@@ -169,6 +174,7 @@ def test_missing_metric_is_unknown_per_signal(start_fleet):
     assert all(" [gpu 2] " in r and "or not a number" in r for r in added), added
 
 
+@pytest.mark.servers
 def test_probe_report_filled_from_prometheus(start_fleet):
     cluster = start_fleet()
     clock = Clock(time.time() - 60)  # the probe's second sample lands now
@@ -181,6 +187,7 @@ def test_probe_report_filled_from_prometheus(start_fleet):
     assert evaluate(merged).verdict == "ok"
 
 
+@pytest.mark.servers
 def test_nodes_that_come_and_go_are_scraped_or_dropped(start_fleet):
     cluster = start_fleet()
     url = f"{cluster.prometheus_url}/api/v1/query"
@@ -212,6 +219,7 @@ def test_unreachable_prometheus_is_a_clear_error():
         fleet_reports(PrometheusClient(url, timeout=5))
 
 
+@pytest.mark.servers
 def test_refused_query_is_a_clear_error(start_fleet):
     cluster = start_fleet()
     with pytest.raises(PrometheusError, match=r"refused 'rate\(x\)': bad_data: .*expected type range vector"):

@@ -287,6 +287,7 @@ class _RefusingApiServer(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.servers
 def test_a_cluster_that_refuses_the_api_server_is_named_not_a_bare_500(ui, tmp_path, monkeypatch):
     http, token = ui
     server = ThreadingHTTPServer(("127.0.0.1", 0), _RefusingApiServer)

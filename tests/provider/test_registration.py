@@ -63,6 +63,7 @@ def test_every_module_defining_a_hook_operator_sensor_or_trigger_is_registered(k
     assert defining and registered == defining
 
 
+@pytest.mark.servers
 def test_airflow_lists_the_prometheus_connection_type_its_form_fields_and_the_triggers(airflow_db):
     hooks = {h["connection_type"]: h for h in airflow_cli("hooks")}
     assert hooks["trainops_prometheus"]["class"] == "trainops.hooks.prometheus.PrometheusHook"
@@ -96,6 +97,7 @@ class _Prometheus(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.servers
 def test_a_trainops_prometheus_connection_reaches_prometheus_with_its_auth_headers_and_timeout(monkeypatch):
     from trainops.hooks.prometheus import PrometheusHook
 

@@ -13,6 +13,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import pytest
 from trainops_devcluster import stack, stack_spec
 
 
@@ -26,6 +27,7 @@ def test_up_refuses_a_folder_that_is_not_a_stacks_and_leaves_it_alone(tmp_path, 
     assert precious.read_text() == "keep me" and sorted(tmp_path.iterdir()) == [precious]
 
 
+@pytest.mark.servers
 def test_up_refuses_too_few_nodes_and_a_busy_api_port_before_starting_anything(tmp_path, capsys):
     state = tmp_path / "stack"
     assert stack.main(["up", "--state-dir", str(state), "--nodes", "2"]) == 1
