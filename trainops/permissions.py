@@ -68,6 +68,7 @@ PERMISSIONS: tuple[Permission, ...] = tuple(
         _grant("list watch", "", "events", TRAINING, _RUN, "following a run: its Job's FailedCreate events"),
         _grant("get", "kueue.x-k8s.io", "localqueues", TRAINING, (WORKER,), "the claim's queue check"),
         _grant("get", "kueue.x-k8s.io", "workloadpriorityclasses", CLUSTER, (WORKER,), "the claim's queue check: the run's priority class"),
+        _grant("get", "kueue.x-k8s.io", "resourceflavors", CLUSTER, (WORKER,), "the training task's check: does its ClusterQueue place by TAS (one pod per node)"),
         _grant("create", "batch", "jobs", TRAINING, _RUN, "submitting an attempt"),
         _grant("create delete", "", "pods", TRAINING, (WORKER,), "the claim's image pulls onto its nodes (hot spares)"),
         _grant("get", "", "pods/log", TRAINING, _RUN, "a failed pod's log tail"),

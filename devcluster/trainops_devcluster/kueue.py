@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -73,6 +74,18 @@ VERSION_ENV = "TRAINOPS_DEVCLUSTER_KUEUE_VERSION"
 TOPOLOGY_RETRY_S = 0.5
 
 
+def controller_release(version: str | None) -> tuple[int, int, int] | None:
+    """``v0.13.10`` -> ``(0, 13, 10)``; None for anything else."""
+    found = re.fullmatch(r"v?(\d+)\.(\d+)\.(\d+)", str(version or ""))
+    return (int(found[1]), int(found[2]), int(found[3])) if found else None
+
+
+def tas_honours_node_affinity(release: tuple[int, int, int]) -> bool:
+    """Kueue's TAS checks ``requiredDuringSchedulingIgnoredDuringExecution`` node affinity from 0.15.0
+    (kueue PR #7899), 0.14.5 (#7937) and 0.13.10 (#7936) on."""
+    return release >= (0, 15, 0) or (0, 14, 5) <= release < (0, 15, 0) or (0, 13, 10) <= release < (0, 14, 0)
+
+
 @dataclass(frozen=True)
 class KueueConfig:
     """The parts of Kueue's manager Configuration the devcluster honours; defaults are fast for tests.
@@ -86,7 +99,12 @@ class KueueConfig:
     timeout is ``base * 2**(n-1)`` seconds, capped at ``max``; ``backoff_limit_count`` requeues at
     most, then the Workload is deactivated (``None``: requeue forever, Kueue's default).
     ``topology_aware_scheduling``: the ``TopologyAwareScheduling`` feature gate (``kueue_tas``); unset,
-    the release's default: on in v1beta2 (beta since 0.14), off in v1beta1 (alpha in 0.13)."""
+    the release's default: on in v1beta2 (beta since 0.14), off in v1beta1 (alpha in 0.13).
+    ``controller_version``: the Kueue release played, ``vX.Y.Z``; unset, ``v0.13.10`` for v1beta1 (the
+    release measured, ``reference/realk8s.md``) and ``v0.19.2`` for v1beta2.  It decides what TAS honours
+    (``tas_node_affinity``): before 0.13.10 and 0.14.5 TAS ignores the pods' required node affinity
+    (kueue#7728, fixed in 0.15.0 by #7899, backported as #7936 and #7937); it honours their
+    tolerations and nodeSelector in every release played, and ignores pod (anti-)affinity in all."""
 
     version: str = field(default_factory=lambda: os.environ.get(VERSION_ENV) or "v1beta2")
     wait_for_pods_ready_timeout_s: float | None = -1.0  # -1: the release's default
@@ -94,12 +112,23 @@ class KueueConfig:
     requeue_backoff_max_s: float = 60.0
     backoff_limit_count: int | None = None
     topology_aware_scheduling: bool | None = None  # None: the release's default
+    controller_version: str | None = None  # None: the API version's default release
 
     def __post_init__(self) -> None:
         if self.version not in KUEUE_VERSIONS:
             raise ValueError(
                 f"the Kueue API version must be {' or '.join(KUEUE_VERSIONS)} (KueueConfig.version, ${VERSION_ENV}), "
                 f"got {self.version!r}"
+            )
+        if self.controller_version is None:
+            default = "v0.13.10" if self.version == "v1beta1" else "v0.19.2"
+            object.__setattr__(self, "controller_version", default)
+        release = controller_release(self.controller_version)
+        if release is None or (release >= (0, 15, 0)) != (self.version == "v1beta2") or release < (0, 13, 0):
+            raise ValueError(
+                "controller_version must be a Kueue release vX.Y.Z that serves the API version: 0.13.0 to "
+                f"0.14.x for v1beta1, 0.15.0 or later for v1beta2; got {self.controller_version!r} "
+                f"with {self.version}"
             )
         if self.wait_for_pods_ready_timeout_s == -1.0:
             default = 10.0 if self.version == "v1beta2" else None
@@ -110,6 +139,11 @@ class KueueConfig:
     @property
     def release(self) -> Release:
         return Release(self.version)
+
+    @property
+    def tas_node_affinity(self) -> bool:
+        """Whether TAS honours the pods' required node affinity: from 0.15.0, 0.14.5 and 0.13.10 on."""
+        return tas_honours_node_affinity(controller_release(self.controller_version) or (0, 0, 0))
 
     def backoff_s(self, requeue_count: int) -> float:
         return min(self.requeue_backoff_base_s * 2 ** (requeue_count - 1), self.requeue_backoff_max_s)
@@ -128,7 +162,12 @@ class KueueController(Controller):
         super().__init__(store)
         self.release = self.config.release
         self.writer = Writer(store)
-        self.scheduler = Scheduler(self.writer, self.release, bool(self.config.topology_aware_scheduling))
+        self.scheduler = Scheduler(
+            self.writer,
+            self.release,
+            bool(self.config.topology_aware_scheduling),
+            node_affinity=self.config.tas_node_affinity,
+        )
         self._sync_requested = False
         self._requeue_at: dict[str, float] = {}
         self._wakeups: set[float] = set()

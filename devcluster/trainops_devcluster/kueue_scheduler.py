@@ -89,10 +89,13 @@ def waiting_for_quota(workload: dict) -> bool:
 
 
 class Scheduler:
-    def __init__(self, writer: Writer, release: Release, topology_aware: bool = False) -> None:
+    def __init__(
+        self, writer: Writer, release: Release, topology_aware: bool = False, *, node_affinity: bool = True
+    ) -> None:
         self.writer, self.release = writer, release
         self.store = writer.store
         self.topology_aware = topology_aware
+        self.node_affinity = node_affinity  # TAS honours required node affinity (0.13.10, 0.14.5, 0.15+)
         self._seen: dict[str, int] = {}
         self._sequence = itertools.count()
         self._tas: dict[str, FlavorSnapshot] | None = None  # per pass, built when first needed
@@ -212,7 +215,12 @@ class Scheduler:
             ]
             if levels and all(levels):
                 snapshot = FlavorSnapshot(
-                    topology["metadata"]["name"], levels, flavor, nodes, self.release.version
+                    topology["metadata"]["name"],
+                    levels,
+                    flavor,
+                    nodes,
+                    self.release.version,
+                    node_affinity=self.node_affinity,
                 )
                 snapshot.subtract_pods(pods)
                 self._tas[flavor["metadata"]["name"]] = snapshot

@@ -12,7 +12,9 @@ After Kueue's own code (main: ``pkg/cache/scheduler/tas_flavor_snapshot.go``, ``
   every level's label; their allocatable minus what the pods TAS does not manage request, minus the
   admitted TAS Workloads' assignments.  With ``kubernetes.io/hostname`` as the last level a node is
   also left out for a taint the pods do not tolerate (NoSchedule, NoExecute), their nodeSelector (the
-  flavor's nodeLabels included) or their required node affinity; the message counts them.
+  flavor's nodeLabels included) or their required node affinity (not before 0.13.10 / 0.14.5:
+  ``KueueConfig.controller_version``); the message counts them.  Pod (anti-)affinity is never looked
+  at, as in every Kueue release: two pods that fit one node's capacity may be assigned to it.
 - "BestFit": at the requested level (the lowest for unconstrained), the domain with the least
   capacity that holds every pod; none: required fails, preferred tries the level above, and the
   widest level takes domains largest first, the best fit for the last.  Then level by level down,
@@ -162,9 +164,17 @@ class FlavorSnapshot:
     """One TAS flavor's nodes and their free capacity, for one scheduling pass."""
 
     def __init__(
-        self, topology: str, levels: list[str], flavor: dict, nodes: list[dict], version: str
+        self,
+        topology: str,
+        levels: list[str],
+        flavor: dict,
+        nodes: list[dict],
+        version: str,
+        *,
+        node_affinity: bool = True,
     ) -> None:
         self.topology, self.levels, self.version = topology, levels, version
+        self.node_affinity = node_affinity  # False: a release before 0.13.10 / 0.14.5 (kueue#7728)
         spec = flavor.get("spec") or {}
         self.flavor_labels = spec.get("nodeLabels") or {}
         self.flavor_tolerations = spec.get("tolerations") or []
@@ -262,6 +272,8 @@ class FlavorSnapshot:
         required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
             "requiredDuringSchedulingIgnoredDuringExecution"
         )
+        if not self.node_affinity:  # 0.13.0-0.13.9, 0.14.0-0.14.4: placed as if it had none
+            required = None
         per_level: list[dict[tuple, _Domain]] = [{} for _ in self.levels]
         for leaf in sorted(self.leaves.values(), key=lambda lf: lf.values):
             stats.total += 1

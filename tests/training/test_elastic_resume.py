@@ -52,7 +52,9 @@ def test_a_three_rank_torch_run_loses_a_node_and_resumes_at_world_size_two_from_
         min_nodes=2,
         elastic_wait_s=2,  # no spare can come: the wait is only gone through
         gpus_per_node=0,  # gloo on CPU
-        cpu="1",  # a pod that requests nothing gets no flavor, which a TAS-only ClusterQueue cannot place
+        # a pod that requests nothing gets no flavor, which a TAS-only ClusterQueue cannot place; more than
+        # half a node's 192 CPUs: TAS ignores anti-affinity, and a node that held two ranks is refused
+        cpu="100",
         node_names=nodes,
     )
     culprit: dict = {}

@@ -10,6 +10,7 @@ from collections.abc import Collection, Iterator, Mapping
 
 from trainops.conventions import (
     GPU_POOL_LABEL,
+    GPU_RESOURCE,
     KUEUE_JOB_UID_LABEL,
     KUEUE_QUEUE_LABEL,
     MODE_TAINT,
@@ -21,7 +22,7 @@ from trainops.kube.kueue import KueueNotServed
 from trainops.kube.nodes import NodeState, holder_of, is_quarantined
 from trainops.kube.queues import QueueMismatch, coverage_fix, read_queues, requested_resources, uncovered
 from trainops.kube.retry import Deadline
-from trainops.training.job import JOB_NAME_LABEL, RUN_LABEL
+from trainops.training.job import HOSTNAME_LABEL, JOB_NAME_LABEL, RUN_LABEL
 from trainops.training.ledger import timestamp
 from trainops.training.naming import run_key
 
@@ -82,7 +83,64 @@ class GangCluster:
                 "the run (extra_resources, pod_template)"
             )
         log.info("%s -> ClusterQueue %s covers %s", where, target, ", ".join(sorted(requested)) or "nothing")
+        self._check_one_pod_per_node(job, target, found)
         return target
+
+    def _check_one_pod_per_node(self, job: Mapping, target: str, cluster_queue: Mapping) -> None:
+        """Refuse ``job`` (``SharedNode``) when ClusterQueue ``target`` places by Topology Aware
+        Scheduling and a node the run may use holds two of its pods by their requests: TAS assigns pods
+        to nodes by capacity and never looks at pod anti-affinity (in no Kueue release), so it may put two
+        ranks on that node, where the kube-scheduler's one-pod-per-node rule leaves the second Pending
+        until waitForPodsReady requeues the run.  Kueue documents nothing that keeps one pod per node;
+        a pod that asks for more than half a node (a whole node's GPUs) cannot share it.  ResourceFlavors
+        or nodes it may not read: logged, nothing refused."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            flavors = tas_flavors(self.kube, cluster_queue, self.kube.deadline())
+            if not flavors:
+                return
+            template_spec = job["spec"]["template"].get("spec") or {}
+            names = pinned_nodes(template_spec)
+            if names:
+                nodes = [n for n in self.read_nodes(sorted(names)).values() if n]
+            else:
+                nodes = self.kube.list(NODES, labels=f"{GPU_POOL_LABEL}=true")
+        except (ApiException, KueueNotServed, TemporaryError) as error:
+            log.warning(
+                "could not read ClusterQueue %s's flavors or the run's nodes (%s); one pod per node unchecked",
+                target,
+                _said(error),
+            )
+            return
+        per_pod = pod_requests(template_spec)
+        shared = sorted(
+            ((pods_fitting(node, per_pod), node["metadata"]["name"]) for node in nodes),
+            key=lambda found: (-found[0], found[1]),
+        )
+        if not shared or shared[0][0] < 2:
+            return
+        fits, name = shared[0]
+        node = next(n for n in nodes if n["metadata"]["name"] == name)
+        gpus = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
+        asked = per_pod.get(GPU_RESOURCE, 0)
+        meta = job["metadata"]
+        fix = (
+            f"Set gpus_per_node to {gpus} (each pod takes a whole node), or run on nodes with {asked:g} GPUs "
+            "(node_names)"
+            if asked
+            else "A run without GPUs: request more than half a node's cpu or memory, so that no node holds two "
+            "of its pods"
+        )
+        raise SharedNode(
+            f"Kueue could place two pods of Job {meta['namespace']}/{meta['name']} on one node: gpus_per_node is "
+            f"{asked:g} but node {name} has {gpus} allocatable {GPU_RESOURCE} and holds {fits} such pods; "
+            f"ClusterQueue {target} places by Topology Aware Scheduling (ResourceFlavor {', '.join(flavors)}), "
+            "which assigns pods to nodes by capacity and ignores pod anti-affinity, and the kube-scheduler would "
+            "leave the second pod on a node Pending (one pod per node) until waitForPodsReady requeues the run; "
+            f"nothing was submitted. {fix}, or remove topologyName from ResourceFlavor {flavors[0]} to admit "
+            "by quota alone"
+        )
 
     def create_service(self, service: dict) -> bool:
         """Create a Service; False when it already existed."""
@@ -238,6 +296,88 @@ class GangCluster:
         """The nodes ``names`` now, then again each time one of them changes, until ``until``
         (``time.monotonic()``): ``Kube.watch`` on nodes, filtered to these names."""
         yield from self.kube.watch(NODES, names=set(names), until=until)
+
+
+class SharedNode(QueueMismatch):
+    """Kueue's Topology Aware Scheduling could put two of the run's pods on one node."""
+
+
+#: a PodSet asks for TAS with one of these pod-template annotations (or implicitly, see ``tas_flavors``)
+TAS_ANNOTATIONS = tuple(
+    f"kueue.x-k8s.io/podset-{mode}-topology" for mode in ("required", "preferred", "unconstrained")
+)
+
+
+def tas_flavors(kube: Kube, cluster_queue: Mapping, deadline: Deadline) -> list[str]:
+    """The ResourceFlavors of ``cluster_queue`` that cover ``nvidia.com/gpu`` and name a Topology: Kueue
+    places the run's pods there by TAS (implied when all its flavors are TAS flavors, else asked for by
+    the pod template's annotation; either way a TAS flavor may take the run)."""
+    kind = kube.kueue("resourceflavors", namespaced=False)
+    names = sorted(
+        {
+            str(flavor.get("name"))
+            for group in (cluster_queue.get("spec") or {}).get("resourceGroups") or []
+            if GPU_RESOURCE in (group.get("coveredResources") or [])
+            for flavor in group.get("flavors") or []
+            if flavor.get("name")
+        }
+    )
+    return [
+        name
+        for name in names
+        if ((kube.get(kind, name, deadline=deadline) or {}).get("spec") or {}).get("topologyName")
+    ]
+
+
+def pinned_nodes(pod_spec: Mapping) -> set[str]:
+    """The node names the pods' required node affinity allows (``kubernetes.io/hostname In``, the run's
+    ``node_names``); empty: any node of the GPU pool."""
+    required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    names: set[str] = set()
+    for term in required.get("nodeSelectorTerms") or []:
+        for expression in term.get("matchExpressions") or []:
+            if expression.get("key") == HOSTNAME_LABEL and expression.get("operator") == "In":
+                names |= set(expression.get("values") or [])
+    return names
+
+
+def pod_requests(pod_spec: Mapping) -> dict[str, float]:
+    """What one pod of ``pod_spec`` requests (its containers' requests, a limit standing in for a missing
+    one), as numbers."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    total: dict[str, float] = {}
+    for container in pod_spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        for name, quantity in {
+            **(resources.get("limits") or {}),
+            **(resources.get("requests") or {}),
+        }.items():
+            try:
+                total[name] = total.get(name, 0.0) + float(parse_quantity(quantity))
+            except (ValueError, TypeError, ArithmeticError):
+                continue
+    return total
+
+
+def pods_fitting(node: Mapping, per_pod: Mapping[str, float]) -> int:
+    """How many pods asking for ``per_pod`` the node's allocatable holds, as TAS counts it (one ``pods``
+    slot each)."""
+    from kubernetes.utils.quantity import parse_quantity
+
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    counts = []
+    for name, amount in {**per_pod, "pods": 1.0}.items():
+        if amount <= 0:
+            continue
+        try:
+            have = float(parse_quantity(allocatable.get(name, "0")))
+        except (ValueError, TypeError, ArithmeticError):
+            have = 0.0
+        counts.append(int(have // amount))
+    return min(counts) if counts else 0
 
 
 def _said(error: BaseException) -> str:
