@@ -185,7 +185,12 @@ def _owned_template(spec, name, labels, attempt, resume_from, excluded, size: in
         ],
         "affinity": {
             "nodeAffinity": _node_affinity(spec.node_names, excluded),
-            "podAntiAffinity": {  # one pod per node
+            # one pod per node, for the kube-scheduler; Kueue's TAS never reads pod anti-affinity, so under
+            # a TAS flavor the training task refuses a run two of whose pods one node could hold
+            # (GangCluster.check_admissible).  The node affinity keeps the kept-out nodes out: TAS honours it
+            # from Kueue 0.13.10, 0.14.5 and 0.15.0 (kueue#7728; trainops doctor refuses older ones), the
+            # quarantine taint in every release.
+            "podAntiAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": [
                     {"labelSelector": {"matchLabels": dict(labels)}, "topologyKey": HOSTNAME_LABEL}
                 ]
