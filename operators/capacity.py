@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk import BaseOperator
 from trainops.provider.errors import translate_errors
@@ -59,6 +59,15 @@ class ClaimNodesOperator(BaseOperator):
     :param inference_deployments: ``namespace/name`` of inference Deployments to scale down (their HPA
         when one targets them). Templated.
     :param inference_services: ``namespace/name`` of KServe InferenceServices to scale down. Templated.
+    :param unsafe_inference: what the claim does with an inference workload it shrinks or moves whose pods
+        lack a clean hand-off (a readinessProbe; a ``preStop`` hook, ``sleep`` or ``exec``, longer than
+        ``endpoint_propagation_s``; ``terminationGracePeriodSeconds`` above it plus the server's own drain,
+        e.g. vLLM's ``--shutdown-timeout``; ``trainops.capacity.handoff``): ``"drain-safely"`` (default)
+        takes each of its pods out of its Services first, waits until no EndpointSlice lists it and
+        ``endpoint_propagation_s`` more, then scales it away or evicts it (the eviction asked first as a
+        dry run, so budgets hold); ``"refuse"`` fails before anything changes, naming each field and its fix.
+    :param endpoint_propagation_s: seconds an endpoint takes to leave every proxy after its EndpointSlice
+        entry goes (kube-proxy, ingress, gateways); a preStop hook must hold SIGTERM back longer. Default 5.
     :param overflow_pool: where the Deployments' displaced replicas keep serving while the run holds
         their nodes, for those without a ``trainops.io/overflow-pool`` annotation of their own, e.g.
         ``{"node_label": "type=virtual-kubelet", "taint": "virtual-kubelet.io/provider"}`` (optional
@@ -110,6 +119,8 @@ class ClaimNodesOperator(BaseOperator):
         inference_deployments: Sequence[str] = (),
         inference_services: Sequence[str] = (),
         overflow_pool: dict | str | None = None,
+        unsafe_inference: Literal["drain-safely", "refuse"] = "drain-safely",
+        endpoint_propagation_s: float = 5.0,
         topology: Mapping[str, Any] | None = None,
         spares: int = 0,
         prepull_image: str | None = None,
@@ -135,6 +146,11 @@ class ClaimNodesOperator(BaseOperator):
         self.inference_deployments = _list_or_template(inference_deployments)
         self.inference_services = _list_or_template(inference_services)
         self.overflow_pool = overflow_pool
+        if unsafe_inference not in ("drain-safely", "refuse"):
+            raise ValueError(f"unsafe_inference must be 'drain-safely' or 'refuse', got {unsafe_inference!r}")
+        if not endpoint_propagation_s >= 0:
+            raise ValueError(f"endpoint_propagation_s must be >= 0, got {endpoint_propagation_s!r}")
+        self.unsafe_inference, self.endpoint_propagation_s = unsafe_inference, endpoint_propagation_s
         self.topology, self.spares = topology, spares
         self.prepull_image = prepull_image
         self.kubernetes_conn_id = kubernetes_conn_id
@@ -190,6 +206,8 @@ class ClaimNodesOperator(BaseOperator):
                 inference_services=self.inference_services,
                 gpu_flavor=self.gpu_flavor,
                 overflow_pool=self.overflow_pool,
+                unsafe_inference=self.unsafe_inference,
+                endpoint_propagation_s=self.endpoint_propagation_s,
                 topology=TopologyRequest.from_value(self.topology),
                 spares=int(self.spares),
                 image=self.prepull_image or None,

@@ -58,6 +58,8 @@ PERMISSIONS: tuple[Permission, ...] = tuple(
         _grant("patch", "", "pods", CLUSTER, (WORKER,), "the claim: its pods on the claimed nodes go first (deletion cost)"),
         _grant("create", "", "pods/eviction", CLUSTER, (WORKER,), "the claim's drain (PDBs honoured)"),
         _grant("list", "policy", "poddisruptionbudgets", CLUSTER, (WORKER,), "the claim's drain"),
+        _grant("list", "", "services", CLUSTER, (WORKER,), "the claim's safe hand-off: the Services a pod leaves before SIGTERM"),
+        _grant("list", "discovery.k8s.io", "endpointslices", CLUSTER, (WORKER,), "the claim's safe hand-off: a pod goes once no EndpointSlice lists it"),
         _grant("get list delete", "batch", "jobs", TRAINING, _ALL, "stopping a run"),
         _grant("patch", "batch", "jobs", TRAINING, _ALL, "the run's ledger: an attempt's judged end, a stop"),
         _grant("list", "", "pods", TRAINING, _ALL, "stopping a run, reading its attempt"),

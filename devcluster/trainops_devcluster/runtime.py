@@ -13,8 +13,9 @@ Two container runtimes:
   ``devcluster.trainops.io/exit-code`` (default 0).  No thread per pod.
 
 Graceful deletion as a kubelet does it: a pod that gets ``deletionTimestamp`` has its containers
-sent SIGTERM, SIGKILL after the grace period; its final status is written and the object
-removed.  ``restartPolicy`` Always/OnFailure restarts containers in place with back-off.
+sent SIGTERM (a process container's ``preStop`` ``sleep``, or ``exec`` of ``sleep N``, holds it
+back that long first; other hooks are not run), SIGKILL after the grace period; its final status
+is written and the object removed.  ``restartPolicy`` Always/OnFailure restarts containers in place with back-off.
 The kubelet also hands out GPU indices per node (as the device plugin does: the process sees
 them as ``NVIDIA_VISIBLE_DEVICES``, and the speed of the slowest of them, a slowed GPU's fault, as
 ``DEVCLUSTER_GPU_SPEED``: the demo trainer's steps take that much longer) and tells the node's
@@ -480,13 +481,24 @@ class PodRuntime(InformerController):
             self.events.record(pod, "Killing", f"Stopping container {container.spec['name']}", host=run.node)
             generation = container.generation
             if container.local:
-                _signal(container.process, signal.SIGTERM)
+                hold = min(prestop_seconds(container.spec), grace)
+                if hold > 0:  # the preStop sleep first, then SIGTERM (within the grace period)
+                    self.after(
+                        hold, lambda index=index, generation=generation: self._sigterm(run, index, generation)
+                    )
+                else:
+                    _signal(container.process, signal.SIGTERM)
             elif not run.hung:
                 self._exited(run, index, generation, Exit(143))  # a simulated container exits on SIGTERM
                 continue
             self.after(grace, lambda index=index, generation=generation: self._kill(run, index, generation))
         if self._current(run) and all(c.exit is not None for c in run.containers):
             self._finish(run)
+
+    def _sigterm(self, run: PodRun, index: int, generation: int) -> None:
+        container = run.containers[index]
+        if self._current(run) and container.generation == generation and container.exit is None:
+            _signal(container.process, signal.SIGTERM)
 
     def _kill(self, run: PodRun, index: int, generation: int) -> None:
         container = run.containers[index]
@@ -755,6 +767,18 @@ def _gpu_devices(node: dict) -> int:
     status = node.get("status") or {}
     count = (status.get("capacity") or {}).get(GPU_RESOURCE)
     return int(count if count is not None else (status.get("allocatable") or {}).get(GPU_RESOURCE, 0))
+
+
+def prestop_seconds(container: dict) -> float:
+    """How long a container's preStop hook holds SIGTERM back: a ``sleep`` action's seconds, or N of
+    an ``exec`` of ``sleep N`` (other hooks are not run: 0)."""
+    hook = (container.get("lifecycle") or {}).get("preStop") or {}
+    if "sleep" in hook:
+        return float((hook["sleep"] or {}).get("seconds", 0))
+    match = re.search(
+        r"\bsleep\s+(\d+(?:\.\d+)?)", " ".join(map(str, (hook.get("exec") or {}).get("command") or []))
+    )
+    return float(match.group(1)) if match else 0.0
 
 
 def _signal(process: subprocess.Popen | None, signum: int) -> None:

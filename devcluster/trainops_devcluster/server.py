@@ -813,12 +813,16 @@ class ApiServer:
                 if budgets:
                     budget = copy.deepcopy(budgets[0])
                     new_status = pdb.check_eviction(budget, pod)
+                    if call.dry_run:  # the budget's answer, nothing consumed or deleted
+                        return _send(call.handler, 201, _dumps(_success(201)))
                     if new_status is not None:
                         budget["status"] = new_status
                         try:
                             self.store.update("poddisruptionbudgets.policy", budget, check_version=True)
                         except Conflict:
                             continue
+            if call.dry_run:
+                return _send(call.handler, 201, _dumps(_success(201)))
             pre = options.get("preconditions") or {}
             gc.delete_object(
                 self.store,

@@ -48,6 +48,9 @@ VIRTUAL_NODE_PODS = 8  # GPU pods (of gpus_per_node GPUs each) one virtual node 
 VIRTUAL_POOL = {"node_label": f"{VIRTUAL_NODE_LABEL}={VIRTUAL_NODE_VALUE}", "taint": VIRTUAL_TAINT["key"]}
 SERVER_PORT = 8080  # the demo inference server's containerPort; its Service listens on port 80
 SERVER_COMMAND = ["python", "-m", "trainops_devcluster.demo.inference_server"]
+# A clean hand-off, as vLLM's Kubernetes guide sets one up: a preStop sleep above the endpoint
+# propagation trainops assumes (5 s), the server's own drain after SIGTERM, a grace period above both
+PRESTOP_S, SHUTDOWN_TIMEOUT_S, GRACE_S = 6, 10, 30
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,11 @@ class InferenceWorkload:
     """An inference Deployment (one pod per GPU node), the PodDisruptionBudget that guards it and
     the Service in front of it.  ``server``: its pods run the demo inference server as local
     processes (arguments ``server_args``), else they are simulated; ``overflow``: it is annotated
-    with the virtual nodes' overflow pool."""
+    with the virtual nodes' overflow pool.  ``handoff``: its pods are set up to leave without
+    failing requests (a readinessProbe on ``/health``, a ``preStop`` sleep of ``PRESTOP_S``, the
+    server's ``--shutdown-timeout``, ``terminationGracePeriodSeconds`` above both); False: none
+    of these (Ready before the model loads, aborts in-flight requests on SIGTERM), which
+    trainops' claim drains the safe way or refuses."""
 
     name: str
     replicas: int
@@ -63,6 +70,7 @@ class InferenceWorkload:
     server: bool = False
     server_args: tuple[str, ...] = ()
     overflow: bool = False
+    handoff: bool = True
 
 
 def node_name(index: int) -> str:
@@ -296,11 +304,16 @@ def inference_deployment(workload: InferenceWorkload, gpus: int) -> dict:
         },
     }
     if workload.server:
+        shutdown = ("--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)) if workload.handoff else ()
         container.update(
             image=LOCAL_IMAGE,
-            command=[*SERVER_COMMAND, *workload.server_args],
+            command=[*SERVER_COMMAND, *workload.server_args, *shutdown],
             ports=[{"name": "http", "containerPort": SERVER_PORT}],
-            readinessProbe={"httpGet": {"path": "/healthz", "port": SERVER_PORT}, "periodSeconds": 1},
+        )
+    if workload.handoff:
+        container.update(
+            readinessProbe={"httpGet": {"path": "/health", "port": SERVER_PORT}, "periodSeconds": 1},
+            lifecycle={"preStop": {"sleep": {"seconds": PRESTOP_S}}},
         )
     meta = {"name": workload.name, "namespace": INFERENCE_NAMESPACE, "labels": labels}
     if workload.overflow:
@@ -315,6 +328,7 @@ def inference_deployment(workload: InferenceWorkload, gpus: int) -> dict:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
+                    **({"terminationGracePeriodSeconds": GRACE_S} if workload.handoff else {}),
                     "nodeSelector": {GPU_POOL_LABEL: "true"},
                     "tolerations": [
                         {

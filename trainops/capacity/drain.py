@@ -5,6 +5,12 @@ eviction would take a workload below its budget, and the drain retries that pod 
 pods go on meanwhile) until the deadline.  DaemonSet pods, mirror pods and finished pods stay,
 as with ``kubectl drain``.  The drain is done when no other pod is left on the nodes.
 
+A pod of a workload that lacks a clean hand-off (``trainops.capacity.handoff``) is drained the
+safe way when ``safely`` says so: the Eviction API is asked first as a dry run (its budget must
+allow the pod to go), then the pod is taken out of its Services, and it is evicted once no
+EndpointSlice lists it (plus the endpoint propagation time); one such pod per namespace at a time
+is out of its Service and not yet evicted, so budgets are kept.
+
 A drain that cannot finish says so early: when evicted pods' replacements cannot be scheduled
 anywhere and every pod left is held by its budget, waiting longer changes nothing, so after
 ``stall_s`` it raises ``DrainStalled`` naming the pods and the scheduler's reason.
@@ -14,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from trainops.errors import PermanentError
 from trainops.kube.client import api_message, json_of
@@ -23,6 +29,7 @@ from trainops.kube.retry import Backoff, Deadline, DeadlineExceeded, is_transien
 
 log = logging.getLogger(__name__)
 EVICTED, GONE = "evicted", "gone"
+LEAVING = "leaving its Service before it is evicted"
 
 
 class DrainStalled(PermanentError):
@@ -74,8 +81,9 @@ def pods_to_move(pods: Iterable[dict], nodes: set[str]) -> list[dict]:
     return [p for p in pods if (p.get("spec") or {}).get("nodeName") in nodes and must_move(p)]
 
 
-def _evict(core_v1, pod: dict) -> str:
-    """Ask to evict one pod: ``EVICTED``, ``GONE``, or why it must wait (PDB, API busy)."""
+def _evict(core_v1, pod: dict, dry_run: bool = False) -> str:
+    """Ask to evict one pod: ``EVICTED``, ``GONE``, or why it must wait (PDB, API busy).  A dry run
+    asks only whether the budget allows it (``EVICTED``: it would)."""
     meta = pod["metadata"]
     body = {
         "apiVersion": "policy/v1",
@@ -85,7 +93,11 @@ def _evict(core_v1, pod: dict) -> str:
     try:  # read the answer whole: a connection released unread fails the next request sent on it
         json_of(
             core_v1.create_namespaced_pod_eviction(
-                meta["name"], meta["namespace"], body, _preload_content=False
+                meta["name"],
+                meta["namespace"],
+                body,
+                _preload_content=False,
+                **({"dry_run": "All"} if dry_run else {}),
             )
         )
     except Exception as error:
@@ -98,10 +110,20 @@ def _evict(core_v1, pod: dict) -> str:
     return EVICTED
 
 
-def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -> int:
+def drain(
+    core_v1,
+    nodes: set[str],
+    deadline: Deadline,
+    stall_s: float = 30.0,
+    safely: Callable[[dict], bool] | None = None,
+    handoff=None,
+) -> int:
     """Evict every pod that must move off ``nodes`` and wait until they are gone; returns how many
     evictions were accepted.  Raises ``DeadlineExceeded`` naming the pods still there, or
-    ``DrainStalled`` once it has been stuck (see the module docstring) for ``stall_s``."""
+    ``DrainStalled`` once it has been stuck (see the module docstring) for ``stall_s``.
+    ``safely``: which pods go the safe way, through ``handoff`` (a ``handoff.SafeDrain``)."""
+    from trainops.capacity.handoff import is_detached
+
     backoff = Backoff()
     evicted: set[tuple[str, str]] = set()
     stalled_since: float | None = None
@@ -110,6 +132,11 @@ def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -
         if not remaining:
             return len(evicted)
         waiting: dict[str, str] = {}
+        leaving = {
+            p["metadata"]["namespace"]
+            for p in remaining
+            if is_detached(p) and not p["metadata"].get("deletionTimestamp")
+        }
         for pod in remaining:
             meta = pod["metadata"]
             key = (meta["namespace"], meta["name"])
@@ -117,12 +144,28 @@ def drain(core_v1, nodes: set[str], deadline: Deadline, stall_s: float = 30.0) -
             if meta.get("deletionTimestamp"):
                 waiting[where] = "terminating"
                 continue
+            if handoff is not None and safely is not None and safely(pod):
+                if not is_detached(pod):
+                    if meta["namespace"] in leaving:  # one pod per namespace out of its Service at a time
+                        waiting[where] = "waits for another pod to leave its Service"
+                        continue
+                    outcome = _evict(core_v1, pod, dry_run=True)  # may its budget lose it now?
+                    if outcome == EVICTED:
+                        handoff.detach([pod], deadline)
+                        leaving.add(meta["namespace"])
+                        waiting[where] = LEAVING
+                    else:
+                        waiting[where] = "terminating" if outcome == GONE else outcome
+                    continue
+                if not handoff.ready(pod, deadline):
+                    waiting[where] = LEAVING
+                    continue
             outcome = _evict(core_v1, pod)
             if outcome == EVICTED:
                 log.info("evicted %s", where)
                 evicted.add(key)
             waiting[where] = "terminating" if outcome in (EVICTED, GONE) else outcome
-        blocked = all(why != "terminating" for why in waiting.values())
+        blocked = all(why not in ("terminating", LEAVING) for why in waiting.values())
         stuck = unschedulable(list_pods(core_v1, deadline, "status.phase=Pending")) if blocked else {}
         held = bool(stuck)
         stalled_since = (stalled_since or time.monotonic()) if held else None

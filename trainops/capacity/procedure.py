@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
-from trainops.capacity import claims, inference, prepull
+from trainops.capacity import claims, handoff, inference, prepull
 from trainops.capacity.claims import NodeQuarantined, NodesHeld, parse_run
 from trainops.capacity.drain import drain, list_pods, pods_on
-from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, WorkloadRef
+from trainops.capacity.handoff import DEFAULT_PROPAGATION_S, SafeDrain, UnsafeInference, is_detached
+from trainops.capacity.inference import DEPLOYMENT, INFERENCE_SERVICE, KSERVE_STOP, WorkloadRef
 from trainops.capacity.loans import get_path, lend_patch, loans_of, repay_part_patch
 from trainops.capacity.overflow import (
     DELETION_COST,
@@ -157,6 +158,8 @@ def claim(
     spares: int = 0,
     image: str | None = None,
     training_namespace: str = "training",
+    unsafe_inference: UnsafeInference = "drain-safely",
+    endpoint_propagation_s: float = DEFAULT_PROPAGATION_S,
     deadlines: Deadlines = Deadlines(),
     log: logging.Logger = module_log,
 ) -> ClaimSummary:
@@ -171,6 +174,12 @@ def claim(
     the quota (default: the node's allocatable ``nvidia.com/gpu``).  ``deployments``/``inference_services``:
     ``namespace/name`` of the inference workloads to lend from.  ``overflow_pool``: the pool (``overflow.OverflowPool.parse``) of the
     Deployments that name none in their ``trainops.io/overflow-pool`` annotation (default: none).
+    ``unsafe_inference``: what to do with a workload to shrink or move whose pods lack a clean
+    hand-off (a readinessProbe, a preStop hook longer than ``endpoint_propagation_s``, a grace
+    period above both and the server's drain: ``handoff.check_workload``): ``"drain-safely"``
+    (default) takes each of its pods out of its Services, waits until no EndpointSlice lists it
+    and ``endpoint_propagation_s`` more, and only then lets it be scaled away or evicted;
+    ``"refuse"`` raises ``handoff.UnsafeHandoff`` naming each field and its fix, nothing changed.
     Raises ``NodesHeld`` (nothing changed) when another run holds a node.
     """
     parse_run(run)
@@ -181,11 +190,14 @@ def claim(
     refs = [WorkloadRef.parse(DEPLOYMENT, d, "inference_deployments") for d in deployments]
     refs += [WorkloadRef.parse(INFERENCE_SERVICE, s, "inference_services") for s in inference_services]
     default_pool = None if overflow_pool is None else OverflowPool.parse(overflow_pool, "overflow_pool")
+    handoff.check_choice(unsafe_inference)
+    safe_drain = SafeDrain(kube, endpoint_propagation_s, log)
 
     step = Deadline(deadlines.api_s)
+    objs = {ref: call(lambda ref=ref: ref.get(kube.custom), step, f"read {ref}") for ref in refs}
     for ref in refs:  # a pool annotation that cannot be used fails the claim before anything changes
         if ref.kind is DEPLOYMENT:
-            OverflowPool.of(call(lambda ref=ref: ref.get(kube.custom), step, f"read {ref}"), default_pool)
+            OverflowPool.of(objs[ref], default_pool)
     by_name = {n["metadata"]["name"]: n for n in call(lambda: list_nodes(kube.core), step, "list nodes")}
     missing = [n for n in candidates if n not in by_name]
     if missing:
@@ -216,6 +228,15 @@ def claim(
     quarantined = [n for n, s in states.items() if is_quarantined(s) and holder_of(s.annotations) != run]
     if quarantined:
         raise NodeQuarantined(", ".join(quarantined))
+    unsafe = _unsafe_workloads(refs, objs, pods, set(nodes), endpoint_propagation_s)
+    if unsafe and unsafe_inference == "refuse":
+        raise handoff.refusal([f for findings in unsafe.values() for f in findings])
+    for ref, findings in unsafe.items():
+        log.warning(
+            "%s lacks a clean hand-off, its pods leave their Service before SIGTERM: %s",
+            ref,
+            "; ".join(f"{f.field}: {f.problem}" for f in findings),
+        )
 
     summary = ClaimSummary(run, nodes, 0, cluster_queue=cluster_queue)
     if placement is not None and placement.fits:
@@ -242,9 +263,25 @@ def claim(
             log.info("node %s: already claimed by this run", name)
 
     lending = Lending(kube, run, set(nodes), pods, pdbs, list(by_name.values()), default_pool, deadlines, log)
+    lending.safe_drain, lending.unsafe = safe_drain, set(unsafe)
     for ref in refs:
         lending.lend(ref, summary)
-    summary.evictions = drain(kube.core, set(nodes), Deadline(deadlines.drain_s), deadlines.drain_stall_s)
+    unsafe_selectors = [(ref.namespace, inference.pod_selector(ref.kind, objs[ref])) for ref in unsafe]
+
+    def safely(pod: dict) -> bool:
+        labels, namespace = pod["metadata"].get("labels") or {}, pod["metadata"]["namespace"]
+        return is_detached(pod) or any(
+            ns == namespace and inference.selector_matches(sel, labels) for ns, sel in unsafe_selectors
+        )
+
+    summary.evictions = drain(
+        kube.core,
+        set(nodes),
+        Deadline(deadlines.drain_s),
+        deadlines.drain_stall_s,
+        safely=safely if unsafe else None,
+        handoff=safe_drain,
+    )
     log.info("drained %d node(s): %d pod(s) evicted", len(nodes), summary.evictions)
     if image:
         pulled = Deadline(min(deadlines.drain_s, prepull.PULL_DEADLINE_S))
@@ -254,6 +291,42 @@ def claim(
     if set_grant(kube, cluster_queue, run, summary.gpus, Deadline(deadlines.api_s), gpu_flavor).wrote:
         log.info("ClusterQueue %s: %s quota of this run set to %d", cluster_queue, GPU_RESOURCE, summary.gpus)
     return summary
+
+
+def _unsafe_workloads(
+    refs: list[WorkloadRef], objs: dict, pods: list[dict], nodes: set[str], propagation_s: float
+) -> dict[WorkloadRef, list]:
+    """The workloads with pods on ``nodes`` (those the claim shrinks or moves) that lack a clean
+    hand-off, with what they lack."""
+    found = {}
+    for ref in refs:
+        obj = objs[ref]
+        selector = inference.pod_selector(ref.kind, obj)
+        moved = any(
+            p["metadata"]["namespace"] == ref.namespace
+            and (p.get("spec") or {}).get("nodeName") in nodes
+            and inference.selector_matches(selector, p["metadata"].get("labels") or {})
+            for p in pods
+        )
+        findings = handoff.check_workload(ref.kind.name, obj, propagation_s) if moved else []
+        if findings:
+            found[ref] = findings
+    return found
+
+
+def _removed_by(target_kind, target_obj: dict, fields: dict, running: int) -> int:
+    """How many pods the shrink ``fields`` removes by itself (the rest move by eviction)."""
+    if ("metadata", "annotations", KSERVE_STOP) in fields:
+        return running
+    for path in (("spec", "replicas"), ("spec", "maxReplicas"), ("spec", "predictor", "maxReplicas")):
+        if path in fields:
+            base = (
+                (target_obj.get("spec") or {}).get("replicas", running)
+                if target_kind is DEPLOYMENT
+                else running
+            )
+            return max(0, base - fields[path])
+    return 0
 
 
 def _choose(
@@ -305,6 +378,8 @@ class Lending:
     deadlines: Deadlines
     log: logging.Logger
     room: Room | None = None  # free room of the whole cluster, counted once, shared by the workloads
+    safe_drain: SafeDrain | None = None
+    unsafe: set[WorkloadRef] = field(default_factory=set)  # workloads whose pods leave their Service first
 
     def lend(self, ref: WorkloadRef, summary: ClaimSummary) -> None:
         """Lend what ``ref`` runs on the claimed nodes (a loan is recorded even when nothing is scaled
@@ -348,10 +423,19 @@ class Lending:
             if why:
                 summary.not_offloaded[str(ref)] = why
                 log.warning("%s: %s", ref, why)
-        _first_to_go(kube, on_claimed, step)
         fields = inference.shrink_fields(
             target.kind, target_obj, len(mine), displaced, max(0, floor - offloaded)
         )
+        going = on_claimed
+        if ref in self.unsafe and self.safe_drain is not None:
+            # the scale-down's pods leave their Service first; the rest go the drain's safe way
+            going = on_claimed[: min(displaced, _removed_by(target.kind, target_obj, fields, len(mine)))]
+            if going:
+                _first_to_go(kube, going, step)
+                detached = self.safe_drain.detach(going, step, keep=set(selector.get("matchLabels") or {}))
+                self.safe_drain.wait_detached(detached, Deadline(self.deadlines.drain_s))
+        else:
+            _first_to_go(kube, going, step)
         inference.lend(kube.custom, target, self.run, fields, Deadline(self.deadlines.api_s), target_obj)
         changes = ", ".join(
             f"{'.'.join(path)}={value}"
@@ -453,6 +537,7 @@ def give_back(
     cluster_queue: str,
     training_namespace: str | None = None,
     wave_nodes: int | None = None,
+    endpoint_propagation_s: float = DEFAULT_PROPAGATION_S,
     deadlines: Deadlines = Deadlines(),
     log: logging.Logger = module_log,
 ) -> ReturnSummary:
@@ -462,7 +547,10 @@ def give_back(
     With ``training_namespace``, the run's training Jobs there are stopped first and their pods
     gone before anything is returned (a run failed by hand, reaped or returned from the CLI or the
     UI may still be training); if they cannot be stopped nothing is returned.  ``wave_nodes``: nodes
-    per wave when replicas come back from an overflow pool (default: a quarter of the run's nodes)."""
+    per wave when replicas come back from an overflow pool (default: a quarter of the run's nodes).
+    An overflow companion whose pods lack a clean hand-off (``handoff.check_workload``) has the pods
+    its scale-down removes taken out of their Services first (``endpoint_propagation_s``), where the
+    account may (the worker's; without the grants the scale-down goes on as it is, with a warning)."""
     parse_run(run)
     if wave_nodes is not None and (not isinstance(wave_nodes, int) or wave_nodes < 1):
         raise ValueError(f"wave_nodes must be a positive integer or None, got {wave_nodes!r}")
@@ -519,7 +607,9 @@ def give_back(
         if not moves:
             continue
         try:
-            _move_back(kube, run, moves, returned, index == len(waves) - 1, deadlines, log)
+            _move_back(
+                kube, run, moves, returned, index == len(waves) - 1, deadlines, log, endpoint_propagation_s
+            )
         except Exception as error:  # the rest waits for a retry, which resumes here
             failures.append(f"wave {index + 1} of {len(waves)}: {error}")
             break
@@ -591,6 +681,7 @@ def _move_back(
     last: bool,
     deadlines: Deadlines,
     log: logging.Logger,
+    propagation_s: float = DEFAULT_PROPAGATION_S,
 ) -> None:
     """One wave: each primary scales up by what fits on the ``returned`` nodes (the last wave: all
     it lent), its replicas become Ready, and only then does its companion scale down to what the
@@ -621,10 +712,49 @@ def _move_back(
         owner = _read(kube, primary, step)
         surplus = lent(obj, run) - (lent(owner, run) if owner is not None else 0)
         if surplus > 0:
+            if handoff.check_workload("Deployment", obj, propagation_s):
+                _leave_service_first(kube, obj, surplus, SafeDrain(kube, propagation_s, log), deadlines)
             companion.edit(
                 kube.custom, lambda o, surplus=surplus: repay_part_patch(o, run, REPLICAS, surplus), step, obj
             )
             log.info("%s: %d replica(s) fewer in the overflow pool", companion, surplus)
+
+
+def _leave_service_first(kube: Kube, obj: dict, count: int, safe: SafeDrain, deadlines: Deadlines) -> None:
+    """Take ``count`` pods of the Deployment ``obj`` out of their Services, marked first to go, before
+    its scale-down removes them (those not Ready first, then the newest, as a ReplicaSet picks)."""
+    from kubernetes.client.exceptions import ApiException
+
+    meta, selector = obj["metadata"], obj["spec"]["selector"].get("matchLabels") or {}
+    step = Deadline(deadlines.api_s)
+    try:
+        pods = kube.list(
+            PODS,
+            meta["namespace"],
+            labels=",".join(f"{k}={v}" for k, v in sorted(selector.items())),
+            deadline=step,
+        )
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        live.sort(key=lambda p: p["metadata"].get("creationTimestamp", ""), reverse=True)
+        live.sort(
+            key=lambda p: any(
+                c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+        )
+        going = live[:count]
+        _first_to_go(kube, going, step)
+        safe.wait_detached(safe.detach(going, step, keep=set(selector)), Deadline(deadlines.drain_s))
+    except ApiException as error:
+        if error.status not in (401, 403):
+            raise
+        safe.log.warning(
+            "%s/%s: its pods lack a clean hand-off, but this account may not take them out of their "
+            "Service (%s); scaled down as they are",
+            meta["namespace"],
+            meta["name"],
+            error.reason,
+        )
 
 
 def _delete_if_empty(kube: Kube, ref: WorkloadRef, deadline: Deadline) -> bool:

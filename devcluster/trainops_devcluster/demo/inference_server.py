@@ -5,11 +5,18 @@
 ``GET /v1/infer`` takes one of ``--slots`` (a GPU's concurrent batch) for ``--service-ms``; requests
 beyond the free slots wait in a queue, so the answer's latency grows with the load, and once
 ``--max-queue`` wait the server answers 503 at once (overloaded), as model servers do.
-``GET /healthz`` is the readiness probe's; ``GET /metrics`` counts answers by code (Prometheus text).
-It listens on ``--port`` (default ``$DEVCLUSTER_PORT_8080``, the local port the devcluster gives the
-pod's containerPort 8080, else 8080).  On SIGTERM it keeps serving for ``--drain-seconds`` (the
-time the endpoint takes to leave every proxy, as a ``preStop`` sleep gives it), then finishes the
-requests in flight and exits 0.
+``GET /metrics`` counts answers by code (Prometheus text).  It listens on ``--port`` (default
+``$DEVCLUSTER_PORT_8080``, the local port the devcluster gives the pod's containerPort 8080, else 8080).
+
+It behaves as vLLM does by default, so a hand-off that is not safe fails requests here as on a cluster:
+
+* **Loading**: it listens at once but loads its model for ``--load-seconds`` (1); meanwhile
+  ``GET /health`` (vLLM's; ``/healthz`` too) answers 503 and ``/v1/infer`` 503.  A pod without a
+  readinessProbe on ``/health`` is Ready, and sent requests, before its model has loaded.
+* **SIGTERM**: with ``--shutdown-timeout`` 0 (vLLM's default) it aborts the requests in flight and
+  exits at once; with ``--shutdown-timeout S`` it takes no new request and exits once those in
+  flight are done, after S seconds at most (vllm-project/vllm#36666).  ``--drain-seconds N`` (0)
+  keeps it serving N seconds after SIGTERM first, as a ``preStop`` sleep of N would.
 """
 
 from __future__ import annotations
@@ -32,10 +39,17 @@ class Model:
         self._slots = threading.Semaphore(slots)
         self._lock = threading.Lock()
         self.waiting = 0
+        self.in_flight = 0
+        self.loaded = threading.Event()
+        self.stopping = threading.Event()
         self.answered: dict[int, int] = {}
 
     def infer(self) -> tuple[int, dict]:
         started = time.monotonic()
+        if not self.loaded.is_set():
+            return self._count(503), {"error": "the model is still loading"}
+        if self.stopping.is_set():
+            return self._count(503), {"error": "shutting down"}
         with self._lock:
             if self.waiting >= self.max_queue:
                 return self._count(503), {"error": f"overloaded: {self.waiting} requests waiting"}
@@ -57,10 +71,19 @@ class Model:
 def handler(model: Model, pod: str) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-            if self.path == "/healthz":
-                self._answer(200, {"status": "ok"})
+            if self.path in ("/health", "/healthz"):
+                if model.loaded.is_set():
+                    self._answer(200, {"status": "ok"})
+                else:
+                    self._answer(503, {"status": "loading"})
             elif self.path.startswith("/v1/infer"):
-                code, body = model.infer()
+                with model._lock:
+                    model.in_flight += 1
+                try:
+                    code, body = model.infer()
+                finally:
+                    with model._lock:
+                        model.in_flight -= 1
                 self._answer(code, {"pod": pod, **body})
             elif self.path == "/metrics":
                 lines = [
@@ -93,10 +116,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--service-ms", type=float, default=200.0, help="time one request holds a slot")
     parser.add_argument("--slots", type=int, default=1, help="requests served at once")
     parser.add_argument("--max-queue", type=int, default=8, help="waiting requests before 503s")
-    parser.add_argument("--drain-seconds", type=float, default=2.0, help="serving on after SIGTERM")
+    parser.add_argument(
+        "--load-seconds", type=float, default=1.0, help="model loading: /health 503 till done"
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=0.0,
+        help="after SIGTERM, finish in-flight requests (0: abort)",
+    )
+    parser.add_argument(
+        "--drain-seconds", type=float, default=0.0, help="serving on after SIGTERM (a preStop)"
+    )
     args = parser.parse_args(argv)
-    if args.service_ms < 0 or args.slots < 1 or args.max_queue < 0 or args.drain_seconds < 0:
-        parser.error("--service-ms, --max-queue and --drain-seconds must be >= 0, --slots >= 1")
+    numbers = (args.service_ms, args.max_queue, args.drain_seconds, args.load_seconds, args.shutdown_timeout)
+    if min(numbers) < 0 or args.slots < 1:
+        parser.error(
+            "--service-ms, --max-queue, --drain-seconds, --load-seconds and --shutdown-timeout must be >= 0, "
+            "--slots >= 1"
+        )
     return args
 
 
@@ -106,15 +144,27 @@ def main(argv: list[str] | None = None) -> int:
     server = ThreadingHTTPServer(("127.0.0.1", args.port), handler(model, os.environ.get("HOSTNAME", "")))
     server.daemon_threads = False  # server_close() waits for the requests in flight
 
-    def drain(signum, frame) -> None:
-        threading.Timer(args.drain_seconds, server.shutdown).start()
+    def stop() -> None:
+        if not args.shutdown_timeout:  # vLLM's default: the requests in flight are aborted
+            print(
+                f"SIGTERM: aborting {model.in_flight} request(s) in flight; answered {model.answered}",
+                flush=True,
+            )
+            os._exit(0)
+        model.stopping.set()
+        threading.Timer(args.shutdown_timeout, lambda: os._exit(0)).start()
+        server.shutdown()
 
-    signal.signal(signal.SIGTERM, drain)
-    print(f"serving on 127.0.0.1:{args.port}", flush=True)
+    def terminate(signum, frame) -> None:
+        threading.Timer(args.drain_seconds, stop).start()
+
+    signal.signal(signal.SIGTERM, terminate)
+    threading.Timer(args.load_seconds, model.loaded.set).start()
+    print(f"serving on 127.0.0.1:{args.port}; loading the model for {args.load_seconds:g}s", flush=True)
     server.serve_forever()
-    server.server_close()
+    server.server_close()  # waits for the requests in flight
     print(f"drained; answered {model.answered}", flush=True)
-    return 0
+    os._exit(0)  # the shutdown-timeout timer is no reason to stay
 
 
 if __name__ == "__main__":

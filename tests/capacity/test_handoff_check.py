@@ -1,0 +1,179 @@
+"""The hand-off check, as tables: which fields of a Deployment's pod template or an InferenceService's
+predictor keep its pods from leaving without failing requests, and the fix each finding names."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainops.capacity import handoff
+from trainops.capacity.handoff import check_choice, check_pod_spec, check_workload, detach_keys, prestop_s
+
+PROBE = {"httpGet": {"path": "/health", "port": 8000}}
+SLEEP = {"preStop": {"sleep": {"seconds": 10}}}
+VLLM = ["vllm", "serve", "meta-llama/Llama-3.1-8B"]
+
+
+def spec(container: dict, **pod) -> dict:
+    return {"containers": [{"name": "server", "ports": [{"containerPort": 8000}], **container}], **pod}
+
+
+def fields(findings) -> list[str]:
+    return [f.field for f in findings]
+
+
+C = "spec.template.spec.containers[0]"
+
+
+@pytest.mark.parametrize(
+    ("container", "pod", "expected"),
+    [
+        # vLLM as its docs set it up: probe, preStop sleep, --shutdown-timeout, grace above both
+        (
+            {"command": VLLM, "args": ["--shutdown-timeout=30"], "readinessProbe": PROBE, "lifecycle": SLEEP},
+            {"terminationGracePeriodSeconds": 60},
+            [],
+        ),
+        # nothing set: no probe, no preStop; vLLM's default aborts in-flight requests
+        ({"command": VLLM}, {}, [f"{C}.readinessProbe", f"{C}.lifecycle.preStop", f"{C}.args"]),
+        # a preStop no longer than the endpoint propagation (5 s) is too short
+        (
+            {
+                "command": VLLM,
+                "args": ["--shutdown-timeout", "10"],
+                "readinessProbe": PROBE,
+                "lifecycle": {"preStop": {"exec": {"command": ["/bin/sh", "-c", "sleep 5"]}}},
+            },
+            {"terminationGracePeriodSeconds": 60},
+            [f"{C}.lifecycle.preStop"],
+        ),
+        # grace period not above preStop + --shutdown-timeout: SIGKILL mid-drain
+        (
+            {"command": VLLM, "args": ["--shutdown-timeout=25"], "readinessProbe": PROBE, "lifecycle": SLEEP},
+            {},
+            ["spec.template.spec.terminationGracePeriodSeconds"],
+        ),
+        # Triton drains 30 s by default after SIGTERM (--exit-timeout-secs): 30 s of grace is not enough
+        (
+            {"image": "nvcr.io/nvidia/tritonserver:25.01-py3", "readinessProbe": PROBE, "lifecycle": SLEEP},
+            {},
+            ["spec.template.spec.terminationGracePeriodSeconds"],
+        ),
+        (
+            {
+                "image": "nvcr.io/nvidia/tritonserver:25.01-py3",
+                "args": ["--exit-timeout-secs=10"],
+                "readinessProbe": PROBE,
+                "lifecycle": SLEEP,
+            },
+            {},
+            [],
+        ),
+        # a generic server with a probe and a long enough sleep
+        ({"image": "example/server", "readinessProbe": PROBE, "lifecycle": SLEEP}, {}, []),
+        # a preStop script of its own (its length unknown) is trusted to wait for the endpoint
+        (
+            {
+                "image": "example/server",
+                "readinessProbe": PROBE,
+                "lifecycle": {"preStop": {"exec": {"command": ["/drain.sh"]}}},
+            },
+            {},
+            [],
+        ),
+    ],
+)
+def test_check_pod_spec(container, pod, expected):
+    assert fields(check_pod_spec("Deployment inference/chat", spec(container, **pod))) == expected
+
+
+def test_each_finding_names_the_field_and_the_documented_fix():
+    findings = check_pod_spec("Deployment inference/chat", spec({"command": VLLM}))
+    text = "\n".join(str(f) for f in findings)
+    assert "Deployment inference/chat: spec.template.spec.containers[0].readinessProbe" in text
+    assert "/health" in text and "preStop: {sleep: {seconds: N}}" in text and "--shutdown-timeout" in text
+
+
+def test_the_propagation_setting_moves_the_bar():
+    container = {"image": "example/server", "readinessProbe": PROBE, "lifecycle": SLEEP}
+    assert check_pod_spec("w", spec(container), propagation_s=5) == []
+    assert fields(check_pod_spec("w", spec(container), propagation_s=10)) == [f"{C}.lifecycle.preStop"]
+
+
+def test_only_serving_containers_are_checked():
+    pod = {
+        "containers": [
+            {"name": "sidecar", "image": "example/log-shipper"},
+            {
+                "name": "server",
+                "image": "example/server",
+                "ports": [{"containerPort": 80}],
+                "readinessProbe": PROBE,
+                "lifecycle": SLEEP,
+            },
+        ]
+    }
+    assert check_pod_spec("w", pod) == []
+
+
+def test_an_inference_service_is_read_from_its_predictor_with_kserves_fixes():
+    isvc = {
+        "metadata": {"namespace": "inference", "name": "llm"},
+        "spec": {
+            "predictor": {"model": {"modelFormat": {"name": "huggingface"}, "args": ["--model_name=llm"]}}
+        },
+    }
+    findings = check_workload("InferenceService", isvc)
+    assert fields(findings) == [
+        "spec.predictor.containers[0].readinessProbe",
+        "spec.predictor.containers[0].lifecycle.preStop",
+    ]
+    assert "kserve/kserve#5496" in findings[1].fix
+
+
+def test_a_deployment_is_read_from_its_pod_template():
+    deployment = {
+        "metadata": {"namespace": "inference", "name": "chat"},
+        "spec": {"template": {"spec": spec({"image": "example/server", "readinessProbe": PROBE})}},
+    }
+    assert [str(f).split(":")[0] for f in check_workload("Deployment", deployment)] == [
+        "Deployment inference/chat"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("hook", "seconds"),
+    [
+        (None, None),
+        ({"preStop": {"sleep": {"seconds": 7}}}, 7),
+        ({"preStop": {"exec": {"command": ["sleep", "12"]}}}, 12),
+        ({"preStop": {"exec": {"command": ["/bin/sh", "-c", "sleep 3 && kill -TERM 1"]}}}, 3),
+        ({"preStop": {"httpGet": {"path": "/drain", "port": 80}}}, float("inf")),
+    ],
+)
+def test_prestop_seconds(hook, seconds):
+    assert prestop_s({"lifecycle": hook} if hook else {}) == seconds
+
+
+@pytest.mark.parametrize(
+    ("selectors", "labels", "keep", "expected"),
+    [
+        ([{"app": "chat"}], {"app": "chat", "tier": "gpu"}, {"app"}, ["app"]),  # no other key: orphans
+        ([{"app": "chat", "serving": "yes"}], {"app": "chat", "serving": "yes"}, {"app"}, ["serving"]),
+        ([{"app": "other"}], {"app": "chat"}, set(), []),  # no Service selects it
+        ([{"app": "chat"}, {"app": "chat", "x": "1"}], {"app": "chat", "x": "1"}, set(), ["app"]),
+    ],
+)
+def test_detach_keys(selectors, labels, keep, expected):
+    services = [
+        {"metadata": {"namespace": "ns", "name": f"s{i}"}, "spec": {"selector": s}}
+        for i, s in enumerate(selectors)
+    ]
+    pod = {"metadata": {"namespace": "ns", "name": "p", "labels": labels}}
+    assert detach_keys(services, pod, keep) == expected
+
+
+def test_the_choice_is_checked():
+    assert check_choice("refuse") == "refuse"
+    with pytest.raises(ValueError, match="unsafe_inference"):
+        check_choice("yolo")
+    assert handoff.UNSAFE_CHOICES[0] == "drain-safely"

@@ -1,0 +1,221 @@
+"""A hand-off that holds with servers that behave like vLLM's default (the demo inference server:
+Ready before its model loads unless probed, in-flight requests aborted on SIGTERM): a claim drains
+a workload that lacks a readinessProbe and a preStop hook the safe way under a steady load with no
+failed request, or, with ``unsafe_inference="refuse"``, refuses before anything changes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from trainops_devcluster.demo.load import Load
+from trainops_devcluster.topology import InferenceWorkload
+
+from tests.capacity.helpers import default_seeded_objects, kube_for, nodes_by_app, snapshot
+from trainops.capacity.handoff import DETACHED_ANNOTATION, UnsafeHandoff
+from trainops.capacity.procedure import claim, give_back
+
+RUN = "train_llm/manual__7"
+CHAT = "inference/chat"
+
+
+def bare_chat(replicas: int = 6, min_available: int = 4) -> InferenceWorkload:
+    """Demo inference servers with none of a clean hand-off: no probe, no preStop, no --shutdown-timeout."""
+    return InferenceWorkload(
+        "chat",
+        replicas,
+        min_available=min_available,
+        server=True,
+        server_args=("--service-ms", "50"),
+        handoff=False,
+    )
+
+
+def start(make_devcluster, workload: InferenceWorkload):
+    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    cluster = make_devcluster(nodes=8, inference=[workload], process_env=env)
+    default_seeded_objects(cluster)
+    return cluster
+
+
+def test_a_workload_without_prestop_or_probe_is_drained_the_safe_way_and_no_request_fails(
+    make_devcluster, caplog
+):
+    """6 servers without probe or preStop (PDB minAvailable 4), a steady load through their Service:
+    a claim of 2 of their nodes takes those pods out of the Service first, waits until no
+    EndpointSlice lists them, and only then scales the Deployment down; every request is served."""
+    cluster = start(make_devcluster, bare_chat())
+    time.sleep(2)  # the servers loaded their models (without a probe they were Ready before)
+    load = Load(cluster.service_address("inference", "chat", 80), rate=30).start()
+    try:
+        time.sleep(1)
+        load.phase("claim")
+        nodes = nodes_by_app(cluster)["chat"][:2]
+        with caplog.at_level("INFO"):
+            summary = claim(
+                kube_for(cluster),
+                RUN,
+                nodes,
+                cluster_queue="training",
+                deployments=[CHAT],
+                endpoint_propagation_s=1.0,
+            )
+        load.phase("after")
+        time.sleep(1)
+    finally:
+        load.stop()
+
+    assert summary.workloads_shrunk == [f"Deployment {CHAT}"] and summary.evictions == 0
+    assert cluster.store.find("deployments.apps", "inference", "chat")["spec"]["replicas"] == 4
+    text = caplog.text
+    assert "lacks a clean hand-off" in text and "readinessProbe" in text and "lifecycle.preStop" in text
+    assert text.count("out of its Service(s) (labels app removed) before it gets SIGTERM") == 2
+    rows = {row.phase: row for row in load.report()}
+    assert all(row.served > 0 and row.failed == 0 for row in rows.values()), [r.line() for r in rows.values()]
+    give_back(kube_for(cluster), RUN, cluster_queue="training")
+
+
+def test_the_safe_drain_keeps_the_budget_when_pods_move_by_eviction(make_devcluster):
+    """With the budget binding (minAvailable 5 of 6), the claim keeps the replicas and moves the 2 pods
+    by eviction: each is asked of the Eviction API first as a dry run, taken out of its Service, and
+    evicted once no EndpointSlice lists it; the budget's healthy pods never drop below 5."""
+    cluster = start(make_devcluster, bare_chat(min_available=5))
+    nodes = nodes_by_app(cluster)["chat"][:2]
+    lowest = [6]
+    done = False
+
+    def sample() -> None:
+        while not done:
+            pods = [
+                p
+                for p in cluster.store.list("pods", "inference")[0]
+                if (p["metadata"].get("labels") or {}).get("app") == "chat"
+                and not p["metadata"].get("deletionTimestamp")
+                and any(
+                    c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])
+                )
+            ]
+            lowest[0] = min(lowest[0], len(pods))
+            time.sleep(0.02)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        summary = claim(
+            kube_for(cluster),
+            RUN,
+            nodes,
+            cluster_queue="training",
+            deployments=[CHAT],
+            endpoint_propagation_s=0.5,
+        )
+    finally:
+        done = True
+        sampler.join()
+    assert summary.evictions == 2 and summary.workloads_shrunk == []
+    assert lowest[0] >= 5, lowest
+    evicted = [
+        p
+        for p in cluster.store.list("pods", "inference")[0]
+        if DETACHED_ANNOTATION in (p["metadata"].get("annotations") or {})
+    ]
+    assert not [p for p in evicted if p["spec"].get("nodeName") not in nodes]
+    give_back(kube_for(cluster), RUN, cluster_queue="training")
+
+
+def test_refuse_refuses_before_anything_changes_naming_the_field_and_fix(make_devcluster):
+    cluster = start(make_devcluster, bare_chat())
+    before = snapshot(cluster)
+    nodes = nodes_by_app(cluster)["chat"][:2]
+    with pytest.raises(UnsafeHandoff) as refused:
+        claim(
+            kube_for(cluster),
+            RUN,
+            nodes,
+            cluster_queue="training",
+            deployments=[CHAT],
+            unsafe_inference="refuse",
+        )
+    message = str(refused.value)
+    assert "Deployment inference/chat: spec.template.spec.containers[0].readinessProbe" in message
+    assert "spec.template.spec.containers[0].lifecycle.preStop" in message
+    assert "preStop: {sleep: {seconds: N}}" in message and "nothing was changed" in message
+    assert snapshot(cluster) == before
+
+
+def test_a_workload_set_up_for_a_clean_handoff_is_not_detached(make_devcluster, caplog):
+    """The default demo workload (probe on /health, preStop sleep, --shutdown-timeout, grace above
+    both) passes the check: its pods are scaled away as they are, the preStop keeps them serving."""
+    chat = InferenceWorkload("chat", 6, min_available=4, server=True, server_args=("--service-ms", "50"))
+    cluster = start(make_devcluster, chat)
+    load = Load(cluster.service_address("inference", "chat", 80), rate=30).start()
+    try:
+        time.sleep(1)
+        nodes = nodes_by_app(cluster)["chat"][:2]
+        with caplog.at_level("INFO"):
+            claim(
+                kube_for(cluster),
+                RUN,
+                nodes,
+                cluster_queue="training",
+                deployments=[CHAT],
+                unsafe_inference="refuse",
+            )
+        time.sleep(1)
+    finally:
+        load.stop()
+    assert "out of its Service" not in caplog.text
+    assert all(row.failed == 0 for row in load.report()), [r.line() for r in load.report()]
+
+
+@pytest.mark.servers
+def test_the_demo_server_is_not_forgiving(tmp_path):
+    """Like vLLM by default: /health answers 503 while the model loads, and SIGTERM aborts a request
+    in flight; with --shutdown-timeout the request in flight is answered."""
+    import socket
+
+    def run(*args: str):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        argv = [sys.executable, "-m", "trainops_devcluster.demo.inference_server", "--port", str(port), *args]
+        process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        process.stdout.readline()  # listening
+        return process, f"http://127.0.0.1:{port}"
+
+    def get(url: str) -> int | str:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as error:
+            return error.code
+        except OSError as error:
+            return type(error).__name__
+
+    for args, expected in ((("--shutdown-timeout", "0"), "aborted"), (("--shutdown-timeout", "5"), 200)):
+        process, url = run("--service-ms", "1500", "--load-seconds", "0.5", *args)
+        try:
+            assert get(f"{url}/health") == 503 and get(f"{url}/v1/infer") == 503
+            time.sleep(0.8)
+            assert get(f"{url}/health") == 200
+            result: list = []
+            asking = threading.Thread(
+                target=lambda result=result, url=url: result.append(get(f"{url}/v1/infer"))
+            )
+            asking.start()
+            time.sleep(0.3)
+            process.send_signal(signal.SIGTERM)
+            asking.join()
+            answer = result[0]
+            assert (answer == 200) if expected == 200 else (answer != 200), (args, answer)
+            assert process.wait(10) == 0
+        finally:
+            process.kill()
+            process.wait()
