@@ -7,7 +7,9 @@ and writes what the production :class:`~trainops.health.probe.Publisher` plans i
 ``trainops probe --publish`` does through the API: the report's ConfigMap
 ``trainops-system/node-health-<node>`` when the verdict or a thresholded signal changed, else
 every ``report_heartbeat_s``; the node's summary annotation and ``GPUHealthy`` condition on a
-change, else every ``node_heartbeat_s``. Reports age only while nothing is probing them.
+change, else every ``node_heartbeat_s``. Reports age only while nothing is probing them. Between
+rounds, every ``fabric_watch_s`` (the probe's ``--fabric-watch``, in the same proportion to the interval
+as the shipped probe's 5 s to 60 s), a node whose fabric links went down or came back is probed at once.
 
 A node whose telemetry is missing gets nothing new: its last report goes stale, or it never
 has one. A repaired node (new ``boot_id``) gets a fresh NVML reader, as a restarted probe pod would.
@@ -23,13 +25,17 @@ from trainops.conventions import HEALTH_SUMMARY_ANNOTATION
 from trainops.health.nvml_reader import NvmlReader
 from trainops.health.policy import DEFAULT_POLICY, Policy
 from trainops.health.probe import (
+    FABRIC_WATCH_S,
     FAULT_WINDOW_S,
     LEGACY_REPORT_ANNOTATION,
     NODE_HEARTBEAT_S,
+    PUBLISH_INTERVAL_S,
     REPORT_HEARTBEAT_S,
     Publisher,
     Writes,
     collect_report,
+    link_states,
+    read_link_states,
     replace_condition,
 )
 from trainops.health.report import HealthReport
@@ -60,6 +66,7 @@ class ProbeDaemon(Controller):
         policy: Policy = DEFAULT_POLICY,
         gemm: bool = True,
         fault_window_s: float = FAULT_WINDOW_S,
+        fabric_watch_s: float | None = None,
     ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
@@ -71,6 +78,10 @@ class ProbeDaemon(Controller):
         self.policy = policy
         self.gemm = gemm  # False: probe as deploy/node-probe.yaml runs it (no --gemm, speed unknown)
         self.fault_window_s = fault_window_s  # the probe's --fault-window
+        # the probe's --fabric-watch, in the same proportion to the interval as the shipped probe's
+        self.fabric_watch_s = (
+            interval_s * FABRIC_WATCH_S / PUBLISH_INTERVAL_S if fabric_watch_s is None else fabric_watch_s
+        )
         self._probes: dict[str, _NodeProbe] = {}
         self._rounds = 0
         self._round_done = threading.Condition()
@@ -78,6 +89,21 @@ class ProbeDaemon(Controller):
     def start(self) -> None:
         super().start()
         self.after(0, self._round)
+        if self.fabric_watch_s > 0:
+            self.after(self.fabric_watch_s, self._watch_fabric)
+
+    def _watch_fabric(self) -> None:
+        """The probe's ``--fabric-watch``: a node whose fabric links changed since its last report is
+        probed (and published) now."""
+        try:
+            for name, probe in list(self._probes.items()):
+                telemetry = self.telemetry.get(name)
+                if self._stopped.is_set() or telemetry is None or telemetry.missing or probe.previous is None:
+                    continue
+                if read_link_states(TelemetryIbReader(telemetry)) != link_states(probe.previous.ib_ports):
+                    self._safely(lambda name=name: self.probe(name))
+        finally:
+            self.after(self.fabric_watch_s, self._watch_fabric)
 
     def _round(self) -> None:
         try:

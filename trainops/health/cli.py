@@ -2,7 +2,7 @@
 ``trainops health``: the gate and the release of quarantined nodes, for operators.
 
 trainops probe --once [--json] [--window S] [--gemm]
-trainops probe --publish --node NAME [--interval S] [--kubeconfig K] [--hold-nvml]
+trainops probe --publish --node NAME [--interval S] [--fabric-watch S] [--kubeconfig K] [--hold-nvml]
 trainops health gate [--kubeconfig K] [--selector S] [--prometheus URL] [--min-nodes N] [--dry-run] [--json]
 trainops health release NODE [--kubeconfig K] [--prometheus URL]
 """
@@ -30,12 +30,16 @@ from trainops.health.ib_reader import SysfsIbReader
 from trainops.health.nvml_reader import NvmlReader, load_pynvml
 from trainops.health.policy import Policy, evaluate, load_policy
 from trainops.health.probe import (
+    FABRIC_WATCH_S,
     FAULT_WINDOW_S,
     NODE_HEARTBEAT_S,
+    PUBLISH_INTERVAL_S,
     REPORT_HEARTBEAT_S,
     Publisher,
     collect_report,
+    link_states,
     publish,
+    wait_for_next_sample,
 )
 from trainops.health.prometheus import DEFAULT_NODE_LABEL, PrometheusClient
 from trainops.health.quarantine import ReleaseRefused, apply_quarantine, release
@@ -66,7 +70,16 @@ def _register_probe(subparsers: Any) -> None:
         "--window", type=float, default=0.0, help="--once: seconds between two samples (rates)"
     )
     parser.add_argument("--node", default=os.environ.get("NODE_NAME"), help="node name (default: $NODE_NAME)")
-    parser.add_argument("--interval", type=float, default=60.0, help="--publish: seconds between reports")
+    parser.add_argument(
+        "--interval", type=float, default=PUBLISH_INTERVAL_S, help="--publish: seconds between reports"
+    )
+    parser.add_argument(
+        "--fabric-watch",
+        type=float,
+        default=FABRIC_WATCH_S,
+        help="--publish: re-read the fabric ports' link state this often between reports, and report at "
+        "once when a link went down or came back (0: only every --interval)",
+    )
     parser.add_argument(
         "--iterations", type=int, default=0, help="--publish: stop after N reports (0: never)"
     )
@@ -115,8 +128,11 @@ def run_probe(args: argparse.Namespace) -> int:
     if args.publish and not args.node:
         print("error: --publish needs --node NAME (or $NODE_NAME)", file=sys.stderr)
         return 2
-    if args.window < 0 or args.interval <= 0 or args.iterations < 0:
-        print("error: --window must be >= 0, --interval > 0 and --iterations >= 0", file=sys.stderr)
+    if args.window < 0 or args.interval <= 0 or args.iterations < 0 or args.fabric_watch < 0:
+        print(
+            "error: --window must be >= 0, --interval > 0, --fabric-watch >= 0 and --iterations >= 0",
+            file=sys.stderr,
+        )
         return 2
     if args.fault_window <= 0:
         print("error: --fault-window must be > 0 seconds", file=sys.stderr)
@@ -190,7 +206,8 @@ def _publish_loop(
     speed_probe,
     stop: threading.Event,
 ) -> int:
-    """Report, publish, wait ``--interval``; until ``--iterations`` or SIGTERM (``stop``). Unless NVML
+    """Report, publish, wait ``--interval`` (less when a fabric link changes meanwhile:
+    ``--fabric-watch``); until ``--iterations`` or SIGTERM (``stop``). Unless NVML
     is held (``--hold-nvml``), each report opens NVML for its sample only: it is shut down before the
     report is published and while the loop waits."""
     core_api = _core_api(args.kubeconfig)
@@ -221,7 +238,10 @@ def _publish_loop(
         published += 1
         if args.iterations and published >= args.iterations:
             return 1 if failed else 0
-        stop.wait(args.interval)
+        if wait_for_next_sample(
+            stop, args.interval, args.fabric_watch, ib_reader, link_states(report.ib_ports)
+        ):
+            print(f"{args.node}: a fabric link changed: reporting now", flush=True)
     print(f"{args.node}: SIGTERM: stopped, NVML shut down", flush=True)
     return 1 if failed else 0
 

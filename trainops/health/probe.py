@@ -8,8 +8,9 @@ written whole with the node's resourceVersion as a precondition, re-read and ret
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -37,6 +38,11 @@ REPORT_HEARTBEAT_S = 120.0
 # How long a burst fault (error counters, clocks held down under load, XIDs) keeps showing after it
 # was last seen: two hours, the XID lookback of Azure's health checks (reference/health.md §4).
 FAULT_WINDOW_S = 7200.0
+# Between samples the probe re-reads its fabric ports' link state this often (a few sysfs files per
+# port), and samples and publishes at once when a link went down or came back: a training run judging a
+# crash waits for the node's own word, and a report every --interval (60 s) would keep it waiting.
+FABRIC_WATCH_S = 5.0
+PUBLISH_INTERVAL_S = 60.0  # trainops probe --publish's --interval (deploy/node-probe.yaml's)
 NODE_HEARTBEAT_S = 600.0
 MAX_CONFLICTS = 5
 
@@ -74,6 +80,37 @@ def collect_report(
     report = HealthReport(node_name, time.time() if now is None else now, "probe", node, gpus, ib_ports)
     add_window_signals(report, previous, window_s)
     return report
+
+
+def link_states(ports: Mapping[str, Signals]) -> dict[str, tuple]:
+    """Each fabric port's (state, physical state): what a link going down or coming back changes."""
+    return {
+        port: (get_signal(signals, "ib_state").value, get_signal(signals, "ib_phys_state").value)
+        for port, signals in ports.items()
+    }
+
+
+def wait_for_next_sample(
+    stop: threading.Event, interval_s: float, watch_s: float, ib_reader: IbReader, before: Mapping
+) -> bool:
+    """Wait up to ``interval_s`` for the next sample, re-reading the fabric ports' link states every
+    ``watch_s`` (0: not at all): True as soon as they differ from ``before`` (sample now), False when
+    the interval passed or ``stop`` was set."""
+    deadline = time.monotonic() + interval_s
+    while (left := deadline - time.monotonic()) > 0:
+        if stop.wait(min(watch_s, left) if watch_s > 0 else left):
+            return False
+        if watch_s > 0 and time.monotonic() < deadline and read_link_states(ib_reader) != before:
+            return True
+    return False
+
+
+def read_link_states(ib_reader: IbReader) -> dict[str, tuple]:
+    """The fabric ports' link states now ({} when the node has none to read)."""
+    try:
+        return link_states(ib_reader.read_ports())
+    except IbUnavailable:
+        return {}
 
 
 def _speeds(
