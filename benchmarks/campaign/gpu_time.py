@@ -17,7 +17,7 @@ follows its last failure is ``failed``.  Time a run pays anyway while its task h
 not yet retried) is the ``dead worker``'s.
 
 Every GPU-second held is useful or lost.  The ``SETUP`` phases (claim, start, spare, teardown) are what
-a run without faults pays too: a policy's fault-free set-up is measured once (``Setup``, the median of
+a run without faults pays too: a policy's fault-free set-up is measured once (``Setup``, the mean of
 its fault-free runs) and each run is charged only what its phases took beyond it (a fault that delays
 the first step, a requeue, a spare held longer: all lost, under the phase they fell in).  So
 ``held = useful + runs x setup + lost`` exactly, for either policy.
@@ -72,16 +72,17 @@ class RunTimes:
 
 @dataclass(frozen=True)
 class Setup:
-    """A policy's fault-free set-up: GPU-seconds by ``SETUP`` phase, the median of its fault-free runs."""
+    """A policy's fault-free set-up: GPU-seconds by ``SETUP`` phase, the mean of its fault-free runs (so
+    that what those runs lose beyond it adds up to nothing)."""
 
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SETUP, 0.0))
-    runs: int = 0  # how many fault-free runs it is the median of (0: none measured, nothing subtracted)
+    runs: int = 0  # how many fault-free runs it is the mean of (0: none measured, nothing subtracted)
 
     @classmethod
     def measured(cls, accounts: list[Account]) -> Setup:
         if not accounts:
             return cls()
-        return cls({p: statistics.median(a.causes[p] for a in accounts) for p in SETUP}, len(accounts))
+        return cls({p: statistics.fmean(a.causes[p] for a in accounts) for p in SETUP}, len(accounts))
 
     @property
     def total(self) -> float:

@@ -61,7 +61,7 @@ def setups(result: dict) -> str:
     return "; ".join(
         f"{policy} {s['total_gpu_s']:g} GPU-s a run ("
         + ", ".join(f"{phase} {v:g}" for phase, v in s["by_phase_gpu_s"].items())
-        + f"; median of {s['runs']} fault-free runs)"
+        + f"; the mean of {s['runs']} fault-free runs)"
         for policy, s in result["setup"].items()
     )
 
