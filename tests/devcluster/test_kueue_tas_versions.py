@@ -19,12 +19,13 @@ from tests.devcluster.ctrl_support import wait_for
 from trainops.capacity.procedure import claim
 from trainops.conventions import QUARANTINE_TAINT
 from trainops.doctor.config import DoctorConfig
-from trainops.doctor.kueue import check_api, release_of, tas_honours_node_affinity
+from trainops.doctor.kueue import check_api
 from trainops.doctor.reads import Reads
 from trainops.kube.client import Kube
 from trainops.kube.kueue import topology_domains
+from trainops.kube.kueue_release import release_of, tas_honours_node_affinity
 from trainops.kube.retry import Deadline
-from trainops.training.cluster import GangCluster, SharedNode
+from trainops.training.cluster import GangCluster, KueueRelease, SharedNode
 from trainops.training.job import build_job
 from trainops.training.spec import TrainingSpec
 
@@ -119,6 +120,30 @@ def test_a_controller_version_that_does_not_serve_the_api_version_is_refused():
     assert KueueConfig(version="v1beta1").controller_version == "v0.13.10"
 
 
+def kueue_controller(kube: Kube, version: str) -> AppsV1Api:
+    """Kueue's controller Deployment as its release manifests name it, image tag ``version`` (no pods)."""
+    kube.core.create_namespace({"metadata": {"name": "kueue-system"}})
+    labels = {"control-plane": "controller-manager"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "kueue-controller-manager", "labels": labels},
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [{"name": "manager", "image": f"registry.k8s.io/kueue/kueue:{version}"}]
+                },
+            },
+        },
+    }
+    apps = AppsV1Api(kube.core.api_client)
+    apps.create_namespaced_deployment("kueue-system", deployment)
+    return apps
+
+
 # ---- kept-out nodes ------------------------------------------------------------------------------
 def test_before_0_13_10_tas_places_a_resume_on_a_node_kept_out_by_affinity_alone(make_devcluster):
     """The hazard: 0.13.9 ignores the affinity, picks the kept-out node, and the pod stays Pending."""
@@ -173,23 +198,7 @@ def test_doctor_refuses_a_kueue_whose_tas_ignores_required_node_affinity(make_de
         in outcome.summary
     )
 
-    kube.core.create_namespace({"metadata": {"name": "kueue-system"}})
-    deployment = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "kueue-controller-manager", "labels": {"control-plane": "controller-manager"}},
-        "spec": {
-            "replicas": 0,
-            "selector": {"matchLabels": {"control-plane": "controller-manager"}},
-            "template": {
-                "metadata": {"labels": {"control-plane": "controller-manager"}},
-                "spec": {"containers": [{"name": "manager", "image": "registry.k8s.io/kueue/kueue:v0.13.9"}]},
-            },
-        },
-    }
-    apps = AppsV1Api(kube.core.api_client)
-    apps.create_namespaced_deployment("kueue-system", deployment)
-
+    apps = kueue_controller(kube, "v0.13.9")
     outcome = check_api(Reads(kube, Deadline(20)), config)
     assert [p.what for p in outcome.problems] == [
         "Kueue v0.13.9 (Deployment kueue-system/kueue-controller-manager) places pods by Topology Aware "
@@ -241,3 +250,22 @@ def test_a_run_whose_pods_take_whole_nodes_gets_one_node_per_pod(make_devcluster
         )
     )
     assert sorted(bound) == names
+
+
+@pytest.mark.parametrize(("controller", "refused"), [("v0.13.9", True), ("v0.13.10", False)])
+def test_the_training_task_refuses_a_kueue_whose_tas_ignores_required_node_affinity(
+    make_devcluster, controller, refused
+):
+    dev, kube, names = start(make_devcluster, 2, controller=controller)
+    kueue_controller(kube, controller)
+    job = attempt(names, nodes=1, gpus=8, kept_out={names[0]: "slowed"})
+    if not refused:
+        assert GangCluster(kube).check_admissible(job) == "training"
+        return
+    with pytest.raises(KueueRelease) as error:
+        GangCluster(kube).check_admissible(job)
+    assert str(error.value).startswith(
+        "Kueue cannot keep Job training/train-r-a2 off the nodes trainops keeps out: Kueue v0.13.9 "
+        "(Deployment kueue-system/kueue-controller-manager) places pods by Topology Aware Scheduling"
+    )
+    assert "nothing was submitted. Fix: upgrade Kueue to v0.13.10 or later" in str(error.value)

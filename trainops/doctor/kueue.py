@@ -10,30 +10,28 @@ A flavor with a ``topologyName`` (Topology Aware Scheduling) places pods only on
 every level's label: Kueue leaves any other node out, so a cluster whose GPU nodes lack the
 shipped Topology's labels (Kueue's documentation placeholders) admits no run at all.
 
-Under TAS Kueue, not the kube-scheduler, picks each pod's node.  It honours the pods' tolerations
-(since 0.10, kueue#3678) and nodeSelector (0.10.5, 0.11.4, 0.12: #4989) when the Topology's lowest
-level is ``kubernetes.io/hostname``, but their required node affinity only from 0.15.0 (#7899),
-backported to 0.13.10 (#7936) and 0.14.5 (#7937) (kueue#7728).  trainops keeps a resume off the nodes
-it blames (and inside the claimed nodes) with that affinity, so on 0.13.0-0.13.9 and 0.14.0-0.14.4
-with a TAS flavor an attempt may be placed on a kept-out node, its pod Pending until waitForPodsReady
-requeues it, maybe again and again: ``check_api`` reads the controller's version (the Deployment
-``kueue-system/kueue-controller-manager``: its ``app.kubernetes.io/version`` label, else its image
-tag) and refuses those releases.
+Under TAS Kueue, not the kube-scheduler, picks each pod's node, and before 0.13.10 and 0.14.5 it
+ignores the pods' required node affinity, which keeps a resume off the nodes trainops blames
+(``trainops.kube.kueue_release``): ``check_api`` reads the controller's version and refuses those
+releases when the training ClusterQueue has a TAS flavor.
 """
 
 from __future__ import annotations
-
-import re
-
-from kubernetes.client.exceptions import ApiException
 
 from trainops.capacity.coverage import QueueMismatch, check_queue
 from trainops.conventions import GPU_RESOURCE
 from trainops.doctor.node_probe import gpu_nodes
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import Outcome, Problem
-from trainops.kube.client import DEPLOYMENTS, Kind
+from trainops.kube.client import Kind
 from trainops.kube.kueue import GROUP, KueueNotServed
+from trainops.kube.kueue_release import (
+    UPGRADE,
+    controller_version,
+    ignores_affinity,
+    release_of,
+    tas_honours_node_affinity,
+)
 from trainops.kube.queues import covered_resources
 
 #: the Kueue resources trainops reads or writes (and the priority classes its Workloads name)
@@ -42,52 +40,6 @@ INSTALL = (
     "install Kueue 0.13 or newer (its CRDs and controller), then kubectl apply -f deploy/kueue-queues.yaml"
 )
 QUEUES = "kubectl apply -f deploy/kueue-queues.yaml, or name the queues the lifecycle uses (--cluster-queue, --local-queue)"
-#: where Kueue's release manifests and Helm chart (release name ``kueue``) run its controller
-CONTROLLER = ("kueue-system", "kueue-controller-manager")
-#: per release line before 0.15, the first patch whose TAS honours required node affinity (kueue#7728)
-AFFINITY_FIXED = {(0, 13): 10, (0, 14): 5}
-UPGRADE = (
-    "upgrade Kueue to v0.13.10 or later (0.13 line), v0.14.5 or later (0.14 line), or v0.15.0 or later; "
-    "or remove topologyName from the ResourceFlavors to admit by quota alone (the kube-scheduler honours "
-    "the affinity)"
-)
-
-
-def release_of(version: str | None) -> tuple[int, int, int] | None:
-    """``v0.13.10`` (also an image tag such as ``v0.14.5-rc.1``) -> ``(0, 13, 10)``; None otherwise."""
-    found = re.match(r"v?(\d+)\.(\d+)\.(\d+)", str(version or ""))
-    return (int(found[1]), int(found[2]), int(found[3])) if found else None
-
-
-def tas_honours_node_affinity(release: tuple[int, int, int]) -> bool:
-    """Whether Kueue's TAS checks the pods' required node affinity: 0.13.10+, 0.14.5+, 0.15.0+."""
-    first = AFFINITY_FIXED.get(release[:2])
-    return release >= (0, 15, 0) or (first is not None and release[2] >= first)
-
-
-def controller_version(reads: Reads) -> tuple[str | None, str]:
-    """(Kueue's version as its controller's Deployment names it, or None; where it was read or why not)."""
-    namespace, name = CONTROLLER
-    where = f"Deployment {namespace}/{name}"
-    try:
-        deployment = reads.get(DEPLOYMENTS, name, namespace)
-    except ApiException as error:
-        if error.status in (401, 403):
-            return None, f"{where} not readable ({error.status})"
-        raise
-    if deployment is None:
-        return None, f"no {where}"
-    labelled = (deployment["metadata"].get("labels") or {}).get("app.kubernetes.io/version")
-    if release_of(labelled):
-        return labelled, where
-    containers = ((deployment.get("spec") or {}).get("template") or {}).get("spec", {}).get(
-        "containers"
-    ) or []
-    for container in sorted(containers, key=lambda c: c.get("name") != "manager"):
-        tag = str(container.get("image") or "").split("@")[0].rpartition(":")[2]
-        if release_of(tag):
-            return tag, where
-    return None, f"{where} names no version"
 
 
 def _tas_flavors(reads: Reads, config) -> list[str]:
@@ -102,9 +54,9 @@ def _tas_flavors(reads: Reads, config) -> list[str]:
 
 def check_release(reads: Reads, config) -> tuple[str, list[Problem]]:
     """The controller's version for the summary, and a Problem when it is a release whose TAS ignores
-    required node affinity while a ResourceFlavor has a topologyName (without TAS the kube-scheduler
-    places the pods, and it honours the affinity)."""
-    version, where = controller_version(reads)
+    required node affinity while a flavor of the training ClusterQueue has a topologyName (without TAS
+    the kube-scheduler places the pods, and it honours the affinity)."""
+    version, where = controller_version(reads.kube, reads.deadline)
     release = release_of(version)
     if release is None:
         return f"controller version unknown ({where}; TAS needs 0.13.10, 0.14.5 or 0.15.0 and later)", []
@@ -116,18 +68,10 @@ def check_release(reads: Reads, config) -> tuple[str, list[Problem]]:
     if tas_honours_node_affinity(release):
         return said, []
     flavors = _tas_flavors(reads, config)
-    if not flavors:
+    why = ignores_affinity(version, where, flavors)
+    if why is None:
         return f"{said} (no TAS flavor: the kube-scheduler places the pods)", []
-    return said, [
-        Problem(
-            f"Kueue {version} ({where}) places pods by Topology Aware Scheduling (ResourceFlavor "
-            f"{', '.join(flavors)}) but ignores their required node affinity (kueue#7728, fixed in 0.13.10, "
-            "0.14.5 and 0.15.0): a resume may be placed on a node trainops keeps out of the run, or outside "
-            "the run's claimed nodes, where its pod stays Pending until waitForPodsReady requeues it, "
-            "maybe again and again",
-            UPGRADE,
-        )
-    ]
+    return said, [Problem(why, UPGRADE)]
 
 
 def check_api(reads: Reads, config) -> Outcome:

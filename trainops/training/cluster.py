@@ -19,6 +19,7 @@ from trainops.conventions import (
 from trainops.errors import TemporaryError
 from trainops.kube.client import JOBS, NODES, PODS, SERVICES, Kind, Kube, api_message
 from trainops.kube.kueue import KueueNotServed
+from trainops.kube.kueue_release import UPGRADE, controller_version, ignores_affinity
 from trainops.kube.nodes import NodeState, holder_of, is_quarantined
 from trainops.kube.queues import QueueMismatch, coverage_fix, read_queues, requested_resources, uncovered
 from trainops.kube.retry import Deadline
@@ -87,19 +88,26 @@ class GangCluster:
         return target
 
     def _check_one_pod_per_node(self, job: Mapping, target: str, cluster_queue: Mapping) -> None:
-        """Refuse ``job`` (``SharedNode``) when ClusterQueue ``target`` places by Topology Aware
-        Scheduling and a node the run may use holds two of its pods by their requests: TAS assigns pods
-        to nodes by capacity and never looks at pod anti-affinity (in no Kueue release), so it may put two
-        ranks on that node, where the kube-scheduler's one-pod-per-node rule leaves the second Pending
-        until waitForPodsReady requeues the run.  Kueue documents nothing that keeps one pod per node;
-        a pod that asks for more than half a node (a whole node's GPUs) cannot share it.  ResourceFlavors
-        or nodes it may not read: logged, nothing refused."""
+        """When ClusterQueue ``target`` places by Topology Aware Scheduling, refuse ``job``:
+
+        - ``KueueRelease``: the controller's Deployment names a release whose TAS ignores required node
+          affinity (0.13.0-0.13.9, 0.14.0-0.14.4; ``trainops.kube.kueue_release``), which is what keeps
+          a resume off the nodes trainops keeps out;
+        - ``SharedNode``: a node the run may use holds two of its pods by their requests: TAS assigns
+          pods to nodes by capacity and never looks at pod anti-affinity (in no Kueue release), so it
+          may put two ranks on that node, where the kube-scheduler's one-pod-per-node rule leaves the
+          second Pending until waitForPodsReady requeues the run.  Kueue documents nothing that keeps
+          one pod per node; a pod that asks for more than half a node (a whole node's GPUs) cannot
+          share it.
+
+        ResourceFlavors, the controller's Deployment or nodes it may not read: logged, nothing refused."""
         from kubernetes.client.exceptions import ApiException
 
         try:
             flavors = tas_flavors(self.kube, cluster_queue, self.kube.deadline())
             if not flavors:
                 return
+            version, where = controller_version(self.kube, self.kube.deadline())
             template_spec = job["spec"]["template"].get("spec") or {}
             names = pinned_nodes(template_spec)
             if names:
@@ -113,6 +121,12 @@ class GangCluster:
                 _said(error),
             )
             return
+        meta = job["metadata"]
+        if why := ignores_affinity(version, where, flavors):
+            raise KueueRelease(
+                f"Kueue cannot keep Job {meta['namespace']}/{meta['name']} off the nodes trainops keeps out: "
+                f"{why}; nothing was submitted. Fix: {UPGRADE}"
+            )
         per_pod = pod_requests(template_spec)
         shared = sorted(
             ((pods_fitting(node, per_pod), node["metadata"]["name"]) for node in nodes),
@@ -124,7 +138,6 @@ class GangCluster:
         node = next(n for n in nodes if n["metadata"]["name"] == name)
         gpus = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
         asked = per_pod.get(GPU_RESOURCE, 0)
-        meta = job["metadata"]
         fix = (
             f"Set gpus_per_node to {gpus} (each pod takes a whole node), or run on nodes with {asked:g} GPUs "
             "(node_names)"
@@ -300,6 +313,10 @@ class GangCluster:
 
 class SharedNode(QueueMismatch):
     """Kueue's Topology Aware Scheduling could put two of the run's pods on one node."""
+
+
+class KueueRelease(QueueMismatch):
+    """The cluster's Kueue places by Topology Aware Scheduling and ignores required node affinity."""
 
 
 #: a PodSet asks for TAS with one of these pod-template annotations (or implicitly, see ``tas_flavors``)
