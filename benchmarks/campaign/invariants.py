@@ -21,10 +21,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from tests.capacity.helpers import snapshot
-from trainops.capacity.claims import holder_of, is_quarantined, parse_run
+from trainops.capacity.claims import parse_run
 from trainops.checkpoints.helper import RESUME_FROM_ENV
 from trainops.checkpoints.verify import verify_checkpoint
-from trainops.kube.nodes import NodeState
+from trainops.kube.nodes import NodeState, holder_of, is_quarantined
 from trainops.training.job import ATTEMPT_LABEL, RUN_LABEL
 from trainops.training.naming import run_key
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from benchmarks.campaign.gpu_time import AttemptTimes, RunTimes
-from trainops.capacity.claims import holder_of
 from trainops.checkpoints.store import CheckpointStore
+from trainops.kube.nodes import holder_of
 from trainops.training.follow import read_heartbeat
 
 NAMESPACE = "training"
