@@ -219,3 +219,33 @@ def test_the_demo_server_is_not_forgiving(tmp_path):
         finally:
             process.kill()
             process.wait()
+
+
+def test_the_return_takes_an_unsafe_companions_pods_out_of_their_service_before_it_shrinks(
+    make_devcluster, caplog
+):
+    """A workload without a clean hand-off offloaded to the virtual node: the return's waves take each
+    companion pod out of its Service before the companion's scale-down removes it."""
+    chat = InferenceWorkload(
+        "chat",
+        4,
+        min_available=2,
+        server=True,
+        server_args=("--service-ms", "50"),
+        overflow=True,
+        handoff=False,
+    )
+    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    cluster = make_devcluster(nodes=6, virtual_nodes=1, inference=[chat], process_env=env)
+    default_seeded_objects(cluster)
+    nodes = nodes_by_app(cluster)["chat"][:2]
+    kube = kube_for(cluster)
+    summary = claim(
+        kube, RUN, nodes, cluster_queue="training", deployments=[CHAT], endpoint_propagation_s=0.2
+    )
+    assert summary.offloaded == {f"Deployment {CHAT}": 2}
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        give_back(kube, RUN, cluster_queue="training", wave_nodes=1, endpoint_propagation_s=0.2)
+    assert caplog.text.count("out of its Service(s) (labels app removed) before it gets SIGTERM") == 2
+    assert cluster.store.find("deployments.apps", "inference", "chat-overflow") is None

@@ -712,15 +712,37 @@ def _move_back(
         owner = _read(kube, primary, step)
         surplus = lent(obj, run) - (lent(owner, run) if owner is not None else 0)
         if surplus > 0:
+            detached = []
             if handoff.check_workload("Deployment", obj, propagation_s):
-                _leave_service_first(kube, obj, surplus, SafeDrain(kube, propagation_s, log), deadlines)
+                detached = _leave_service_first(
+                    kube, obj, surplus, SafeDrain(kube, propagation_s, log), deadlines
+                )
             companion.edit(
                 kube.custom, lambda o, surplus=surplus: repay_part_patch(o, run, REPLICAS, surplus), step, obj
             )
             log.info("%s: %d replica(s) fewer in the overflow pool", companion, surplus)
+            _evict_orphans(kube, detached, obj["metadata"]["uid"], step)
 
 
-def _leave_service_first(kube: Kube, obj: dict, count: int, safe: SafeDrain, deadlines: Deadlines) -> None:
+def _evict_orphans(kube: Kube, pods: list[dict], owner_uid: str, deadline: Deadline) -> None:
+    """Evict those of ``pods`` their Deployment let go of: a ReplicaSet releases a pod that lost a
+    label of its selector (taken out of its Service), and its scale-down then removes another."""
+    from trainops.capacity.drain import _evict
+
+    for pod in pods:
+        meta = pod["metadata"]
+        now = kube.get(PODS, meta["name"], meta["namespace"], deadline=deadline)
+        if now is None or now["metadata"].get("deletionTimestamp"):
+            continue
+        owners = now["metadata"].get("ownerReferences") or []
+        if any(o.get("uid") == owner_uid or o.get("controller") for o in owners):
+            continue  # still its controller's: the scale-down removes it
+        _evict(kube.core, now)
+
+
+def _leave_service_first(
+    kube: Kube, obj: dict, count: int, safe: SafeDrain, deadlines: Deadlines
+) -> list[dict]:
     """Take ``count`` pods of the Deployment ``obj`` out of their Services, marked first to go, before
     its scale-down removes them (those not Ready first, then the newest, as a ReplicaSet picks)."""
     from kubernetes.client.exceptions import ApiException
@@ -744,7 +766,9 @@ def _leave_service_first(kube: Kube, obj: dict, count: int, safe: SafeDrain, dea
         )
         going = live[:count]
         _first_to_go(kube, going, step)
-        safe.wait_detached(safe.detach(going, step, keep=set(selector)), Deadline(deadlines.drain_s))
+        detached = safe.detach(going, step, keep=set(selector))
+        safe.wait_detached(detached, Deadline(deadlines.drain_s))
+        return detached
     except ApiException as error:
         if error.status not in (401, 403):
             raise
@@ -755,6 +779,7 @@ def _leave_service_first(kube: Kube, obj: dict, count: int, safe: SafeDrain, dea
             meta["name"],
             error.reason,
         )
+        return []
 
 
 def _delete_if_empty(kube: Kube, ref: WorkloadRef, deadline: Deadline) -> bool:
