@@ -245,7 +245,14 @@ class ClaimNodesOperator(BaseOperator):
             return
         self.log.warning("claim of %s did not finish; giving back what it took", run)
         try:
-            give_back(kube, run, cluster_queue=self.cluster_queue, deadlines=self.deadlines, log=self.log)
+            give_back(
+                kube,
+                run,
+                cluster_queue=self.cluster_queue,
+                endpoint_propagation_s=self.endpoint_propagation_s,
+                deadlines=self.deadlines,
+                log=self.log,
+            )
         except Exception as error:  # the claim's own error matters more; the records stay for a retry
             self.log.error(
                 "giving back %s failed (%s); run `trainops capacity return --run %s`", run, error, run
@@ -268,6 +275,9 @@ class ReturnCapacityOperator(BaseOperator):
     :param wave_nodes: nodes given back per wave when replicas come back from an overflow pool
         (after each wave they are Ready on the returned nodes before the overflow shrinks); None: a
         quarter of the run's nodes. Templated.
+    :param endpoint_propagation_s: an overflow companion whose pods lack a clean hand-off (see
+        ``ClaimNodesOperator``'s ``unsafe_inference``) has the pods its scale-down removes taken out of
+        their Services first; they go this many seconds after no EndpointSlice lists them. Default 5.
     :param api_deadline_s: seconds each API step may keep retrying conflicts and 429/5xx answers.
     :param ready_deadline_s: seconds for the inference workloads to be Ready again (per wave).
     """
@@ -281,11 +291,15 @@ class ReturnCapacityOperator(BaseOperator):
         training_namespace: str | None = "training",
         kubernetes_conn_id: str = DEFAULT_CONN_ID,
         wave_nodes: int | str | None = None,
+        endpoint_propagation_s: float = 5.0,
         api_deadline_s: float = 120,
         ready_deadline_s: float = 600,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
+        if not endpoint_propagation_s >= 0:
+            raise ValueError(f"endpoint_propagation_s must be >= 0, got {endpoint_propagation_s!r}")
+        self.endpoint_propagation_s = endpoint_propagation_s
         self.cluster_queue = cluster_queue
         self.training_namespace = training_namespace
         self.wave_nodes = wave_nodes
@@ -304,6 +318,7 @@ class ReturnCapacityOperator(BaseOperator):
             cluster_queue=self.cluster_queue,
             training_namespace=self.training_namespace,
             wave_nodes=self.wave_nodes,
+            endpoint_propagation_s=self.endpoint_propagation_s,
             deadlines=self.deadlines,
             log=self.log,
         )
