@@ -177,3 +177,21 @@ def test_the_choice_is_checked():
     with pytest.raises(ValueError, match="unsafe_inference"):
         check_choice("yolo")
     assert handoff.UNSAFE_CHOICES[0] == "drain-safely"
+
+
+def test_an_overflow_pools_serve_check_parses():
+    from trainops.capacity.overflow import OverflowPool, OverflowPoolError
+
+    url = "http://llm-chat.inference.svc/health"
+    pool = OverflowPool.parse(
+        {"node_label": "type=virtual-kubelet", "serve_check": {"url": url}}, "overflow_pool"
+    )
+    assert pool.serve_check == (url, 20)
+    pool = OverflowPool.parse(
+        {"node_label": "a=b", "serve_check": {"url": url, "requests": 5}}, "overflow_pool"
+    )
+    assert pool.serve_check == (url, 5)
+    assert OverflowPool.parse({"node_label": "a=b"}, "overflow_pool").serve_check is None
+    for bad in ({"url": "llm-chat/health"}, {"url": url, "requests": 0}, {"url": url, "every": 1}, "url"):
+        with pytest.raises(OverflowPoolError, match=r"overflow_pool.serve_check"):
+            OverflowPool.parse({"node_label": "a=b", "serve_check": bad}, "overflow_pool")

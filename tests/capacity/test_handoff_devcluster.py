@@ -249,3 +249,49 @@ def test_the_return_takes_an_unsafe_companions_pods_out_of_their_service_before_
         give_back(kube, RUN, cluster_queue="training", wave_nodes=1, endpoint_propagation_s=0.2)
     assert caplog.text.count("out of its Service(s) (labels app removed) before it gets SIGTERM") == 2
     assert cluster.store.find("deployments.apps", "inference", "chat-overflow") is None
+
+
+def test_an_overflow_pool_is_judged_by_requests_served_through_the_service(make_devcluster, caplog):
+    """Overflow replicas without a probe are Ready before their model loads (as a Virtual Kubelet
+    provider reports what it likes): with a serve_check the claim shrinks the primary only once a
+    round of requests through the Service is served whole; one that is never served fails the claim."""
+    from trainops.capacity.procedure import Deadlines
+    from trainops.kube.retry import DeadlineExceeded
+
+    chat = InferenceWorkload(
+        "chat", 4, min_available=2, server=True, server_args=("--load-seconds", "3"), handoff=False
+    )
+    env = {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
+    cluster = make_devcluster(nodes=6, virtual_nodes=1, inference=[chat], process_env=env)
+    default_seeded_objects(cluster)
+    time.sleep(3)  # the primaries loaded their models
+    url = f"http://{cluster.service_address('inference', 'chat', 80)}/health"
+    pool = {"node_label": "type=virtual-kubelet", "taint": "virtual-kubelet.io/provider"}
+    nodes = nodes_by_app(cluster)["chat"][:2]
+    kube = kube_for(cluster)
+    with caplog.at_level("INFO"):
+        summary = claim(
+            kube,
+            RUN,
+            nodes,
+            cluster_queue="training",
+            deployments=[CHAT],
+            overflow_pool={**pool, "serve_check": {"url": url, "requests": 12}},
+            endpoint_propagation_s=0.2,
+        )
+    assert summary.offloaded == {f"Deployment {CHAT}": 2}
+    assert f"overflow pool: 12 of 12 requests through {url} served" in caplog.text
+    give_back(kube, RUN, cluster_queue="training", endpoint_propagation_s=0.2)
+
+    never = {**pool, "serve_check": {"url": "http://127.0.0.1:9/health", "requests": 2}}
+    with pytest.raises(DeadlineExceeded, match="overflow pool Ready but not serving"):
+        claim(
+            kube,
+            RUN,
+            nodes,
+            cluster_queue="training",
+            deployments=[CHAT],
+            overflow_pool=never,
+            deadlines=Deadlines(ready_s=3),
+        )
+    give_back(kube, RUN, cluster_queue="training", endpoint_propagation_s=0.2)

@@ -5,7 +5,13 @@ A Deployment opts in with the annotation ``trainops.io/overflow-pool`` (or the c
 ``{"node_label": "type=virtual-kubelet", "taint": "virtual-kubelet.io/provider", "min_ready": 6}``:
 the pool's nodes carry ``node_label`` (``k=v[,k=v]``) and the taint ``taint`` (``key`` or
 ``key=value``; optional), e.g. a Virtual Kubelet node or another cloud's GPUs; ``min_ready``
-(optional) is the fewest Ready replicas the workload may have, on top of its PodDisruptionBudgets.
+(optional) is the fewest Ready replicas the workload may have, on top of its PodDisruptionBudgets;
+``serve_check`` (optional), ``{"url": "http://llm-chat.inference.svc/health", "requests": 20}``:
+the pool is judged by requests actually served through the Service, not its pods' Ready bit (a
+Virtual Kubelet provider runs no probes: Ready and the pod IP are whatever it reports): once the
+companion is Ready, the claim sends ``requests`` GETs to ``url`` (each on a new connection, so the
+proxy spreads them over the endpoints, the pool's among them) and shrinks the primary only once
+every one of a round answers 2xx, else the claim fails after ``ready_deadline_s`` naming the answers.
 
 When a claim displaces replicas of such a workload, as many as the pool has room for are made first
 in a *companion* Deployment, ``<name>-overflow``: the primary's pod template with the pool's node
@@ -41,7 +47,8 @@ OVERFLOW = "overflow"
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 FIRST_TO_GO = str(-(2**31))  # the lowest cost there is: a scale-down removes these pods first
 REPLICAS: tuple[str, ...] = ("spec", "replicas")
-POOL_FIELDS = {"node_label", "taint", "min_ready"}
+POOL_FIELDS = {"node_label", "taint", "min_ready", "serve_check"}
+SERVE_CHECK_REQUESTS = 20
 
 
 class OverflowPoolError(PermanentError, ValueError):
@@ -53,6 +60,7 @@ class OverflowPool:
     node_selector: dict[str, str]
     toleration: dict | None = None
     min_ready: int = 0
+    serve_check: tuple[str, int] | None = None  # (url, requests)
 
     @classmethod
     def parse(cls, value: object, field: str) -> OverflowPool:
@@ -92,7 +100,7 @@ class OverflowPool:
         min_ready = value.get("min_ready", 0)
         if not isinstance(min_ready, int) or isinstance(min_ready, bool) or min_ready < 0:
             raise OverflowPoolError(f"{field}.min_ready: {min_ready!r} must be a whole number >= 0")
-        return cls(selector, toleration, min_ready)
+        return cls(selector, toleration, min_ready, _serve_check(value.get("serve_check"), field))
 
     @classmethod
     def of(cls, obj: dict, default: OverflowPool | None) -> OverflowPool | None:
@@ -102,6 +110,68 @@ class OverflowPool:
             return default
         meta = obj["metadata"]
         return cls.parse(raw, f"annotation {OVERFLOW_ANNOTATION} of {meta.get('namespace')}/{meta['name']}")
+
+
+def _serve_check(check: object, field: str) -> tuple[str, int] | None:
+    if check is None:
+        return None
+    url = check.get("url") if isinstance(check, dict) else None
+    requests = check.get("requests", SERVE_CHECK_REQUESTS) if isinstance(check, dict) else None
+    if (
+        not isinstance(url, str)
+        or not url.startswith(("http://", "https://"))
+        or set(check) - {"url", "requests"}
+        or not isinstance(requests, int)
+        or isinstance(requests, bool)
+        or requests < 1
+    ):
+        raise OverflowPoolError(
+            f"{field}.serve_check: {str(check)[:200]!r} must be "
+            '{"url": "http://<service>.<namespace>.svc/health", "requests": 20} (requests optional, >= 1)'
+        )
+    return url, requests
+
+
+# ---- judged by requests served ----------------------------------------------------------------
+def serve_round(url: str, requests: int, timeout_s: float = 5.0) -> list[str]:
+    """Send ``requests`` GETs to ``url``, each on a new connection; what went wrong with each that
+    did not answer 2xx (empty: all were served)."""
+    import urllib.error
+    import urllib.request
+
+    failed = []
+    for _ in range(requests):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+                answer.read()
+                if not 200 <= answer.status < 300:
+                    failed.append(f"HTTP {answer.status}")
+        except urllib.error.HTTPError as error:
+            failed.append(f"HTTP {error.code}")
+        except OSError as error:
+            failed.append(type(error).__name__)
+    return failed
+
+
+def wait_serving(url: str, requests: int, deadline, log) -> None:
+    """Wait until a round of ``serve_round`` is served whole; ``DeadlineExceeded`` naming the last
+    round's failures otherwise."""
+    from trainops.kube.retry import DeadlineExceeded
+
+    while True:
+        failed = serve_round(url, requests)
+        if not failed:
+            log.info("overflow pool: %d of %d requests through %s served", requests, requests, url)
+            return
+        try:
+            deadline.sleep(1.0, f"requests through {url} served")
+        except DeadlineExceeded:
+            counts = {why: failed.count(why) for why in sorted(set(failed))}
+            raise DeadlineExceeded(
+                f"overflow pool Ready but not serving: {len(failed)} of {requests} requests through {url} "
+                f"failed ({counts}) after {deadline.seconds:g}s; the pool's provider may report Ready pods "
+                "it cannot serve from (a Virtual Kubelet runs no probes)"
+            ) from None
 
 
 # ---- room, as the scheduler counts it ----------------------------------------------------------

@@ -41,6 +41,7 @@ from trainops.capacity.overflow import (
     lent,
     pool_pod_spec,
     primary_of,
+    wait_serving,
 )
 from trainops.capacity.quota import grants_of, set_grant
 from trainops.capacity.ranking import drain_costs, least_disruptive
@@ -489,7 +490,10 @@ class Lending:
             self.log.info(
                 "%s: %d replica(s) made in the overflow pool, waiting until Ready", companion, count
             )
-        _wait_ready(kube, [companion], Deadline(self.deadlines.ready_s), self.log, "in the overflow pool")
+        ready = Deadline(self.deadlines.ready_s)
+        _wait_ready(kube, [companion], ready, self.log, "in the overflow pool")
+        if pool.serve_check:  # judged by requests served through the Service, not the Ready bit
+            wait_serving(*pool.serve_check, ready, self.log)
         return (
             count,
             "" if count >= displaced else f"{count} of {displaced} fit in its overflow pool; the rest shrink",
