@@ -12,11 +12,13 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from trainops.operators.lifecycle.task_ids import CLAIM_NODES as CLAIM
+from trainops.operators.lifecycle.task_ids import RESERVE_RUN_PATH as RESERVE
+from trainops.operators.lifecycle.task_ids import RETURN_CAPACITY as RETURN
+from trainops.operators.lifecycle.task_ids import TRAIN
+from trainops.operators.lifecycle.task_ids import VERIFY_CHECKPOINT as VERIFY
 
 from trainops.errors import TrainopsError
-
-TRAIN, VERIFY, CLAIM, RETURN = "train", "verify_checkpoint", "claim_nodes", "return_capacity"
-RESERVE = "reserve_run_path"
 
 
 class RunNotFound(LookupError):

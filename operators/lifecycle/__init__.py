@@ -5,7 +5,8 @@
         training_lifecycle("training_lifecycle")
 
 Where things are: the trigger form (every param, its default and schema) in ``params.py``; what
-the UI shows for the DAG and each task in ``docs.py``; the task chain in ``dag.py``.
+the UI shows for the DAG and each task in ``docs.py``; the task chain in ``dag.py``; its task ids (which
+the UI plugin reads too) in ``task_ids.py``.
 """
 
 from trainops.operators.lifecycle.dag import RUN_PATH, final_checkpoint_asset, training_lifecycle

@@ -19,6 +19,7 @@ from trainops.operators.capacity import ClaimNodesOperator, ReturnCapacityOperat
 from trainops.operators.checkpoint import CheckpointVerifyOperator, RunPathOperator
 from trainops.operators.doctor import ClusterDoctorOperator
 from trainops.operators.health import NodeHealthGateOperator
+from trainops.operators.lifecycle import task_ids
 from trainops.operators.lifecycle.docs import (
     CLAIM_DOC,
     FABRIC_DOC,
@@ -35,8 +36,8 @@ from trainops.sensors.health import FabricHealthSensor
 from trainops.health.policy import DEFAULT_POLICY
 
 # The run path and name as the first task reserved them (run_name empty: derived from the DAG run).
-RUN_PATH = "{{ ti.xcom_pull(task_ids='reserve_run_path')['run_uri'] }}"
-RUN_NAME = "{{ ti.xcom_pull(task_ids='reserve_run_path')['run_name'] }}"
+RUN_PATH = f"{{{{ ti.xcom_pull(task_ids='{task_ids.RESERVE_RUN_PATH}')['run_uri'] }}}}"
+RUN_NAME = f"{{{{ ti.xcom_pull(task_ids='{task_ids.RESERVE_RUN_PATH}')['run_name'] }}}}"
 # The run's node total, computed here only: the gate finds at least this many, the claim takes this many.
 NODES_WITH_SPARES = "{{ params.nodes + params.spare_nodes }}"
 # Where in the fabric the run goes: the gate, the claim and Kueue (the Job's PodSet annotation) all place it so.
@@ -93,7 +94,7 @@ def training_lifecycle(
         "kubernetes_conn_id": kubernetes_conn_id,
     }
     preflight = ClusterDoctorOperator(
-        task_id="preflight",
+        task_id=task_ids.PREFLIGHT,
         enabled="{{ params.preflight }}",
         prometheus_conn_id="{{ params.prometheus_conn_id }}",
         cluster_queue="{{ params.cluster_queue }}",
@@ -103,14 +104,14 @@ def training_lifecycle(
         doc_md=PREFLIGHT_DOC,
     )
     reserve = RunPathOperator(
-        task_id="reserve_run_path",
+        task_id=task_ids.RESERVE_RUN_PATH,
         checkpoint_uri="{{ params.checkpoint_uri }}",
         run_name="{{ params.run_name }}",
         aws_conn_id=aws_conn_id,
         doc_md=RESERVE_DOC,
     )
     gate = NodeHealthGateOperator(
-        task_id="health_gate",
+        task_id=task_ids.HEALTH_GATE,
         min_nodes=NODES_WITH_SPARES,
         gpus_per_node="{{ params.gpus_per_node }}",
         speed_tiers="{{ params.speed_tiers }}",
@@ -123,8 +124,8 @@ def training_lifecycle(
         **health_sources,
     )
     claim = ClaimNodesOperator(
-        task_id="claim_nodes",
-        node_names="{{ ti.xcom_pull(task_ids='health_gate')['node_names'] }}",
+        task_id=task_ids.CLAIM_NODES,
+        node_names=f"{{{{ ti.xcom_pull(task_ids='{task_ids.HEALTH_GATE}')['node_names'] }}}}",
         count=NODES_WITH_SPARES,
         topology=TOPOLOGY,
         spares="{{ params.spare_nodes }}",
@@ -141,8 +142,8 @@ def training_lifecycle(
         doc_md=CLAIM_DOC,
     )
     fabric_ready = FabricHealthSensor(
-        task_id="fabric_ready",
-        node_names="{{ ti.xcom_pull(task_ids='claim_nodes')['node_names'] }}",
+        task_id=task_ids.FABRIC_READY,
+        node_names=f"{{{{ ti.xcom_pull(task_ids='{task_ids.CLAIM_NODES}')['node_names'] }}}}",
         min_healthy="{{ params.nodes }}",
         poke_interval=10,
         timeout=FABRIC_WAIT_S,
@@ -150,7 +151,7 @@ def training_lifecycle(
         **health_sources,
     )
     train = GangTrainingOperator(
-        task_id="train",
+        task_id=task_ids.TRAIN,
         image="{{ params.image }}",
         command="{{ params.command }}",
         run_uri=RUN_PATH,
@@ -161,7 +162,7 @@ def training_lifecycle(
         gpus_per_node="{{ params.gpus_per_node }}",
         local_queue="{{ params.kueue_queue }}",
         priority_class="{{ params.priority_class }}",
-        node_names="{{ ti.xcom_pull(task_ids='fabric_ready')['node_names'] }}",
+        node_names=f"{{{{ ti.xcom_pull(task_ids='{task_ids.FABRIC_READY}')['node_names'] }}}}",
         topology=TOPOLOGY,
         hang_timeout="{{ params.hang_timeout_s }}",
         max_resumes="{{ params.max_resumes }}",
@@ -172,14 +173,14 @@ def training_lifecycle(
         doc_md=TRAIN_DOC,
     )
     verify = CheckpointVerifyOperator(
-        task_id="verify_checkpoint",
+        task_id=task_ids.VERIFY_CHECKPOINT,
         run_uri=RUN_PATH,
         aws_conn_id=aws_conn_id,
         outlets=[final_checkpoint_asset(dag_id)],
         doc_md=VERIFY_DOC,
     )
     give_back = ReturnCapacityOperator(
-        task_id="return_capacity",
+        task_id=task_ids.RETURN_CAPACITY,
         cluster_queue="{{ params.cluster_queue }}",
         wave_nodes="{{ params.return_wave_nodes }}",
         kubernetes_conn_id=kubernetes_conn_id,
