@@ -295,3 +295,33 @@ def test_an_overflow_pool_is_judged_by_requests_served_through_the_service(make_
             deadlines=Deadlines(ready_s=3),
         )
     give_back(kube, RUN, cluster_queue="training", endpoint_propagation_s=0.2)
+
+
+def test_without_the_safe_way_the_same_servers_fail_requests(make_devcluster):
+    """The control: pods of the same bare workload deleted as a plain scale-down or eviction would
+    (SIGTERM at once, no preStop) abort the requests they have in flight."""
+    chat = InferenceWorkload(
+        "chat",
+        6,
+        min_available=0,
+        server=True,
+        server_args=("--service-ms", "400", "--slots", "4"),
+        handoff=False,
+    )
+    cluster = start(make_devcluster, chat)
+    time.sleep(2)
+    load = Load(cluster.service_address("inference", "chat", 80), rate=30).start()
+    try:
+        time.sleep(1)
+        load.phase("deleted")
+        kube = kube_for(cluster)
+        from trainops.kube.client import PODS
+
+        for pod in [p for p in cluster.store.list("pods", "inference")[0]][:4]:
+            kube.request("DELETE", PODS.path("inference", pod["metadata"]["name"]), "delete pod")
+            time.sleep(0.3)
+        time.sleep(1)
+    finally:
+        load.stop()
+    rows = {row.phase: row for row in load.report()}
+    assert rows["deleted"].failed > 0, rows["deleted"].line()
