@@ -11,6 +11,11 @@ open talks to one pod).  Headless Services get no proxy, as on a
 cluster.  An endpoint is reached at the local port its pod's process was given for the target
 port (``loopback.Loopback.pod_port``).  The Service's address: ``Loopback.port(service, port)``,
 also what the process runtime hands pods for the Service's cluster DNS name.
+
+``lag_s`` (0 unless set, e.g. ``cluster._controllers.proxy.lag_s = 1``): how long the proxy keeps
+sending new connections to an endpoint its EndpointSlice no longer lists as ready, as a real
+kube-proxy catching up on a busy cluster does: a pod that gets SIGTERM without a ``preStop`` sleep
+longer than that is sent connections it no longer accepts.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import socket
 import struct
 import threading
+import time
 
 from trainops_devcluster.endpointslices import SERVICE_NAME_LABEL, SLICES
 from trainops_devcluster.informer import InformerController, Key, key_of
@@ -33,11 +39,13 @@ CONNECT_TIMEOUT_S = 5.0
 
 class ServiceProxy(InformerController):
     watches = ("services", SLICES)
+    lag_s = 0.0
 
     def __init__(self, store: Store, loopback: Loopback) -> None:
         super().__init__(store)
         self.loopback = loopback
         self._listeners: dict[tuple[Key, int], Listener] = {}
+        self._leaving: dict[tuple[Key, int], dict[Backend, float]] = {}  # backends kept until then
 
     def changed(self, resource: str, old: dict | None, new: dict | None) -> None:
         obj = new or old
@@ -69,7 +77,24 @@ class ServiceProxy(InformerController):
                         log.warning("service %s/%s port %s: cannot listen: %s", *key, number, error)
                         continue
                     self._listeners[(key, number)] = listener
-                listener.backends = self._backends(key, port.get("name", ""))
+                listener.backends = self._lagged(
+                    (key, number), listener.backends, self._backends(key, port.get("name", ""))
+                )
+
+    def _lagged(self, where, old: tuple[Backend, ...], new: tuple[Backend, ...]) -> tuple[Backend, ...]:
+        """``new``, plus the backends that left less than ``lag_s`` ago (checked again then)."""
+        if self.lag_s <= 0:
+            return new
+        now = time.monotonic()
+        leaving = self._leaving.setdefault(where, {})
+        for backend in old:
+            if backend not in new and backend not in leaving:
+                leaving[backend] = now + self.lag_s
+                self.after(self.lag_s, lambda key=where[0]: self.mark(key))
+        for backend in list(leaving):
+            if backend in new or leaving[backend] <= now:
+                del leaving[backend]
+        return tuple(sorted({*new, *leaving}))
 
     def _backends(self, key: Key, port_name: str) -> tuple[Backend, ...]:
         found = []
