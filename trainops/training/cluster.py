@@ -319,12 +319,6 @@ class KueueRelease(QueueMismatch):
     """The cluster's Kueue places by Topology Aware Scheduling and ignores required node affinity."""
 
 
-#: a PodSet asks for TAS with one of these pod-template annotations (or implicitly, see ``tas_flavors``)
-TAS_ANNOTATIONS = tuple(
-    f"kueue.x-k8s.io/podset-{mode}-topology" for mode in ("required", "preferred", "unconstrained")
-)
-
-
 def tas_flavors(kube: Kube, cluster_queue: Mapping, deadline: Deadline) -> list[str]:
     """The ResourceFlavors of ``cluster_queue`` that cover ``nvidia.com/gpu`` and name a Topology: Kueue
     places the run's pods there by TAS (implied when all its flavors are TAS flavors, else asked for by
