@@ -143,5 +143,5 @@ def test_run_one_collects_a_scripts_records_and_cuts_off_an_overrun(tmp_path):
     assert done["results"] == [
         {"name": "quick", "passed": False, "ratio": 3.0, "target": "<=1.5", "values": {"seconds": 0.1}}
     ]
-    assert cut["timed_out"] and cut["exit"] == 130 and cut["wall_s"] < 30  # interrupted, not killed
+    assert cut["timed_out"] and cut["exit"] == 130  # interrupted (its handler ran), not killed
     json.dumps([done, cut])  # as run.py writes them

@@ -78,9 +78,10 @@ class Report:
 
     def setup(self, policy: str) -> Setup:
         """``policy``'s fault-free set-up: the mean of the set-up runs after the warm-up and of the seeded
-        runs that drew no fault (none: nothing is subtracted)."""
+        runs that drew no fault, those without a violation (none: nothing is subtracted)."""
         fault_free = self.setup_runs[1:] + [r for r in self.runs if r.fault == "none"]
-        accounts = [account_of(r, policy) for r in fault_free]
+        # a run with a violation (a harness failure included) measured something else
+        accounts = [account_of(r, policy) for r in fault_free if not r.violations]
         return Setup.measured([a for a in accounts if a is not None])
 
     @property

@@ -100,6 +100,11 @@ def test_before_26_7_the_client_label_is_not_paused_unless_the_driver_manager_is
     # ... unless it holds NVML between samples
     _, (held,) = upgrade(told, probe(CLIENT, args=("--publish", "--hold-nvml")))
     assert "runs with --hold-nvml" in held.what and "drop --hold-nvml" in held.fix
+    # --gemm's CUDA context holds the driver for the probe's life too, written any way
+    for args in (("--publish", "--gemm"), ("-c", "trainops probe --publish --gemm --interval 60")):
+        _, (held,) = upgrade(told, probe(CLIENT, args=args))
+        assert "runs with --gemm" in held.what and "drop --gemm" in held.fix
+    assert upgrade(told, probe(CLIENT, args=("--publish", "--gemm-size", "4096")))[1] == []
 
 
 def test_without_a_version_to_go_by_the_check_says_it_cannot_tell():

@@ -50,6 +50,14 @@ def test_unchanged_links_wait_out_the_interval_and_a_stop_ends_the_wait_without_
     assert not wait_for_next_sample(stopped, 3600, 0.01, reader, before)
 
 
+def test_ports_that_vanish_while_read_are_no_links_not_a_crash(tmp_path):
+    class Resetting:  # an adapter resetting: its port directory gone between the listing and the read
+        def read_ports(self):
+            raise FileNotFoundError(2, "No such file or directory", str(tmp_path / "mlx5_0/ports/1/state"))
+
+    assert read_link_states(Resetting()) == {}
+
+
 def test_a_node_without_rdma_has_no_links_to_watch(tmp_path):
     reader = SysfsIbReader(tmp_path / "none")
 

@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import threading
-import time
 from datetime import datetime, timedelta
 
 import kubernetes
@@ -312,11 +311,10 @@ def test_cli_publish_stops_at_sigterm_between_samples_with_nvml_shut_down(
     watch = PublishWatch(fake_nvml, sigterm_after=1)
     monkeypatch.setattr("trainops.health.cli.publish", watch)
     before = signal.getsignal(signal.SIGTERM)
-    started = time.monotonic()
+    # the loop's wait is an hour: only SIGTERM ends it before the test's own timeout fails it
     assert (
         main(publish_args(cluster, tmp_path, "--interval", "3600", *(["--hold-nvml"] if hold else []))) == 0
     )
-    assert time.monotonic() - started < 30
     assert watch.nvml_open == [hold]  # held: open while publishing; sampled: shut already
     with pytest.raises(pynvml.NVMLError_Uninitialized):
         fake_nvml.nvmlDeviceGetCount()

@@ -81,9 +81,12 @@ def test_a_gpu_its_device_plugin_took_out_of_allocatable_blames_the_node_without
 
 @pytest.mark.parametrize(
     ("capacity", "allocatable"),
-    [("8", "8"), (None, "7"), ("8", None), ("8", "a lot"), ("0", "0")],
+    [("8", "8"), (None, "7"), ("8", None), ("8", "a lot"), ("0", "0"), ("8", "0")],
+    ids=["equal", "no-capacity", "no-allocatable", "unreadable", "no-gpus", "device-plugin-gone"],
 )
-def test_allocatable_equal_to_capacity_or_unreadable_is_no_evidence(capacity, allocatable):
+def test_allocatable_equal_to_capacity_unreadable_or_zero_is_no_evidence(capacity, allocatable):
+    """All GPUs out of allocatable is the device plugin gone (restarted, paused for a driver upgrade,
+    which also evicts the run's pods), not a node whose every GPU failed: nobody is blamed for it."""
     obj = node("a")
     obj["status"]["capacity"] = {} if capacity is None else {"nvidia.com/gpu": capacity}
     obj["status"]["allocatable"] = {} if allocatable is None else {"nvidia.com/gpu": allocatable}

@@ -39,6 +39,8 @@ CLIENT_LABEL_FROM = (26, 7)  # GPU Operator version that labels nodes and ships 
 CLIENT_PAUSE_FROM = (0, 12)  # driver manager version that pauses CLIENT_LABEL and waits for its pods
 CUSTOM_LABEL_ENV = "NODE_LABEL_FOR_GPU_POD_EVICTION"  # a label it also pauses (v0.6.3+), without waiting
 HOLD_NVML = "--hold-nvml"  # the probe keeps NVML open between samples (trainops probe)
+# the probe's flags that hold the driver for its life: NVML kept open, or --gemm's CUDA context
+HOLDS_DRIVER = (HOLD_NVML, "--gemm")
 OPERAND_LABELS = tuple(  # the operands' labels the driver manager pauses (v0.12.0), waiting by app label only
     f"nvidia.com/gpu.deploy.{name}"
     for name in (
@@ -74,6 +76,17 @@ def operator_version(policy: dict) -> str | None:
 def _release(version: str | None) -> tuple[int, ...] | None:
     found = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version or "")
     return tuple(int(part) for part in found.groups() if part is not None) if found else None
+
+
+def holds_driver(spec: dict) -> str | None:
+    """The flag with which the probe pod ``spec`` holds the driver for its life, wherever its command
+    line has it (args, command, a shell string); None when it lets NVML go between samples."""
+    line = " ".join(
+        str(part)
+        for c in spec.get("containers") or []
+        for part in (c.get("command") or []) + (c.get("args") or [])
+    )
+    return next((flag for flag in HOLDS_DRIVER if re.search(rf"(?<![\w-]){flag}(?![\w-])", line)), None)
 
 
 def driver_manager_version(policy: dict, version: str | None) -> tuple[str | None, bool | None]:
@@ -126,9 +139,7 @@ def driver_upgrade(
     # a label the driver manager flips from a value the probe wants ("false" stays "false")
     selects = sorted(k for k, v in selector.items() if k in paused and v not in ("", "false"))
     affine = sorted(k for k, values in affinity.items() if k in paused and set(values) - {"", "false"})
-    hold = any(
-        HOLD_NVML in (c.get("args") or []) + (c.get("command") or []) for c in spec.get("containers") or []
-    )
+    hold = holds_driver(spec)
     label = f'{CLIENT_LABEL}: "true"'
     if set(selects) & waited:
         return f"driver upgrades move the probe off the node first ({CLIENT_LABEL}, waited for)", []
@@ -142,10 +153,10 @@ def driver_upgrade(
             )
         return how, [
             Problem(
-                f"the probe DaemonSet {where} runs with {HOLD_NVML} (NVML open between samples) and is paused for "
+                f"the probe DaemonSet {where} runs with {hold} (the driver held between samples) and is paused for "
                 f"a driver upgrade by {how}, which the driver manager does not wait for: unloading the driver "
                 'can fail while it still runs ("driver is in use")',
-                f"drop {HOLD_NVML} from its args (deploy/node-probe.yaml), or select nodes by {label} on GPU "
+                f"drop {hold} from its args (deploy/node-probe.yaml), or select nodes by {label} on GPU "
                 "Operator v26.7.0 or later (the driver manager waits for DaemonSet pods with that nodeSelector key)",
             )
         ]

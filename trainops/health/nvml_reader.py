@@ -91,11 +91,6 @@ class NvmlReader:
         self._held = False  # started by start() (or ``with``), until close()
         self._sampling = False  # inside sample(): XIDs were not watched before this sample began
 
-    @property
-    def held(self) -> bool:
-        """Whether NVML is held open across reports (``start``/``with``) rather than per sample."""
-        return self._held
-
     def __enter__(self) -> NvmlReader:
         self.start()
         return self

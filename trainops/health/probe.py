@@ -38,8 +38,8 @@ REPORT_HEARTBEAT_S = 120.0
 # How long a burst fault (error counters, clocks held down under load, XIDs) keeps showing after it
 # was last seen: two hours, the XID lookback of Azure's health checks (reference/health.md §4).
 FAULT_WINDOW_S = 7200.0
-# Between samples the probe re-reads its fabric ports' link state this often (a few sysfs files per
-# port), and samples and publishes at once when a link went down or came back: a training run judging a
+# Between samples the probe re-reads its fabric ports from sysfs this often (each port's small files:
+# microseconds of work), and samples and publishes at once when a link went down or came back: a training run judging a
 # crash waits for the node's own word, and a report every --interval (60 s) would keep it waiting.
 FABRIC_WATCH_S = 5.0
 PUBLISH_INTERVAL_S = 60.0  # trainops probe --publish's --interval (deploy/node-probe.yaml's)
@@ -106,10 +106,11 @@ def wait_for_next_sample(
 
 
 def read_link_states(ib_reader: IbReader) -> dict[str, tuple]:
-    """The fabric ports' link states now ({} when the node has none to read)."""
+    """The fabric ports' link states now ({} when the node has none to read, or they went away while
+    being read: an adapter resetting)."""
     try:
         return link_states(ib_reader.read_ports())
-    except IbUnavailable:
+    except (IbUnavailable, OSError):
         return {}
 
 

@@ -123,9 +123,12 @@ def allocatable_gpus(node: dict) -> int:
 
 def unhealthy_gpus(node: dict) -> int:
     """GPUs the node's device plugin reports unhealthy: ``capacity`` counts every device, ``allocatable``
-    only the healthy ones (kubelet reserves nothing of an extended resource)."""
+    only the healthy ones (kubelet reserves nothing of an extended resource).  None allocatable is no
+    such word: the device plugin is gone (restarted, or paused for a driver upgrade), not every GPU."""
     capacity, allocatable = gpus(node, "capacity"), gpus(node)
-    return capacity - allocatable if capacity is not None and allocatable is not None else 0
+    if capacity is None or not allocatable:
+        return 0
+    return max(0, capacity - allocatable)
 
 
 def list_nodes(kube: Any, label_selector: str = "") -> list[dict]:
