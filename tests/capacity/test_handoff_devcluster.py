@@ -226,10 +226,15 @@ def test_the_demo_server_is_not_forgiving(tmp_path):
 
 
 def test_the_return_takes_an_unsafe_companions_pods_out_of_their_service_before_it_shrinks(
-    make_devcluster, caplog
+    make_devcluster, caplog, tmp_path
 ):
     """A workload without a clean hand-off offloaded to the virtual node: the return's waves take each
-    companion pod out of its Service before the companion's scale-down removes it."""
+    companion pod out of its Service before the companion's scale-down removes it, and evict those
+    their ReplicaSet let go of.  The return runs as the workers' ServiceAccount with deploy/rbac.yaml
+    applied (least privilege: pods may be listed, not read one by one), and leaves no pod behind."""
+    from tests.e2e.conftest import RBAC, WORKER
+    from trainops.kube.client import Kube
+
     chat = InferenceWorkload(
         "chat",
         4,
@@ -248,11 +253,23 @@ def test_the_return_takes_an_unsafe_companions_pods_out_of_their_service_before_
         kube, RUN, nodes, cluster_queue="training", deployments=[CHAT], endpoint_propagation_s=0.2
     )
     assert summary.offloaded == {f"Deployment {CHAT}": 2}
+    cluster.create_from_file(RBAC)
+    worker = Kube.from_kubeconfig(str(cluster.service_account_kubeconfig(*WORKER, tmp_path / "worker")))
+    cluster.server.audit.clear()
     caplog.clear()
     with caplog.at_level("INFO"):
-        give_back(kube, RUN, cluster_queue="training", wave_nodes=1, endpoint_propagation_s=0.2)
+        give_back(worker, RUN, cluster_queue="training", wave_nodes=1, endpoint_propagation_s=0.2)
     assert caplog.text.count("out of its Service(s) (labels app removed) before it gets SIGTERM") == 2
     assert cluster.store.find("deployments.apps", "inference", "chat-overflow") is None
+    denied = [(e["method"], e["path"]) for e in cluster.server.audit.entries() if e["status"] in (401, 403)]
+    assert denied == []
+    orphans = [
+        p["metadata"]["name"]
+        for p in cluster.store.list("pods", "inference")[0]
+        if not p["metadata"].get("deletionTimestamp")
+        and not any(o.get("controller") for o in p["metadata"].get("ownerReferences") or [])
+    ]
+    assert orphans == []
 
 
 def test_an_overflow_pool_is_judged_by_requests_served_through_the_service(make_devcluster, caplog):

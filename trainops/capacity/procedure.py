@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -725,23 +726,41 @@ def _move_back(
                 kube.custom, lambda o, surplus=surplus: repay_part_patch(o, run, REPLICAS, surplus), step, obj
             )
             log.info("%s: %d replica(s) fewer in the overflow pool", companion, surplus)
-            _evict_orphans(kube, detached, obj["metadata"]["uid"], step)
+            _evict_orphans(kube, detached, Deadline(deadlines.drain_s), log)
 
 
-def _evict_orphans(kube: Kube, pods: list[dict], owner_uid: str, deadline: Deadline) -> None:
+def _evict_orphans(kube: Kube, pods: list[dict], deadline: Deadline, log: logging.Logger) -> None:
     """Evict those of ``pods`` their Deployment let go of: a ReplicaSet releases a pod that lost a
-    label of its selector (taken out of its Service), and its scale-down then removes another."""
-    from trainops.capacity.drain import _evict
+    label of its selector (taken out of its Service), and its scale-down then removes another.  A
+    refused eviction (a budget, the API busy) is asked again until ``deadline``, then named in a
+    warning: the pod still runs, out of its Service."""
+    from trainops.capacity.drain import EVICTED, GONE, _evict
+    from trainops.kube.retry import Backoff
 
     for pod in pods:
         meta = pod["metadata"]
-        now = kube.get(PODS, meta["name"], meta["namespace"], deadline=deadline)
-        if now is None or now["metadata"].get("deletionTimestamp"):
-            continue
-        owners = now["metadata"].get("ownerReferences") or []
-        if any(o.get("uid") == owner_uid or o.get("controller") for o in owners):
-            continue  # still its controller's: the scale-down removes it
-        _evict(kube.core, now)
+        where = f"{meta['namespace']}/{meta['name']}"
+        backoff = Backoff(kube.settings)
+        while True:
+            # a list, not a get: the workers' account may list pods everywhere, not get them
+            found = kube.list(PODS, meta["namespace"], fields=f"metadata.name={meta['name']}")
+            now = found[0] if found else None
+            if now is None or now["metadata"].get("deletionTimestamp"):
+                break
+            if any(o.get("controller") for o in now["metadata"].get("ownerReferences") or []):
+                break  # still its ReplicaSet's: the scale-down removes it
+            answer = _evict(kube.core, now)
+            if answer in (EVICTED, GONE):
+                break
+            if deadline.remaining() <= 0:
+                log.warning(
+                    "pod %s: released by its ReplicaSet and not evicted in time (%s); it still runs, "
+                    "out of its Service: delete it by hand",
+                    where,
+                    answer,
+                )
+                break
+            time.sleep(max(0.0, min(backoff.next(), deadline.remaining())))
 
 
 def _leave_service_first(
