@@ -117,3 +117,14 @@ def test_settings_take_the_connection_over_the_config_and_keep_the_documented_de
         ("connection k8s", {"api_deadline_s": "45"}),
     )
     assert (settings.api_deadline_s, settings.watch_timeout_s, settings.page_size) == (45.0, 20, 500)
+
+
+def test_is_denied_is_401_or_403_only():
+    """The status-code rule for a refused caller lives here, not in its callers."""
+    from kubernetes.client.exceptions import ApiException
+
+    from trainops.kube.client import is_denied
+
+    assert is_denied(ApiException(status=403)) and is_denied(ApiException(status=401))
+    assert not any(is_denied(ApiException(status=s)) for s in (404, 409, 429, 500))
+    assert not is_denied(ConnectionError())

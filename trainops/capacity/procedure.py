@@ -48,7 +48,7 @@ from trainops.capacity.quota import grants_of, set_grant
 from trainops.capacity.ranking import drain_costs, least_disruptive
 from trainops.conventions import GPU_RESOURCE, MODE_TAINT
 from trainops.errors import TemporaryError
-from trainops.kube.client import DEPLOYMENTS, EXISTS, MISSING, PDBS, PODS, Kube
+from trainops.kube.client import DEPLOYMENTS, EXISTS, MISSING, PDBS, PODS, Kube, is_denied
 from trainops.kube.nodes import NodeState, allocatable_gpus, edit_node, holder_of, is_quarantined, list_nodes
 from trainops.kube.retry import Deadline, DeadlineExceeded, call
 from trainops.placement.nodes import place_nodes
@@ -793,7 +793,7 @@ def _leave_service_first(
         safe.wait_detached(detached, Deadline(deadlines.drain_s))
         return detached
     except ApiException as error:
-        if error.status not in (401, 403):
+        if not is_denied(error):
             raise
         safe.log.warning(
             "%s/%s: its pods lack a clean hand-off, but this account may not take them out of their "

@@ -100,6 +100,11 @@ def _status(error: BaseException) -> int | None:
     return getattr(error, "status", None)
 
 
+def is_denied(error: BaseException) -> bool:
+    """The API server refused the caller (401 unauthenticated, 403 not authorized: RBAC)."""
+    return _status(error) in (401, 403)
+
+
 class Kube:
     """The verbs (see the module docstring) and the typed clients ``core``, ``batch`` and ``custom``
     on ``api_client``; ``settings``: deadlines, backoff, paging and watching."""
