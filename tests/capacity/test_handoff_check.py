@@ -195,3 +195,71 @@ def test_an_overflow_pools_serve_check_parses():
     for bad in ({"url": "llm-chat/health"}, {"url": url, "requests": 0}, {"url": url, "every": 1}, "url"):
         with pytest.raises(OverflowPoolError, match=r"overflow_pool.serve_check"):
             OverflowPool.parse({"node_label": "a=b", "serve_check": bad}, "overflow_pool")
+
+
+class _Counting:
+    """A local HTTP server answering every GET with ``status`` after ``delay_s``, counting them."""
+
+    def __init__(self, status: int = 200, delay_s: float = 0.0) -> None:
+        import http.server
+        import threading
+        import time
+
+        counting = self
+        self.hits = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                counting.hits += 1
+                time.sleep(delay_s)
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/health"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.servers
+def test_a_serve_round_sends_nothing_past_its_deadline():
+    """A slow Service: the round stops at the deadline, the requests it left unsent named as failed."""
+    from trainops.capacity.overflow import serve_round
+    from trainops.kube.retry import Deadline
+
+    slow = _Counting(delay_s=0.3)
+    try:
+        failed = serve_round(slow.url, 20, Deadline(1.0))
+    finally:
+        slow.close()
+    assert slow.hits < 20
+    assert failed and set(failed) <= {"not sent before the deadline", "TimeoutError", "timeout"}
+
+
+@pytest.mark.servers
+def test_a_serve_round_goes_to_the_service_not_a_proxy(monkeypatch):
+    """HTTP(S)_PROXY is for the way out, not for a cluster Service's address."""
+    from trainops.capacity.overflow import serve_round
+    from trainops.kube.retry import Deadline
+
+    service, proxy = _Counting(200), _Counting(502)
+    try:
+        for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+            monkeypatch.setenv(name, proxy.url.removesuffix("/health"))
+        for name in ("no_proxy", "NO_PROXY"):
+            monkeypatch.delenv(name, raising=False)
+        import urllib.request
+
+        monkeypatch.setattr(urllib.request, "_opener", None)  # urlopen's, built anew as in a fresh process
+        assert serve_round(service.url, 3, Deadline(30)) == []
+    finally:
+        service.close()
+        proxy.close()
+    assert (service.hits, proxy.hits) == (3, 0)

@@ -133,16 +133,23 @@ def _serve_check(check: object, field: str) -> tuple[str, int] | None:
 
 
 # ---- judged by requests served ----------------------------------------------------------------
-def serve_round(url: str, requests: int, timeout_s: float = 5.0) -> list[str]:
-    """Send ``requests`` GETs to ``url``, each on a new connection; what went wrong with each that
-    did not answer 2xx (empty: all were served)."""
+def serve_round(url: str, requests: int, deadline=None, timeout_s: float = 5.0) -> list[str]:
+    """Send ``requests`` GETs to ``url``, each on a new connection and never past ``deadline`` (a
+    ``Deadline``; each waits at most ``timeout_s``); what went wrong with each that did not answer
+    2xx, those the deadline left unsent included (empty: all were served).  No proxy: a cluster
+    Service's address goes to the Service, whatever ``HTTP(S)_PROXY`` says."""
     import urllib.error
     import urllib.request
 
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     failed = []
-    for _ in range(requests):
+    for sent in range(requests):
+        remaining = timeout_s if deadline is None else min(timeout_s, deadline.remaining())
+        if remaining <= 0:
+            failed += ["not sent before the deadline"] * (requests - sent)
+            break
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+            with opener.open(url, timeout=remaining) as answer:
                 answer.read()
                 if not 200 <= answer.status < 300:
                     failed.append(f"HTTP {answer.status}")
@@ -159,7 +166,7 @@ def wait_serving(url: str, requests: int, deadline, log) -> None:
     from trainops.kube.retry import DeadlineExceeded
 
     while True:
-        failed = serve_round(url, requests)
+        failed = serve_round(url, requests, deadline)
         if not failed:
             log.info("overflow pool: %d of %d requests through %s served", requests, requests, url)
             return
