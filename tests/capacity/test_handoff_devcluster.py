@@ -346,3 +346,29 @@ def test_without_the_safe_way_the_same_servers_fail_requests(make_devcluster):
         load.stop()
     rows = {row.phase: row for row in load.report()}
     assert rows["deleted"].failed > 0, rows["deleted"].line()
+
+
+def test_waiting_for_pods_to_leave_their_service_lists_a_namespaces_endpointslices_once_a_round(
+    make_devcluster,
+):
+    """Six pods out of their Service at once: the wait lists the namespace's EndpointSlices once per
+    round (every 0.5 s), not once per pod (every 0.1 s): the API server's load does not grow with them."""
+    from trainops.capacity.handoff import SafeDrain
+    from trainops.kube.client import PODS
+    from trainops.kube.retry import Deadline
+
+    cluster = start(make_devcluster, bare_chat(), proxy_lag_s=0.0)
+    kube = kube_for(cluster)
+    safe = SafeDrain(kube, propagation_s=1.0)
+    pods = kube.list(PODS, "inference", labels="app=chat")
+    assert len(pods) == 6
+    detached = safe.detach(pods, Deadline(30), keep={"app"})
+    cluster.server.audit.clear()
+    safe.wait_detached(detached, Deadline(60))
+    lists = [
+        e["time"]
+        for e in cluster.server.audit.entries()
+        if e["method"] == "GET" and "/namespaces/inference/endpointslices" in e["path"]
+    ]
+    assert lists
+    assert all(later - earlier >= 0.4 for earlier, later in zip(lists, lists[1:], strict=False)), lists

@@ -346,25 +346,32 @@ class SafeDrain:
                 done.append(patched)
         return done
 
-    def ready(self, pod: dict, deadline: Deadline) -> bool:
-        """Whether ``pod`` may be deleted now: no EndpointSlice lists it, since ``propagation_s``."""
+    def ready(self, pod: dict, deadline: Deadline, slices: list[dict] | None = None) -> bool:
+        """Whether ``pod`` may be deleted now: no EndpointSlice lists it, since ``propagation_s``
+        (``slices``: its namespace's, when already listed)."""
         meta = pod["metadata"]
         key = (meta["namespace"], meta["name"])
-        if listed(self._slices(meta["namespace"], deadline), pod):
+        if slices is None:
+            slices = self._slices(meta["namespace"], deadline)
+        if listed(slices, pod):
             self._gone_at.pop(key, None)
             return False
         since = self._gone_at.setdefault(key, time.monotonic())
         return time.monotonic() - since >= self.propagation_s
 
     def wait_detached(self, pods: list[dict], deadline: Deadline) -> None:
-        """Wait until every one of ``pods`` may be deleted (``ready``)."""
+        """Wait until every one of ``pods`` may be deleted (``ready``): a round every 0.5 s, each
+        listing the EndpointSlices of a namespace once for all its pods."""
         pending = list(pods)
         while pending:
-            pending = [p for p in pending if not self.ready(p, deadline)]
+            slices = {
+                ns: self._slices(ns, deadline) for ns in sorted({p["metadata"]["namespace"] for p in pending})
+            }
+            pending = [p for p in pending if not self.ready(p, deadline, slices[p["metadata"]["namespace"]])]
             if not pending:
                 return
             try:
-                deadline.sleep(0.1, "pods out of their Services")
+                deadline.sleep(0.5, "pods out of their Services")
             except DeadlineExceeded:
                 names = ", ".join(f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in pending)
                 raise DeadlineExceeded(
