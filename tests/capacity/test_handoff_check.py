@@ -115,12 +115,12 @@ def test_only_serving_containers_are_checked():
     assert check_pod_spec("w", pod) == []
 
 
-def test_an_inference_service_is_read_from_its_predictor_with_kserves_fixes():
+def test_an_inference_service_is_read_from_its_predictor_with_kserves_fixes(caplog):
+    """A custom predictor's containers are judged; a predictor.model's probes and preStop come from
+    its ServingRuntime, not read: it cannot be judged, is treated as clean, and a warning says so."""
     isvc = {
         "metadata": {"namespace": "inference", "name": "llm"},
-        "spec": {
-            "predictor": {"model": {"modelFormat": {"name": "huggingface"}, "args": ["--model_name=llm"]}}
-        },
+        "spec": {"predictor": {"containers": [{"name": "kserve-container", "image": "example/server"}]}},
     }
     findings = check_workload("InferenceService", isvc)
     assert fields(findings) == [
@@ -128,6 +128,15 @@ def test_an_inference_service_is_read_from_its_predictor_with_kserves_fixes():
         "spec.predictor.containers[0].lifecycle.preStop",
     ]
     assert "kserve/kserve#5496" in findings[1].fix
+
+    model = {"modelFormat": {"name": "huggingface"}, "runtime": "kserve-huggingfaceserver"}
+    isvc["spec"]["predictor"] = {"model": {**model, "args": ["--model_name=llm"]}}
+    with caplog.at_level("WARNING"):
+        assert check_workload("InferenceService", isvc) == []
+    assert (
+        "InferenceService inference/llm: cannot judge its hand-off: the probes and preStop come from "
+        "its ServingRuntime kserve-huggingfaceserver" in caplog.text
+    )
 
 
 def test_a_deployment_is_read_from_its_pod_template():

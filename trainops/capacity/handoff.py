@@ -207,17 +207,27 @@ def check_pod_spec(
 
 
 def check_workload(kind: str, obj: dict, propagation_s: float = DEFAULT_PROPAGATION_S) -> list[Finding]:
-    """``check_pod_spec`` of a Deployment's pod template or an InferenceService's predictor."""
+    """``check_pod_spec`` of a Deployment's pod template or an InferenceService's predictor.
+
+    An InferenceService's ``predictor.model`` takes its probes and ``lifecycle`` from its
+    ServingRuntime (or ClusterServingRuntime), which this does not read: it cannot be judged, and
+    is treated as clean (no findings: neither refused nor taken out of its Service first), with a
+    warning naming the runtime to check by hand."""
     meta = obj.get("metadata") or {}
     workload = f"{kind} {meta.get('namespace')}/{meta.get('name')}"
     spec = obj.get("spec") or {}
     if kind == "InferenceService":
         predictor = dict(spec.get("predictor") or {})
-        containers = list(predictor.get("containers") or [])
         model = predictor.get("model")
-        if model:  # the model's container fields sit inline on predictor.model
-            containers.insert(0, {"name": "kserve-container", **model})
-        predictor["containers"] = containers
+        if model:
+            runtime = model.get("runtime") or "chosen for its modelFormat"
+            log.warning(
+                "%s: cannot judge its hand-off: the probes and preStop come from its ServingRuntime %s "
+                "(not read); treated as clean",
+                workload,
+                runtime,
+            )
+            return []
         return check_pod_spec(
             workload, predictor, kserve=True, propagation_s=propagation_s, path="spec.predictor"
         )
