@@ -372,3 +372,42 @@ def test_waiting_for_pods_to_leave_their_service_lists_a_namespaces_endpointslic
     ]
     assert lists
     assert all(later - earlier >= 0.4 for earlier, later in zip(lists, lists[1:], strict=False)), lists
+
+
+def test_a_released_pod_its_budget_keeps_is_named_not_silently_left(make_devcluster, caplog):
+    """A pod its ReplicaSet let go of whose eviction its budget keeps refusing: asked again until the
+    deadline, then a warning names it (it still runs, out of its Service)."""
+    import logging
+
+    from trainops.capacity.procedure import _evict_orphans
+    from trainops.kube.client import PDBS, PODS
+    from trainops.kube.retry import Deadline
+
+    cluster = make_devcluster(nodes=2)
+    kube = kube_for(cluster)
+    meta = {"name": "released", "namespace": "inference", "labels": {"kept": "yes"}}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": meta,
+        "spec": {"containers": [{"name": "c", "image": "example/server"}]},
+    }
+    pod["spec"]["nodeName"] = cluster.store.list("nodes", "")[0][0]["metadata"]["name"]
+    kube.create(pod, PODS)
+    for _ in range(100):  # Running and Ready: its budget counts it
+        if (cluster.store.find("pods", "inference", "released").get("status") or {}).get(
+            "phase"
+        ) == "Running":
+            break
+        time.sleep(0.1)
+    budget = {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "kept", "namespace": "inference"},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"kept": "yes"}}},
+    }
+    kube.create(budget, PDBS)
+    with caplog.at_level("WARNING"):
+        _evict_orphans(kube, [pod], Deadline(1.0), logging.getLogger("test"))
+    assert "pod inference/released: released by its ReplicaSet and not evicted in time" in caplog.text
+    assert cluster.store.find("pods", "inference", "released") is not None
