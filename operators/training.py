@@ -77,7 +77,9 @@ class GangTrainingOperator(BaseOperator):
     :param check_queue: before the first Job, read ``local_queue`` and its ClusterQueue and fail at once,
         submitting nothing, when a resource the pods request is covered by none of its resource groups (Kueue
         would never admit it).  Turn it off only where Kueue's configuration excludes or transforms that
-        resource (``resources.excludeResourcePrefixes``, ``transformations``).  Queues it cannot read (RBAC)
+        resource (``resources.excludeResourcePrefixes``, ``transformations``); it turns off that coverage
+        check only: under a Topology Aware Scheduling flavor the Kueue-release refusal (0.13.0-0.13.9,
+        0.14.0-0.14.4) and the one-pod-per-node refusal run either way.  Queues it cannot read (RBAC)
         are logged and not checked; either way Kueue's own answer that it can never admit the request ends
         the attempt at once (``never_admitted``), not at ``admission_timeout``.
     :param kubernetes_conn_id: Airflow ``kubernetes`` connection of the cluster.

@@ -227,3 +227,23 @@ def test_queues_it_cannot_read_are_logged_and_nothing_is_refused(cluster, tmp_pa
     )
     with pytest.raises(QueueMismatch, match=f"does not cover {UNCOVERED}"):
         GangCluster(admin).check_admissible(job)
+
+
+def test_check_queue_off_still_refuses_a_kueue_whose_tas_ignores_node_affinity(make_devcluster, s3, bucket):
+    """``check_queue=False`` turns off the coverage check only: a Kueue 0.13.9 placing by TAS (it ignores
+    the pods' required node affinity) is refused before the first Job all the same."""
+    from kubernetes import config
+
+    from tests.devcluster.test_kueue_tas_versions import kueue_controller
+    from trainops.training.cluster import KueueRelease
+
+    kueue = KueueConfig(version="v1beta1", topology_aware_scheduling=True, controller_version="v0.13.9")
+    cluster = make_devcluster(nodes=8, process_env=s3.env(), kueue_config=kueue)
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    kube, spec = claimed_run(cluster, api, bucket, "oldtas", ["--steps", "40"])
+    kueue_controller(kube, "v0.13.9")
+    run = training_run(kube, spec, "oldtas", check_queue=False)
+
+    with pytest.raises(KueueRelease, match="Kueue v0.13.9"):
+        run.reconcile()
+    assert jobs(api) == [] and run.observe().attempts == ()

@@ -32,7 +32,7 @@ from trainops.kube.kueue_release import (
     release_of,
     tas_honours_node_affinity,
 )
-from trainops.kube.queues import covered_resources
+from trainops.kube.queues import covered_resources, tas_flavors
 
 #: the Kueue resources trainops reads or writes (and the priority classes its Workloads name)
 RESOURCES = ("clusterqueues", "localqueues", "workloads", "resourceflavors", "workloadpriorityclasses")
@@ -40,16 +40,6 @@ INSTALL = (
     "install Kueue 0.13 or newer (its CRDs and controller), then kubectl apply -f deploy/kueue-queues.yaml"
 )
 QUEUES = "kubectl apply -f deploy/kueue-queues.yaml, or name the queues the lifecycle uses (--cluster-queue, --local-queue)"
-
-
-def _tas_flavors(reads: Reads, config) -> list[str]:
-    """The ResourceFlavors of the training ClusterQueue that name a Topology."""
-    kind = reads.kube.kueue("resourceflavors", namespaced=False)
-    return [
-        name
-        for name in _flavor_names(cluster_queue(reads, config) or {})
-        if ((reads.get(kind, name) or {}).get("spec") or {}).get("topologyName")
-    ]
 
 
 def check_release(reads: Reads, config) -> tuple[str, list[Problem]]:
@@ -67,7 +57,7 @@ def check_release(reads: Reads, config) -> tuple[str, list[Problem]]:
         ]
     if tas_honours_node_affinity(release):
         return said, []
-    flavors = _tas_flavors(reads, config)
+    flavors = list(tas_flavors(reads.kube, cluster_queue(reads, config) or {}, reads.deadline))
     why = ignores_affinity(version, where, flavors)
     if why is None:
         return f"{said} (no TAS flavor: the kube-scheduler places the pods)", []
@@ -162,12 +152,8 @@ def _topology(reads: Reads, name: str) -> dict | None:
 def _unplaceable_nodes(reads: Reads, config, queue: dict) -> list[Problem]:
     """For each TAS flavor of the ClusterQueue: the GPU nodes (the gate's candidates) it selects that lack
     a level label of its Topology.  Other nodes (CPU, system) need no fabric labels."""
-    flavors = reads.kube.kueue("resourceflavors", namespaced=False)
     problems = []
-    for name in _flavor_names(queue):
-        spec = (reads.get(flavors, name) or {}).get("spec") or {}
-        if not spec.get("topologyName"):
-            continue
+    for name, spec in tas_flavors(reads.kube, queue, reads.deadline).items():
         topology = _topology(reads, spec["topologyName"])
         if topology is None:
             problems.append(
@@ -197,13 +183,3 @@ def _unplaceable_nodes(reads: Reads, config, queue: dict) -> list[Problem]:
                     )
                 )
     return problems
-
-
-def _flavor_names(queue: dict) -> list[str]:
-    """The ResourceFlavors a ClusterQueue's resource groups name, sorted."""
-    names = {
-        f.get("name")
-        for group in (queue.get("spec") or {}).get("resourceGroups") or []
-        for f in group.get("flavors") or []
-    }
-    return sorted(n for n in names if n)

@@ -32,6 +32,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from trainops.conventions import GPU_RESOURCE
 from trainops.errors import PermanentError
 from trainops.kube.retry import Deadline
 
@@ -69,6 +70,26 @@ def uncovered(cluster_queue: Mapping, resources: Iterable[str]) -> list[str]:
     return sorted(set(resources) - covered_resources(cluster_queue))
 
 
+def tas_flavors(kube, cluster_queue: Mapping, deadline: Deadline) -> dict[str, dict]:
+    """The ResourceFlavors of ``cluster_queue`` that cover ``nvidia.com/gpu`` and name a Topology, by name
+    (sorted), each its ``spec``: the flavors a run's GPUs go through, where Kueue places its pods by TAS
+    (implied when all its flavors are TAS flavors, else asked for by the pod template's annotation).  A TAS
+    flavor of a resource group without the GPUs takes no run trainops submits.  ``kube``: a
+    ``trainops.kube.client.Kube``."""
+    kind = kube.kueue("resourceflavors", namespaced=False)
+    names = sorted(
+        {
+            str(flavor.get("name"))
+            for group in (cluster_queue.get("spec") or {}).get("resourceGroups") or []
+            if GPU_RESOURCE in (group.get("coveredResources") or [])
+            for flavor in group.get("flavors") or []
+            if flavor.get("name")
+        }
+    )
+    found = {name: (kube.get(kind, name, deadline=deadline) or {}).get("spec") or {} for name in names}
+    return {name: spec for name, spec in found.items() if spec.get("topologyName")}
+
+
 def coverage_fix(cluster_queue: str, missing: list[str]) -> str:
     """How to make ClusterQueue ``cluster_queue`` cover ``missing``."""
     names = ", ".join(missing)
@@ -82,23 +103,51 @@ def requested_resources(pod_spec: Mapping) -> set[str]:
     """The resources one pod of ``pod_spec`` requests as Kueue counts them: its containers', its init
     containers' and its ``overhead``, a limit standing in for a missing request (the API server
     defaults it so); a zero quantity is no request (Kueue skips it)."""
-    names: set[str] = set()
-    containers = [*(pod_spec.get("containers") or []), *(pod_spec.get("initContainers") or [])]
-    for container in containers:
-        resources = container.get("resources") or {}
-        merged = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
-        names |= {name for name, quantity in merged.items() if not _zero(quantity)}
-    names |= {name for name, quantity in (pod_spec.get("overhead") or {}).items() if not _zero(quantity)}
-    return names
+    return {name for name, amount in _effective(pod_spec).items() if amount is None or amount != 0}
 
 
-def _zero(quantity: object) -> bool:
+def pod_requests(pod_spec: Mapping) -> dict[str, float]:
+    """What one pod of ``pod_spec`` requests, as numbers: Kubernetes' effective request (what the
+    scheduler and Kueue count), per resource the larger of its containers' sum and its largest init
+    container, plus its ``overhead``; a limit stands in for a missing request, zero and unreadable
+    quantities are left out."""
+    return {name: amount for name, amount in _effective(pod_spec).items() if amount}
+
+
+def _effective(pod_spec: Mapping) -> dict[str, float | None]:
+    """Each resource's effective request (``pod_requests``); None where a quantity cannot be read."""
+
+    def add(total: dict[str, float | None], amounts: Mapping[str, float | None], combine) -> None:
+        for name, amount in amounts.items():
+            had = total.get(name, 0.0)
+            total[name] = None if amount is None or had is None else combine(had, amount)
+
+    containers: dict[str, float | None] = {}
+    for container in pod_spec.get("containers") or []:
+        add(containers, _requested(container), lambda a, b: a + b)
+    init: dict[str, float | None] = {}
+    for container in pod_spec.get("initContainers") or []:
+        add(init, _requested(container), max)
+    add(containers, init, max)
+    add(containers, _amounts(pod_spec.get("overhead") or {}), lambda a, b: a + b)
+    return containers
+
+
+def _requested(container: Mapping) -> dict[str, float | None]:
+    resources = container.get("resources") or {}
+    return _amounts({**(resources.get("limits") or {}), **(resources.get("requests") or {})})
+
+
+def _amounts(quantities: Mapping) -> dict[str, float | None]:
     from kubernetes.utils.quantity import parse_quantity
 
-    try:
-        return parse_quantity(quantity) == 0
-    except (ValueError, TypeError, ArithmeticError):
-        return False  # the API server refuses it anyway; not ours to judge
+    amounts: dict[str, float | None] = {}
+    for name, quantity in quantities.items():
+        try:
+            amounts[str(name)] = float(parse_quantity(quantity))
+        except (ValueError, TypeError, ArithmeticError):
+            amounts[str(name)] = None  # the API server refuses it anyway; not ours to judge
+    return amounts
 
 
 # ---- Kueue's answer that it can never assign a flavor ---------------------------------------------

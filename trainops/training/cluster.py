@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 
 from trainops.conventions import (
     GPU_POOL_LABEL,
@@ -20,9 +20,18 @@ from trainops.errors import TemporaryError
 from trainops.kube.client import JOBS, NODES, PODS, SERVICES, Kind, Kube, api_message
 from trainops.kube.kueue import KueueNotServed
 from trainops.kube.kueue_release import UPGRADE, controller_version, ignores_affinity
-from trainops.kube.nodes import NodeState, holder_of, is_quarantined
-from trainops.kube.queues import QueueMismatch, coverage_fix, read_queues, requested_resources, uncovered
+from trainops.kube.nodes import NodeState, gpus, holder_of, is_quarantined
+from trainops.kube.queues import (
+    QueueMismatch,
+    coverage_fix,
+    pod_requests,
+    read_queues,
+    requested_resources,
+    tas_flavors,
+    uncovered,
+)
 from trainops.kube.retry import Deadline
+from trainops.placement.scheduling import selects
 from trainops.training.job import HOSTNAME_LABEL, JOB_NAME_LABEL, RUN_LABEL
 from trainops.training.ledger import timestamp
 from trainops.training.naming import run_key
@@ -47,11 +56,12 @@ class GangCluster:
         """Create the Job; returns it and whether this call created it (False: it already existed)."""
         return self.kube.create(job, JOBS)
 
-    def check_admissible(self, job: Mapping) -> str | None:
+    def check_admissible(self, job: Mapping, *, coverage: bool = True) -> str | None:
         """Refuse ``job`` (its Workload's one PodSet, before it is created) when a resource its pod
         template requests is covered by no resource group of the ClusterQueue behind its LocalQueue:
-        Kueue would never admit it (``QueueMismatch``, naming the resource, the ClusterQueue and the fix).
-        Reads only.  When the queues cannot be read (RBAC, Kueue not served, a LocalQueue or ClusterQueue
+        Kueue would never admit it (``QueueMismatch``, naming the resource, the ClusterQueue and the fix);
+        ``coverage=False`` (the operator's ``check_queue=False``) skips that one check.  Either way it
+        refuses what ``_check_one_pod_per_node`` refuses under Topology Aware Scheduling.  Reads only.  When the queues cannot be read (RBAC, Kueue not served, a LocalQueue or ClusterQueue
         that does not exist yet), it says so in the log and refuses nothing: Kueue's own answer ends the
         attempt then (the follower).  Returns the ClusterQueue's name when it was read."""
         from kubernetes.client.exceptions import ApiException
@@ -75,7 +85,9 @@ class GangCluster:
             log.warning("%s; submitting unchecked: Kueue leaves the run pending until it does", absent)
             return None
         requested = requested_resources(job["spec"]["template"].get("spec") or {})
-        if missing := uncovered(found, requested):
+        if not coverage:
+            log.info("%s -> ClusterQueue %s; resource coverage unchecked (check_queue off)", where, target)
+        elif missing := uncovered(found, requested):
             raise QueueMismatch(
                 f"Kueue can never admit Job {namespace}/{meta['name']}: ClusterQueue {target} (behind {where}) "
                 f"does not cover {', '.join(missing)}, which each pod of the run requests (Kueue would answer "
@@ -83,7 +95,10 @@ class GangCluster:
                 f"timeout); nothing was submitted. {coverage_fix(target, missing)}, or drop the request from "
                 "the run (extra_resources, pod_template)"
             )
-        log.info("%s -> ClusterQueue %s covers %s", where, target, ", ".join(sorted(requested)) or "nothing")
+        else:
+            log.info(
+                "%s -> ClusterQueue %s covers %s", where, target, ", ".join(sorted(requested)) or "nothing"
+            )
         self._check_one_pod_per_node(job, target, found)
         return target
 
@@ -93,7 +108,9 @@ class GangCluster:
         - ``KueueRelease``: the controller's Deployment names a release whose TAS ignores required node
           affinity (0.13.0-0.13.9, 0.14.0-0.14.4; ``trainops.kube.kueue_release``), which is what keeps
           a resume off the nodes trainops keeps out;
-        - ``SharedNode``: a node the run may use holds two of its pods by their requests: TAS assigns
+        - ``SharedNode``: a node the run may land on (one a TAS flavor's ``nodeLabels`` select, that the
+          pod template's node selector and affinity allow, schedulable and not quarantined) holds two of
+          its pods by their requests: TAS assigns
           pods to nodes by capacity and never looks at pod anti-affinity (in no Kueue release), so it
           may put two ranks on that node, where the kube-scheduler's one-pod-per-node rule leaves the
           second Pending until waitForPodsReady requeues the run.  Kueue documents nothing that keeps
@@ -121,8 +138,9 @@ class GangCluster:
                 _said(error),
             )
             return
+        nodes = [node for node in nodes if _may_take(node, template_spec, flavors.values())]
         meta = job["metadata"]
-        if why := ignores_affinity(version, where, flavors):
+        if why := ignores_affinity(version, where, list(flavors)):
             raise KueueRelease(
                 f"Kueue cannot keep Job {meta['namespace']}/{meta['name']} off the nodes trainops keeps out: "
                 f"{why}; nothing was submitted. Fix: {UPGRADE}"
@@ -136,10 +154,10 @@ class GangCluster:
             return
         fits, name = shared[0]
         node = next(n for n in nodes if n["metadata"]["name"] == name)
-        gpus = ((node.get("status") or {}).get("allocatable") or {}).get(GPU_RESOURCE, "0")
+        has = gpus(node) or 0
         asked = per_pod.get(GPU_RESOURCE, 0)
         fix = (
-            f"Set gpus_per_node to {gpus} (each pod takes a whole node), or run on nodes with {asked:g} GPUs "
+            f"Set gpus_per_node to {has} (each pod takes a whole node), or run on nodes with {asked:g} GPUs "
             "(node_names)"
             if asked
             else "A run without GPUs: request more than half a node's cpu or memory, so that no node holds two "
@@ -147,11 +165,11 @@ class GangCluster:
         )
         raise SharedNode(
             f"Kueue could place two pods of Job {meta['namespace']}/{meta['name']} on one node: gpus_per_node is "
-            f"{asked:g} but node {name} has {gpus} allocatable {GPU_RESOURCE} and holds {fits} such pods; "
+            f"{asked:g} but node {name} has {has} allocatable {GPU_RESOURCE} and holds {fits} such pods; "
             f"ClusterQueue {target} places by Topology Aware Scheduling (ResourceFlavor {', '.join(flavors)}), "
             "which assigns pods to nodes by capacity and ignores pod anti-affinity, and the kube-scheduler would "
             "leave the second pod on a node Pending (one pod per node) until waitForPodsReady requeues the run; "
-            f"nothing was submitted. {fix}, or remove topologyName from ResourceFlavor {flavors[0]} to admit "
+            f"nothing was submitted. {fix}, or remove topologyName from ResourceFlavor {next(iter(flavors))} to admit "
             "by quota alone"
         )
 
@@ -319,27 +337,6 @@ class KueueRelease(QueueMismatch):
     """The cluster's Kueue places by Topology Aware Scheduling and ignores required node affinity."""
 
 
-def tas_flavors(kube: Kube, cluster_queue: Mapping, deadline: Deadline) -> list[str]:
-    """The ResourceFlavors of ``cluster_queue`` that cover ``nvidia.com/gpu`` and name a Topology: Kueue
-    places the run's pods there by TAS (implied when all its flavors are TAS flavors, else asked for by
-    the pod template's annotation; either way a TAS flavor may take the run)."""
-    kind = kube.kueue("resourceflavors", namespaced=False)
-    names = sorted(
-        {
-            str(flavor.get("name"))
-            for group in (cluster_queue.get("spec") or {}).get("resourceGroups") or []
-            if GPU_RESOURCE in (group.get("coveredResources") or [])
-            for flavor in group.get("flavors") or []
-            if flavor.get("name")
-        }
-    )
-    return [
-        name
-        for name in names
-        if ((kube.get(kind, name, deadline=deadline) or {}).get("spec") or {}).get("topologyName")
-    ]
-
-
 def pinned_nodes(pod_spec: Mapping) -> set[str]:
     """The node names the pods' required node affinity allows (``kubernetes.io/hostname In``, the run's
     ``node_names``); empty: any node of the GPU pool."""
@@ -352,25 +349,6 @@ def pinned_nodes(pod_spec: Mapping) -> set[str]:
             if expression.get("key") == HOSTNAME_LABEL and expression.get("operator") == "In":
                 names |= set(expression.get("values") or [])
     return names
-
-
-def pod_requests(pod_spec: Mapping) -> dict[str, float]:
-    """What one pod of ``pod_spec`` requests (its containers' requests, a limit standing in for a missing
-    one), as numbers."""
-    from kubernetes.utils.quantity import parse_quantity
-
-    total: dict[str, float] = {}
-    for container in pod_spec.get("containers") or []:
-        resources = container.get("resources") or {}
-        for name, quantity in {
-            **(resources.get("limits") or {}),
-            **(resources.get("requests") or {}),
-        }.items():
-            try:
-                total[name] = total.get(name, 0.0) + float(parse_quantity(quantity))
-            except (ValueError, TypeError, ArithmeticError):
-                continue
-    return total
 
 
 def pods_fitting(node: Mapping, per_pod: Mapping[str, float]) -> int:
@@ -389,6 +367,16 @@ def pods_fitting(node: Mapping, per_pod: Mapping[str, float]) -> int:
             have = 0.0
         counts.append(int(have // amount))
     return min(counts) if counts else 0
+
+
+def _may_take(node: Mapping, pod_spec: Mapping, flavors: Iterable[Mapping]) -> bool:
+    """Whether the run's pods may land on ``node`` under TAS: schedulable, not quarantined, allowed by the
+    pod template's node selector and required affinity, and selected by a TAS flavor's ``nodeLabels``
+    (``flavors``: their specs)."""
+    state = NodeState.of(node)
+    if state.unschedulable or is_quarantined(state) or not selects(dict(pod_spec), dict(node)):
+        return False
+    return any(selects({"nodeSelector": spec.get("nodeLabels") or {}}, dict(node)) for spec in flavors)
 
 
 def _said(error: BaseException) -> str:

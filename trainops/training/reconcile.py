@@ -406,8 +406,8 @@ class TrainingRun:
                 annotations=begun_annotation(self.budget.try_number, self.clock(), action.spent),
                 nodes=action.nodes,
             )
-            if self.options.check_queue and not self._queue_checked:  # Kueue could never admit it: fail now
-                self.cluster.check_admissible(job)
+            if not self._queue_checked:  # Kueue could never admit it, or TAS would misplace it: fail now
+                self.cluster.check_admissible(job, coverage=self.options.check_queue)
                 self._queue_checked = True
             submitted, created = self.cluster.create_job(job)
         self.log.info(
