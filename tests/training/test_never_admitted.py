@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
 import pytest
 from trainops_devcluster.kueue import KueueConfig
@@ -137,11 +136,9 @@ def test_a_run_asking_for_an_uncovered_resource_fails_at_once_and_submits_nothin
     kube, spec = claimed_run(cluster, api, bucket, "uncovered", ["--steps", "40"])
     run = training_run(kube, dataclasses.replace(spec, extra_resources={UNCOVERED: 1}), "uncovered")
 
-    began = time.monotonic()
     with pytest.raises(QueueMismatch) as refused:  # a PermanentError: the task fails without retries
         run.reconcile()
 
-    assert time.monotonic() - began < 10
     assert str(refused.value).startswith(
         f"Kueue can never admit Job training/{job_name('dag', 'uncovered', 1)}: ClusterQueue training "
         f"(behind LocalQueue training/training) does not cover {UNCOVERED}, which each pod of the run "
@@ -158,7 +155,8 @@ def test_the_follower_ends_the_attempt_on_kueues_answer_when_the_check_did_not_r
     make_devcluster, s3, bucket, version
 ):
     """The check off (a Kueue configuration that excludes resources makes it wrong): the Job is submitted,
-    Kueue answers at once, and the run fails on that answer within seconds, not at its admission timeout."""
+    Kueue answers at once, and the run fails on that answer (never_admitted, one Job), not at its 3,600 s
+    admission timeout (admission_timeout)."""
     from kubernetes import config
 
     cluster = make_devcluster(nodes=8, process_env=s3.env(), kueue_config=KueueConfig(version=version))
@@ -167,12 +165,10 @@ def test_the_follower_ends_the_attempt_on_kueues_answer_when_the_check_did_not_r
     run = training_run(
         kube, dataclasses.replace(spec, extra_resources={UNCOVERED: 1}), "unchecked", check_queue=False
     )
-    assert run.follow_config.admission_timeout == 3600
+    assert run.follow_config.admission_timeout == 3600  # waiting it out would hang the test, not pass it
 
-    began = time.monotonic()
     action = run_to_end(cluster, run)
 
-    assert time.monotonic() - began < 30
     assert isinstance(action, Fail), action
     assert action.reason.startswith(
         "attempt 1 failed, no resume (never_admitted): Kueue can never admit Workload "
