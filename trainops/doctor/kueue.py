@@ -150,8 +150,9 @@ def _topology(reads: Reads, name: str) -> dict | None:
 
 
 def _unplaceable_nodes(reads: Reads, config, queue: dict) -> list[Problem]:
-    """For each TAS flavor of the ClusterQueue: the GPU nodes (the gate's candidates) it selects that lack
-    a level label of its Topology.  Other nodes (CPU, system) need no fabric labels."""
+    """For each TAS flavor the run's GPUs go through (``tas_flavors``): the GPU nodes (the gate's
+    candidates) it selects that lack a level label of its Topology.  Other nodes (CPU, system) need no
+    fabric labels."""
     problems = []
     for name, spec in tas_flavors(reads.kube, queue, reads.deadline).items():
         topology = _topology(reads, spec["topologyName"])

@@ -61,9 +61,10 @@ class GangCluster:
         template requests is covered by no resource group of the ClusterQueue behind its LocalQueue:
         Kueue would never admit it (``QueueMismatch``, naming the resource, the ClusterQueue and the fix);
         ``coverage=False`` (the operator's ``check_queue=False``) skips that one check.  Either way it
-        refuses what ``_check_one_pod_per_node`` refuses under Topology Aware Scheduling.  Reads only.  When the queues cannot be read (RBAC, Kueue not served, a LocalQueue or ClusterQueue
-        that does not exist yet), it says so in the log and refuses nothing: Kueue's own answer ends the
-        attempt then (the follower).  Returns the ClusterQueue's name when it was read."""
+        refuses what ``_check_one_pod_per_node`` refuses under Topology Aware Scheduling.  Reads only.
+        When the queues cannot be read (RBAC, Kueue not served, a LocalQueue or ClusterQueue that does
+        not exist yet), it says so in the log and refuses nothing: Kueue's own answer ends the attempt
+        then (the follower).  Returns the ClusterQueue's name when it was read."""
         from kubernetes.client.exceptions import ApiException
 
         meta = job["metadata"]
@@ -109,11 +110,11 @@ class GangCluster:
           affinity (0.13.0-0.13.9, 0.14.0-0.14.4; ``trainops.kube.kueue_release``), which is what keeps
           a resume off the nodes trainops keeps out;
         - ``SharedNode``: a node the run may land on (one a TAS flavor's ``nodeLabels`` select, that the
-          pod template's node selector and affinity allow, schedulable and not quarantined) holds two of
-          its pods by their requests: TAS assigns
-          pods to nodes by capacity and never looks at pod anti-affinity (in no Kueue release), so it
-          may put two ranks on that node, where the kube-scheduler's one-pod-per-node rule leaves the
-          second Pending until waitForPodsReady requeues the run.  Kueue documents nothing that keeps
+          pod template's node selector and affinity allow, schedulable and not quarantined) holds two
+          of its pods by their requests: TAS assigns pods to nodes by capacity and never looks at pod
+          anti-affinity (in no Kueue release), so it may put two ranks on that node, where the
+          kube-scheduler's one-pod-per-node rule leaves the second Pending until waitForPodsReady
+          requeues the run.  Kueue documents nothing that keeps
           one pod per node; a pod that asks for more than half a node (a whole node's GPUs) cannot
           share it.
 
