@@ -78,7 +78,7 @@ class Budget:
 @dataclass(frozen=True)
 class Options:
     """How failures are judged (the operator's parameters of the same names); ``check_queue``: before
-    this process's first Job, read its queues and refuse a request Kueue can never admit (a resource the
+    the run's first Job, read its queues and refuse a request Kueue can never admit (a resource the
     ClusterQueue does not cover; off where Kueue's configuration excludes or transforms resources).  The
     TAS refusals (``GangCluster._check_one_pod_per_node``) run whatever it says."""
 

@@ -129,7 +129,6 @@ class TrainingRun:
         self.followed: Attempt | None = None  # the attempt this process last followed
         self.stops: list[str] = []  # what stopping did, in this process
         self._path_claimed = False
-        self._queue_checked = False  # the queues covered what this process's first Job requests
 
     @property
     def run(self) -> str:
@@ -406,9 +405,11 @@ class TrainingRun:
                 annotations=begun_annotation(self.budget.try_number, self.clock(), action.spent),
                 nodes=action.nodes,
             )
-            if not self._queue_checked:  # Kueue could never admit it, or TAS would misplace it: fail now
+            # before the run's first Job (the task's worker submits it), whether Kueue could ever admit it
+            # or TAS would misplace it: fail now; later attempts ask for what it asked for (a resume in the
+            # triggerer, whose account reads no queues)
+            if action.number == 1:
                 self.cluster.check_admissible(job, coverage=self.options.check_queue)
-                self._queue_checked = True
             submitted, created = self.cluster.create_job(job)
         self.log.info(
             "%s Job %s/%s", "submitted" if created else "found already submitted", self.namespace, name
