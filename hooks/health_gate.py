@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trainops.health.gate import DEFAULT_SELECTOR, GateConfig, GateResult, run_gate, side_policy
+from trainops.health.memory import MemoryFit
 from trainops.health.policy import load_policy
 from trainops.placement.request import TopologyRequest
 
@@ -16,7 +17,10 @@ SIDES = ("all", "gpu", "fabric")
 
 @dataclass
 class GateSpec:
-    """One health check. ``min_nodes`` None means every named node (``node_names`` required then)."""
+    """One health check. ``min_nodes`` None means every named node (``node_names`` required then).
+
+    ``resume_min_nodes``: the training task's ``min_nodes`` (checked against the run's size);
+    ``gpu_memory_gib``: the run's peak memory per GPU, when known (the gate names a memory risk)."""
 
     kubernetes_conn_id: str = "kubernetes_default"
     selector: str = DEFAULT_SELECTOR
@@ -33,6 +37,8 @@ class GateSpec:
     fault_window_s: float | None = None
     topology: dict[str, Any] | None = None  # TopologyRequest.to_dict()
     spares: int = 0
+    resume_min_nodes: int | None = None
+    gpu_memory_gib: float | None = None
 
     def config(self) -> GateConfig:
         """The core's gate config; raises ValueError naming the bad field (an unknown policy row, ...)."""
@@ -47,7 +53,7 @@ class GateSpec:
                 f"policy_overrides: expected a mapping {{row: {{field: value}}}}, got {self.policy_overrides!r}"
             )
         policy = load_policy(self.policy_overrides or None).with_settings(
-            self.fabrics or None, self.fabric_label or None, _seconds(self.fault_window_s)
+            self.fabrics or None, self.fabric_label or None, _number("fault_window_s", self.fault_window_s)
         )
         return GateConfig(
             selector=self.selector,
@@ -59,7 +65,20 @@ class GateSpec:
             on_unavailable=self.on_prometheus_unavailable,
             topology=TopologyRequest.from_value(self.topology),
             spares=self.spares,
+            memory=self._memory(),
         )
+
+    def _memory(self) -> MemoryFit | None:
+        """The run's GPU memory need, for a run of ``min_nodes - spares`` nodes; checks ``resume_min_nodes``."""
+        from trainops.training.spec import check_min_nodes
+
+        if self.min_nodes is None:
+            return None
+        nodes = int(self.min_nodes) - int(self.spares)
+        if self.resume_min_nodes is not None:
+            check_min_nodes(self.resume_min_nodes, nodes)
+        gib = _number("gpu_memory_gib", self.gpu_memory_gib)
+        return None if gib is None else MemoryFit(nodes, self.resume_min_nodes or nodes, gib)
 
     def evaluate(self, core_v1: Any = None) -> GateResult:
         """Run the gate once through the Airflow connections (reads only); ``core_v1``: a client of the
@@ -77,11 +96,11 @@ class GateSpec:
         return asdict(self)
 
 
-def _seconds(value: Any) -> float | None:
-    """A rendered template's seconds (``"7200"`` or ``7200.0``); None stays None."""
+def _number(name: str, value: Any) -> float | None:
+    """A rendered template's number (``"7200"`` or ``7200.0``); None and empty stay None."""
     if value is None or value == "":
         return None
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise ValueError(f"fault_window_s must be seconds, got {value!r}") from None
+        raise ValueError(f"{name} must be a number, got {value!r}") from None

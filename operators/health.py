@@ -51,6 +51,10 @@ class NodeHealthGateOperator(BaseOperator):
     :param resume_min_nodes: the training task's ``min_nodes`` (the fewest nodes it may resume on), checked
         here to be from 1 to ``min_nodes - spares`` so that a bad one fails before the gate writes anything;
         None: not checked. Templated.
+    :param gpu_memory_gib: the run's peak memory per GPU in GiB on all its nodes, when known (None: not
+        checked): when the worst case on ``resume_min_nodes`` (the peak grown by nodes / resume_min_nodes, as
+        FSDP shards grow) exceeds the smallest chosen GPU (GFD's ``nvidia.com/gpu.memory``), the gate warns,
+        naming the smallest safe ``min_nodes``. Templated.
     :param wait_timeout_s: with too few healthy nodes, wait (deferred, no worker slot) up to this many
         seconds for enough, then fail naming what is missing; 0 fails at once.
     :param poll_interval_s: how often the deferred wait re-evaluates.
@@ -78,6 +82,7 @@ class NodeHealthGateOperator(BaseOperator):
         "topology",
         "spares",
         "resume_min_nodes",
+        "gpu_memory_gib",
     )
     ui_color = "#f4d6a0"
 
@@ -97,6 +102,7 @@ class NodeHealthGateOperator(BaseOperator):
         topology: dict[str, Any] | None = None,
         spares: int = 0,
         resume_min_nodes: int | None = None,
+        gpu_memory_gib: float | None = None,
         wait_timeout_s: float = 0,
         poll_interval_s: float = 30,
         kubernetes_conn_id: str = "kubernetes_default",
@@ -113,6 +119,7 @@ class NodeHealthGateOperator(BaseOperator):
         self.speed_tiers, self.kubernetes_conn_id = speed_tiers, kubernetes_conn_id
         self.fabrics, self.fabric_label, self.fault_window_s = fabrics, fabric_label, fault_window_s
         self.topology, self.spares, self.resume_min_nodes = topology, spares, resume_min_nodes
+        self.gpu_memory_gib = gpu_memory_gib
         self.wait_timeout_s, self.poll_interval_s, self.api_deadline_s = (
             wait_timeout_s,
             poll_interval_s,
@@ -120,8 +127,6 @@ class NodeHealthGateOperator(BaseOperator):
         )
 
     def _spec(self) -> GateSpec:
-        from trainops.training.spec import check_min_nodes
-
         if float(self.wait_timeout_s) < 0 or float(self.poll_interval_s) <= 0:
             raise ValueError(
                 f"wait_timeout_s must be >= 0 and poll_interval_s > 0, got {self.wait_timeout_s}, {self.poll_interval_s}"
@@ -140,10 +145,10 @@ class NodeHealthGateOperator(BaseOperator):
             fault_window_s=self.fault_window_s,
             topology=dict(self.topology) if self.topology else None,
             spares=int(self.spares),
+            resume_min_nodes=self.resume_min_nodes,
+            gpu_memory_gib=self.gpu_memory_gib,
         )
         spec.config()  # bad input fails here, before anything is changed
-        if self.resume_min_nodes is not None and self.min_nodes is not None:
-            check_min_nodes(self.resume_min_nodes, int(self.min_nodes) - int(self.spares))
         return spec
 
     @translate_errors

@@ -32,6 +32,7 @@ class GpuSpec:
 
     nvml_name: str  # nvmlDeviceGetName
     gfd_product: str  # GFD's nvidia.com/gpu.product
+    memory_mib: int  # GFD's nvidia.com/gpu.memory: NVML's total memory per GPU, as nvidia-smi shows it
     power_limit_w: float
     max_sm_clock_mhz: int
     pcie_gen: int
@@ -43,17 +44,17 @@ class GpuSpec:
 
 # fmt: off
 GPUS: dict[str, GpuSpec] = {
-    "h100-sxm":  GpuSpec("NVIDIA H100 80GB HBM3",  "NVIDIA-H100-80GB-HBM3",  700, 1980, 5, 720, (("1g.10gb", 7), ("3g.40gb", 2), ("7g.80gb", 1))),
-    "h200-sxm":  GpuSpec("NVIDIA H200",            "NVIDIA-H200",            700, 1980, 5, 745, (("1g.18gb", 7), ("7g.141gb", 1))),
-    "h100-pcie": GpuSpec("NVIDIA H100 PCIe",       "NVIDIA-H100-PCIe",       350, 1755, 5, 510, (("1g.10gb", 7),)),
-    "h100-nvl":  GpuSpec("NVIDIA H100 NVL",        "NVIDIA-H100-NVL",        400, 1785, 5, 600, (("1g.12gb", 7),)),
-    "b200":      GpuSpec("NVIDIA B200",            "NVIDIA-B200",           1000, 1965, 5, 1600, (("1g.23gb", 7),)),
-    "l40s":      GpuSpec("NVIDIA L40S",            "NVIDIA-L40S",            350, 2520, 4, 250),
-    "l4":        GpuSpec("NVIDIA L4",              "NVIDIA-L4",               72, 2040, 4, 85),
-    "a100-pcie": GpuSpec("NVIDIA A100 80GB PCIe",  "NVIDIA-A100-80GB-PCIe",   300, 1410, 4, 215, (("1g.10gb", 7),)),
-    "a100-sxm":  GpuSpec("NVIDIA A100-SXM4-80GB",  "NVIDIA-A100-SXM4-80GB",   400, 1410, 4, 225, (("1g.10gb", 7), ("3g.40gb", 2), ("7g.80gb", 1))),
-    "v100-sxm2": GpuSpec("Tesla V100-SXM2-32GB",   "Tesla-V100-SXM2-32GB",    300, 1530, 3, 95),
-    "t4":        GpuSpec("Tesla T4",               "Tesla-T4",                70, 1590, 3, 45),
+    "h100-sxm":  GpuSpec("NVIDIA H100 80GB HBM3",  "NVIDIA-H100-80GB-HBM3",  81559,   700, 1980, 5, 720, (("1g.10gb", 7), ("3g.40gb", 2), ("7g.80gb", 1))),
+    "h200-sxm":  GpuSpec("NVIDIA H200",            "NVIDIA-H200",            143771,  700, 1980, 5, 745, (("1g.18gb", 7), ("7g.141gb", 1))),
+    "h100-pcie": GpuSpec("NVIDIA H100 PCIe",       "NVIDIA-H100-PCIe",       81559,   350, 1755, 5, 510, (("1g.10gb", 7),)),
+    "h100-nvl":  GpuSpec("NVIDIA H100 NVL",        "NVIDIA-H100-NVL",        95830,   400, 1785, 5, 600, (("1g.12gb", 7),)),
+    "b200":      GpuSpec("NVIDIA B200",            "NVIDIA-B200",            183359, 1000, 1965, 5, 1600, (("1g.23gb", 7),)),
+    "l40s":      GpuSpec("NVIDIA L40S",            "NVIDIA-L40S",            46068,   350, 2520, 4, 250),
+    "l4":        GpuSpec("NVIDIA L4",              "NVIDIA-L4",              23034,    72, 2040, 4, 85),
+    "a100-pcie": GpuSpec("NVIDIA A100 80GB PCIe",  "NVIDIA-A100-80GB-PCIe",  81920,   300, 1410, 4, 215, (("1g.10gb", 7),)),
+    "a100-sxm":  GpuSpec("NVIDIA A100-SXM4-80GB",  "NVIDIA-A100-SXM4-80GB",  81920,   400, 1410, 4, 225, (("1g.10gb", 7), ("3g.40gb", 2), ("7g.80gb", 1))),
+    "v100-sxm2": GpuSpec("Tesla V100-SXM2-32GB",   "Tesla-V100-SXM2-32GB",   32768,   300, 1530, 3, 95),
+    "t4":        GpuSpec("Tesla T4",               "Tesla-T4",               15360,    70, 1590, 3, 45),
 }
 # fmt: on
 
@@ -147,6 +148,14 @@ class NodeProfile:
     def mig_instances(self) -> int:
         """MIG devices per GPU (0 with MIG off)."""
         return dict(self.spec.mig_profile_instances)[self.mig] if self.mig else 0
+
+    @property
+    def device_memory_mib(self) -> int:
+        """GFD's ``nvidia.com/gpu.memory``: a GPU's memory, or under the single MIG strategy a MIG device's
+        (its profile's size, e.g. 10 GiB for ``1g.10gb``; the real label is a little less)."""
+        if self.mig and self.strategy == "single":
+            return int(re.search(r"\.(\d+)gb$", self.mig).group(1)) * 1024
+        return self.spec.memory_mib
 
     def describe(self) -> str:
         """The profile as a fleet-spec entry (``parse_fleet`` reads it back)."""

@@ -27,6 +27,7 @@ from trainops.conventions import (
     QUARANTINE_TAINT,
 )
 from trainops.health.hardware import GPU_PRODUCT_LABEL, MIG_STRATEGY_LABEL
+from trainops.health.memory import GPU_MEMORY_LABEL
 from trainops.placement.request import BLOCK_LABEL, RACK_LABEL
 from trainops_devcluster import kinds
 from trainops_devcluster.hardware import NodeProfile
@@ -172,7 +173,13 @@ def gpu_node(index: int, profile: NodeProfile) -> dict:
             gpu_resources = {"nvidia.com/gpu": "0", f"nvidia.com/mig-{profile.mig}": str(devices)}
     if profile.ports:  # the RDMA shared device plugin's resource (the README's rdma/ib), which TAS counts
         gpu_resources[RDMA_RESOURCE] = RDMA_DEVICES
-    labels.update({GPU_PRODUCT_LABEL: product, "nvidia.com/gpu.count": str(count)})
+    labels.update(
+        {
+            GPU_PRODUCT_LABEL: product,
+            "nvidia.com/gpu.count": str(count),
+            GPU_MEMORY_LABEL: str(profile.device_memory_mib),
+        }
+    )
     if profile.pool is not None:
         labels[FABRIC_LABEL] = profile.pool
     spec = {

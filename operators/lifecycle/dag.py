@@ -118,6 +118,7 @@ def training_lifecycle(
         topology=TOPOLOGY,
         spares="{{ params.spare_nodes }}",
         resume_min_nodes="{{ params.min_nodes }}",  # train's: a bad one fails here, before any write
+        gpu_memory_gib="{{ params.gpu_memory_gib }}",
         wait_timeout_s="{{ params.health_wait_s }}",
         poll_interval_s=10,
         doc_md=GATE_DOC,

@@ -56,7 +56,9 @@ judged by each node's fabric (`fabrics`, picked by its `trainops.io/fabric` labe
 Prometheus and slowdowns seen in training keep a node out for `fault_window_s`. When the cluster cannot ever hold the run (fewer GPU nodes than asked
 for, or none with `gpus_per_node` GPUs) it fails at once and writes nothing. With `topology` set it also
 places the run among them (one `topology_level` domain, or the fewest); `required` and no domain holds
-`nodes` healthy ones: not enough, and the log names the largest domains.
+`nodes` healthy ones: not enough, and the log names the largest domains. With `gpu_memory_gib` set, a
+warning names the memory risk of an elastic resume on `min_nodes` (the peak grown by `nodes/min_nodes`)
+against the chosen GPUs' `nvidia.com/gpu.memory`, with the smallest safe `min_nodes`.
 
 **When it fails:** the log has one line per node with its verdict and reason. Too few healthy nodes:
 wait for repairs, lower `nodes`/`spare_nodes`, or set `health_wait_s` so the gate waits (deferred).

@@ -128,6 +128,17 @@ PARAM_SPECS: dict[str, tuple[Any, dict[str, Any]]] = {
             "trains on fewer.",
         },
     ),
+    "gpu_memory_gib": (
+        None,
+        {
+            "type": ["null", "number"],
+            "exclusiveMinimum": 0,
+            "title": "Peak GPU memory per GPU (GiB)",
+            "description": "The run's peak memory per GPU on all its nodes, when known. The health gate warns when "
+            "a resume on min_nodes could exceed the chosen GPUs' memory (sharded state grows by nodes/min_nodes) "
+            "and names the smallest safe min_nodes. Empty: not checked.",
+        },
+    ),
     "spare_nodes": (
         1,
         {

@@ -1,7 +1,7 @@
 """The health gate in a DAG: choose nodes, then hand them on (the return value a claim task would read).
 
 conf: min_nodes, wait_timeout_s, poll_interval_s, prometheus_conn_id, on_prometheus_unavailable,
-policy_overrides, speed_tiers, fabrics, fault_window_s.
+policy_overrides, speed_tiers, fabrics, fault_window_s, resume_min_nodes, gpu_memory_gib.
 """
 
 from airflow.sdk import dag, task
@@ -20,6 +20,8 @@ def health_gate():
         policy_overrides="{{ dag_run.conf.get('policy_overrides', {}) }}",
         fabrics="{{ dag_run.conf.get('fabrics') }}",
         fault_window_s="{{ dag_run.conf.get('fault_window_s') }}",
+        resume_min_nodes="{{ dag_run.conf.get('resume_min_nodes') }}",
+        gpu_memory_gib="{{ dag_run.conf.get('gpu_memory_gib') }}",
     )
 
     @task

@@ -106,6 +106,25 @@ def test_the_clusters_fabrics_reach_the_gate_and_a_bad_setting_fails_before_any_
     assert not any(e["verb"] in WRITES and "/nodes/" in e["path"] for e in devcluster.server.audit.entries())
 
 
+def test_the_gate_names_the_memory_risk_of_an_elastic_resume_and_refuses_a_bad_peak(devcluster, run_dag):
+    devcluster.probe_daemon.wait_rounds(1)
+    # 50 GiB per GPU on 4 nodes is up to 100 GiB on 2, above an H100's 79.6 GiB (GFD: 81559 MiB); 3 nodes fit
+    risky = run_dag("health_gate", {"min_nodes": 4, "resume_min_nodes": 2, "gpu_memory_gib": 50})
+    assert risky.state == "success"
+    (warning,) = [w for w in xcom_value(risky, "gate")["warnings"] if "GPU memory" in w]
+    assert "min_nodes=2 of 4 nodes each GPU may need up to 100 GiB" in warning
+    assert "nvidia.com/gpu.memory=81559" in warning and "set min_nodes >= 3" in warning
+    safe = run_dag("health_gate", {"min_nodes": 4, "resume_min_nodes": 3, "gpu_memory_gib": 50})
+    assert not [w for w in xcom_value(safe, "gate")["warnings"] if "GPU memory" in w]
+
+    devcluster.server.audit.clear()
+    bad = run_dag("health_gate", {"min_nodes": 4, "resume_min_nodes": 2, "gpu_memory_gib": "lots"})
+    assert task_state(bad, "gate") == "failed"
+    assert [e for e in devcluster.server.audit.entries() if e["verb"] in WRITES] == []
+    with pytest.raises(ValueError, match="gpu_memory_gib must be a number, got 'lots'"):
+        GateSpec(min_nodes=4, resume_min_nodes=2, gpu_memory_gib="lots").config()
+
+
 def test_sensors_wait_on_their_own_side(devcluster, run_dag):
     devcluster.inject("xid", A, code=79)
     devcluster.inject("ib-down", B)

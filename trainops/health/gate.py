@@ -33,6 +33,7 @@ from trainops.conventions import (
 )
 from trainops.errors import TemporaryError
 from trainops.health.expect import family
+from trainops.health.memory import MemoryFit
 from trainops.health.policy import DEFAULT_POLICY, NodeVerdict, Policy, evaluate
 from trainops.health.prometheus import (
     FleetMetrics,
@@ -80,6 +81,8 @@ class GateConfig:
     ``topology``: the chosen nodes must also hold the run (``min_nodes - spares`` nodes) in one domain of
     the requested level (``required``: else not enough, the reason shown), or as few as can be
     (``preferred``); ``GateResult.placement`` says where (``trainops.placement``).
+    ``memory``: the run's GPU memory need; a risk on the chosen nodes is one of ``GateResult.warnings``
+    (``trainops.health.memory``).
     """
 
     selector: str = DEFAULT_SELECTOR
@@ -94,6 +97,7 @@ class GateConfig:
     api_deadline_s: float = 60.0
     topology: TopologyRequest = TopologyRequest()
     spares: int = 0
+    memory: MemoryFit | None = None
 
     def __post_init__(self) -> None:
         if not _is_count(self.min_nodes):
@@ -339,6 +343,10 @@ def _run_gate(
         result.placement = place_nodes(
             nodes, config.min_nodes - config.spares, config.topology, spares=config.spares
         )
+    if config.memory is not None and result.enough:
+        chosen = set(result.selected)
+        if risk := config.memory.risk([r.node for r in results if r.name in chosen and r.node]):
+            result.warnings.append(risk)
     return result
 
 
