@@ -67,6 +67,11 @@ POLICIES = ("trainops", "baseline")
 # is measured on (the first is a warm-up, left out: a fresh Airflow and devcluster start slower)
 SETUP_RUNS = 4
 SETUP_INDEX = 100_000  # their run numbers
+# Elapsed time is bounded: a seeded run under trainops that holds more than this many times the GPU-seconds
+# of a fault-free run (its set-up and its steps) is a violation, however well its outcome checks held.
+# Every fault's cost is bounded by the timers of timing.py; the slowest kind, a worker killed in the return
+# (the scheduler's heartbeat timeout, then a retry), held 4.1x at seed 1.
+ELAPSED_BOUND = 6.0
 
 
 @dataclass
@@ -79,14 +84,42 @@ class Report:
     def setup(self, policy: str) -> Setup:
         """``policy``'s fault-free set-up: the mean of the set-up runs after the warm-up and of the seeded
         runs that drew no fault, those without a violation (none: nothing is subtracted)."""
+        return Setup.measured(self._fault_free(policy))
+
+    def _fault_free(self, policy: str) -> list[Account]:
         fault_free = self.setup_runs[1:] + [r for r in self.runs if r.fault == "none"]
         # a run with a violation (a harness failure included) measured something else
         accounts = [account_of(r, policy) for r in fault_free if not r.violations]
-        return Setup.measured([a for a in accounts if a is not None])
+        return [a for a in accounts if a is not None]
+
+    def elapsed(self) -> dict | None:
+        """The bound on each run's held GPU-seconds (``ELAPSED_BOUND`` times a fault-free run's, under
+        trainops), the runs over it, and the longest (None: no fault-free run measured)."""
+        accounts = self._fault_free("trainops")
+        if not accounts or not self.runs:
+            return None
+        free = statistics.mean(a.held for a in accounts)
+        longest = max(self.runs, key=lambda r: r.account.held)
+        return {
+            "bound": ELAPSED_BOUND,
+            "fault_free_held_gpu_s": round(free, 1),
+            "longest": {
+                "run": longest.index,
+                "fault": longest.fault,
+                "ratio": round(longest.account.held / free, 2),
+            },
+            "over": [
+                f"run {r.index} ({r.fault}): held {r.account.held:.0f} GPU-s, {r.account.held / free:.1f}x a "
+                f"fault-free run's {free:.0f} (bound {ELAPSED_BOUND:g}x)"
+                for r in self.runs
+                if r.account.held > ELAPSED_BOUND * free
+            ],
+        }
 
     @property
     def violations(self) -> list[str]:
-        return [f"run {r.index} ({r.fault}): {v}" for r in self.runs for v in r.violations]
+        own = [f"run {r.index} ({r.fault}): {v}" for r in self.runs for v in r.violations]
+        return own + ((self.elapsed() or {}).get("over") or [])
 
     @property
     def faults(self) -> Counter:
@@ -189,6 +222,7 @@ class Report:
             "failed": [f"run {r.index} ({r.fault}): {r.outcome}" for r in failed][:50],
             "setup": {policy: self.setup(policy).to_dict() for policy in POLICIES},
             "setup_runs": [per_run(r, self) for r in self.setup_runs],
+            "elapsed": self.elapsed(),
             "overall": self.comparison(self.runs),
             "infrastructure": self.comparison([r for r in self.runs if r.fault in INFRASTRUCTURE], GOAL),
             "by_kind": {k: self.comparison(rs, *kind_goal(k)) for k, rs in by_kind.items()},

@@ -66,6 +66,19 @@ def setups(result: dict) -> str:
     )
 
 
+def elapsed(bound: dict | None) -> list[str]:
+    """The elapsed-time bound's paragraph (none without a fault-free run)."""
+    if not bound:
+        return []
+    longest = bound["longest"]
+    return [
+        f"Elapsed time is bounded: a run under trainops holding more than {bound['bound']:g}x the GPU-seconds of a "
+        f"fault-free run ({bound['fault_free_held_gpu_s']:g} GPU-s) is a violation; {len(bound['over'])} were over, "
+        f"the longest held {longest['ratio']:g}x (run {longest['run']}, {longest['fault']}).",
+        "",
+    ]
+
+
 def section(result: dict) -> str:
     stamp, timing = result["stamp"], result["timing"]
     options = stamp["options"]
@@ -86,8 +99,10 @@ def section(result: dict) -> str:
         f"Job poll {timing['intervals']['job_poll_interval_s']['campaign_s']:g} s; kept above scale: {kept}).",
         "",
         "Accounting: every GPU-second held is useful or lost, once each policy's fault-free set-up (claim, "
-        f"start, spare, teardown; measured before the seeded runs) is subtracted from each of its runs: {setups(result)}.",
+        "start, spare, teardown; measured on the fault-free runs: those before the seeded runs, a warm-up "
+        f"left out, and the seeded runs that drew no fault) is subtracted from each of its runs: {setups(result)}.",
         "",
+        *elapsed(result.get("elapsed")),
         f"**{result['violations']} violations**, {result['succeeded']} of {result['runs']} runs succeeded; "
         f"{sum(c['landed'] for c in result['coverage'].values())} faults landed, "
         f"{sum(c['covered'] for c in result['coverage'].values())} of them with every check of their outcome "

@@ -129,3 +129,23 @@ def test_what_a_run_pays_anyway_while_its_task_has_no_worker_is_the_dead_workers
     assert result.causes["claim"] == pytest.approx(24 * 1.5) and result.causes["teardown"] == pytest.approx(
         48
     )
+
+
+def test_a_run_held_far_longer_than_a_fault_free_one_is_a_violation_however_its_checks_held():
+    from benchmarks.campaign import ELAPSED_BOUND, Report
+    from benchmarks.campaign.lifecycle import RunResult
+
+    def run(index: int, fault: str, until: float) -> RunResult:
+        nodes = {n: [(0.0, until)] for n in NODES}
+        times = RunTimes(
+            nodes, [AttemptTimes("a1", 2.0, beats=beats(3.0, 0, 100))], gang_gpus=16, final_step=100
+        )
+        return RunResult(index, fault, "succeeded", landed=True, account=account(times))
+
+    slow = ELAPSED_BOUND * 10.0 + 1.0  # held past the bound: a start 50x slower would be
+    report = Report(runs=[run(0, "none", 10.0), run(1, "xid", 40.0), run(2, "hang", slow)])
+
+    assert report.violations == [
+        f"run 2 (hang): held {24 * slow:.0f} GPU-s, {slow / 10:.1f}x a fault-free run's 240 (bound {ELAPSED_BOUND:g}x)"
+    ]
+    assert report.to_dict()["elapsed"]["longest"] == {"run": 2, "fault": "hang", "ratio": round(slow / 10, 2)}
