@@ -14,7 +14,7 @@ from trainops.doctor.config import Check, DoctorConfig
 from trainops.doctor.reads import Reads
 from trainops.doctor.result import FAILED, OK, PROBLEM, SKIPPED, Finding, Problem, Report, Skip
 from trainops.errors import PermanentError
-from trainops.kube.client import api_message
+from trainops.kube.client import api_message, is_denied
 from trainops.kube.retry import Deadline
 
 JOIN_GRACE_S = 2.0  # a check's reads end at its deadline; this covers the thread's own wrap-up
@@ -84,8 +84,7 @@ def _run_one(check: Check, reads: Reads, config: DoctorConfig, findings: dict[st
 
 def _failure(error: Exception, config: DoctorConfig) -> Problem:
     """Why a check could not finish, and what to do."""
-    status = getattr(error, "status", None)
-    if status in (401, 403):
+    if is_denied(error):
         return Problem(
             f"the API refused a read: {api_message(error)}",
             "run the doctor with credentials that may read it (an admin's kubeconfig, or the account "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from trainops.kube.client import DEPLOYMENTS
+from trainops.kube.client import DEPLOYMENTS, is_denied
 
 #: where Kueue's release manifests and Helm chart (release name ``kueue``) run its controller
 CONTROLLER = ("kueue-system", "kueue-controller-manager")
@@ -47,14 +47,12 @@ def tas_honours_node_affinity(release: tuple[int, int, int]) -> bool:
 def controller_version(kube, deadline=None) -> tuple[str | None, str]:
     """(Kueue's version as its controller's Deployment names it, or None; where it was read or why not).
     ``kube``: a ``trainops.kube.client.Kube``; a Deployment it may not read is "not readable"."""
-    from kubernetes.client.exceptions import ApiException
-
     namespace, name = CONTROLLER
     where = f"Deployment {namespace}/{name}"
     try:
         deployment = kube.get(DEPLOYMENTS, name, namespace, deadline=deadline)
-    except ApiException as error:
-        if error.status in (401, 403):
+    except Exception as error:
+        if is_denied(error):
             return None, f"{where} not readable ({error.status})"
         raise
     if deployment is None:
