@@ -59,7 +59,9 @@ def run_one(script: Path, timeout: float | None) -> dict:
         records = Path(scratch) / "records.jsonl"
         env = {**os.environ, RESULTS_ENV: str(records)}
         started = time.monotonic()
-        process = subprocess.Popen([sys.executable, str(script)], env=env, start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, str(script)], env=env, start_new_session=True, preexec_fn=default_sigint
+        )
         timed_out = False
         try:
             code = process.wait(timeout=timeout)
@@ -77,6 +79,12 @@ def run_one(script: Path, timeout: float | None) -> dict:
             "wall_s": round(time.monotonic() - started, 1),
             "results": read_records(records),
         }
+
+
+def default_sigint() -> None:
+    """In the benchmark's process: SIGINT interrupts it even when this runner was started in the background
+    (a non-interactive shell starts background jobs with SIGINT ignored, and a child inherits that)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def interrupt(process: subprocess.Popen) -> int:

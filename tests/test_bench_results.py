@@ -4,6 +4,7 @@ the summary, and the README's benchmark rows written from a small sample of ``be
 from __future__ import annotations
 
 import json
+import signal
 import textwrap
 
 from benchmarks import results
@@ -137,9 +138,13 @@ def test_run_one_collects_a_scripts_records_and_cuts_off_an_overrun(tmp_path):
     )
 
     done = run_one(quick, timeout=60)
-    # long enough for the interpreter to start and install its handler on a loaded machine (at 1 s a CI
-    # run interrupted it before, and it did not exit 130)
-    cut = run_one(slow, timeout=5)
+    # this runner started as a background job (SIGINT ignored, as a shell starts one) still interrupts it; 5 s
+    # is long enough for the interpreter to start and install its handler on a loaded machine
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        cut = run_one(slow, timeout=5)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
 
     assert done["exit"] == 1 and not done["timed_out"]
     assert done["results"] == [
