@@ -28,6 +28,7 @@ from pathlib import Path
 from benchmarks.campaign.faults import FAULTS, GATE, TRAIN_NODE, S3Errors
 from benchmarks.campaign.gpu_time import Account, Setup
 from benchmarks.campaign.lifecycle import RunResult
+from benchmarks.campaign.scale import at_scale
 from benchmarks.campaign.timing import Timing
 from trainops.checkpoints.interval import advise
 
@@ -190,6 +191,7 @@ class Report:
 
     def to_dict(self) -> dict:
         failed = [r for r in self.runs if r.outcome != "succeeded"]
+        entries = [per_run(r, self) for r in self.runs]
         kinds = sorted(self.faults)
         by_kind = {k: [r for r in self.runs if r.fault == k] for k in kinds}
         coverage = {
@@ -228,7 +230,8 @@ class Report:
             "by_kind": {k: self.comparison(rs, *kind_goal(k)) for k, rs in by_kind.items()},
             "recovery_s": recoveries,
             "interval": self.interval(),
-            "per_run": [per_run(r, self) for r in self.runs],
+            "at_scale": at_scale(entries, self.timing.scale),
+            "per_run": entries,
         }
 
 

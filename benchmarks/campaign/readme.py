@@ -79,6 +79,23 @@ def elapsed(bound: dict | None) -> list[str]:
     ]
 
 
+def projected(scale: dict | None) -> list[str]:
+    """The projection to a realistic scale (``scale.py``), labelled as one."""
+    if not scale:
+        return []
+    kinds = ", ".join(f"{kind} {row['ratio']:g}" for kind, row in scale["by_kind"].items())
+    return [
+        "",
+        f"At scale, a projection from these runs and not a run (`benchmarks/campaign/scale.py`): a job of "
+        f"{scale['gpus']:,} GPUs failing at Llama 3's rate (one failure every {scale['mtbf_h']:g} h; "
+        f"{scale['modelled']}, split over the training faults by cause), saving for {scale['save_s']:g} s every "
+        f"{scale['interval_s'] / 60:.0f} min (Young–Daly), each failure costing what the gang stood still in "
+        "these runs plus the share of an interval it redid: GPU-hours lost to failures per 1,000 held, trainops "
+        f"{scale['lost_per_1000']['trainops']:g}, baseline {scale['lost_per_1000']['baseline']:g}: "
+        f"{scale['ratio']:g} of the baseline's (by kind: {kinds}).",
+    ]
+
+
 def section(result: dict) -> str:
     stamp, timing = result["stamp"], result["timing"]
     options = stamp["options"]
@@ -128,6 +145,7 @@ def section(result: dict) -> str:
     )
     if advice:
         parts.append(f"Checkpoint interval (Young–Daly, campaign seconds): {advice['summary']}.")
+    parts += projected(result.get("at_scale"))
     parts.append(END)
     return "\n".join(parts)
 
