@@ -12,7 +12,7 @@ Each choice, and why a skilled user makes it:
 - The framework's own resume: the newest checkpoint by listing, unverified (the demo trainer's
   ``--resume newest-listed``, as torchtitan's and Megatron's loaders pick the latest step).
 - Node problems handled only as stock Kubernetes handles them: NVIDIA's device plugin takes a GPU with a
-  fatal XID or an uncorrectable ECC error out of the node's allocatable, so the scheduler places no pod
+  fatal XID (an NVLink that goes down under load, XID 74, included) or an uncorrectable ECC error out of the node's allocatable, so the scheduler places no pod
   that needs it there; a node that stops responding is tainted ``unreachable`` by the node lifecycle
   controller; nothing cordons or quarantines, and a fault no device plugin reports (a downed InfiniBand
   port) stays on a node the next try may land on (the devcluster keeps each fault until its repair:
@@ -112,20 +112,29 @@ def run_baseline(world, plan, airflow: Airflow, faulted: set[str]) -> BaselineRe
 
     def hit() -> None:
         struck.append(
-            strike(world.cluster, fault, plan.rank, beats.step, ours, run_uri, world.timing.nccl_timeout_s)
+            strike(
+                world.cluster,
+                fault,
+                plan.rank,
+                beats.step,
+                ours,
+                run_uri,
+                world.timing.nccl_timeout_s,
+                target=plan.target,
+            )
         )
         if struck[-1].node and fault in kinds.TRAIN_NODE:
             faulted.add(struck[-1].node)
 
-    if result.applied and fault not in kinds.GATE:
+    if fault in kinds.STRUCK:
         threading.Thread(target=hit, daemon=True).start()
     try:
         result.outcome = airflow.run(run_uri)
     finally:
         beats.stopped.set()
         give_back_step(step)
-    if struck:
-        result.landed = struck[0].landed
+    if struck:  # a gate fault's storm landed when it was in the pool
+        result.landed = struck[0].landed and (fault not in kinds.GATE or result.landed)
         result.notes.append(struck[0].note or f"{fault} on {struck[0].node} at step {struck[0].step}")
     jobs = world.timeline.jobs_since(started, lambda job: job.name.startswith(JOB_PREFIX))
     result.attempts = len(jobs)

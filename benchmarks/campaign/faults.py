@@ -2,7 +2,9 @@
 
 Each run draws one kind from its seed.  By the phase it hits:
 
-- before the gate (the gate must keep the node out): ``nvlink``, ``slow-gpu``;
+- before the gate (the gate must keep the node out): ``nvlink`` (a replay storm on one GPU's link, which
+  then goes down under the run's traffic once the run has made progress: XID 74, ``link_fails``),
+  ``slow-gpu``;
 - at the claim (kept from the capacity campaign): ``api-burst``, ``killed-mid-claim`` (a 500 on one
   node's write: the claim fails halfway and gives back), ``rival-writer`` (409s), ``race`` (a second
   run claims overlapping nodes at the same time), ``quarantined-candidate`` (a node the gate chose is
@@ -39,6 +41,8 @@ TRAIN = (
     "clear",
 )
 RETURN = ("sigkill-return",)
+# struck once the run has made progress (``strike``): the training faults, and an NVLink storm's link going down
+STRUCK = (*TRAIN_NODE, "nvlink", "pod-crash", "hang", "torn-checkpoint")
 FAULTS = ("none", *GATE, *CLAIM, *TRAIN, *RETURN)
 
 SLOW_GPU_FACTOR = 0.5  # a slowed node's GPUs run at half speed
@@ -60,6 +64,22 @@ def node_fault(cluster, kind: str, node: str) -> dict:
     }
     fault, extra = options[kind]
     return cluster.inject(fault, node, **extra)
+
+
+def link_fails(cluster, node: str, gpu: int = 0) -> dict:
+    """The replaying NVLink of ``node``'s GPU ``gpu`` goes down under load: XID 74 (NVIDIA's catalog: an
+    NVLink error, WORKFLOW_NVLINK_ERR), which kills the CUDA processes on that GPU and which NVIDIA's device
+    plugin does not skip, so the GPU leaves allocatable until the node is repaired; the link stays down.
+
+    A replay storm is what DCGM's NVLink health watch calls a failure (any replay delta FAILs,
+    ``shared/reference/health.md`` sec. 2): sustained replays and recoveries are a link degrading, and a
+    rising replay count precedes the link failure that XID 74 reports.  The campaign takes the pessimistic
+    branch, every storm ends so; a link that stays up only loses bandwidth (a few tenths of a percent for a
+    downtrained lane, Fluidstack's "The case of the 0.3% slower node"), which neither policy's runs here
+    would show.
+    """
+    cluster.inject("nvlink-down", node, gpu=gpu, link=0)
+    return cluster.inject("xid", node, code=74, gpu=gpu)
 
 
 def api_burst(cluster, paths, **share) -> None:

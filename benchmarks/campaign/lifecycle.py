@@ -448,7 +448,7 @@ class Run:
             self.burst = (time.time(), 0.0)
         if fault == "s3-errors":
             self.world.s3_errors.arm()
-        if fault in (*kinds.TRAIN_NODE, "pod-crash", "hang", "torn-checkpoint"):
+        if fault in kinds.STRUCK:
             threading.Thread(target=self.strike, daemon=True).start()
         elif fault in ("drop-watches", "clear"):
             threading.Thread(target=self.mid_train, args=(cleared,), daemon=True).start()
@@ -504,6 +504,7 @@ class Run:
             self.ours,
             self.run_uri,
             self.timing.nccl_timeout_s,
+            target=self.plan.target,
         )
         if self.struck.node and self.fault in kinds.TRAIN_NODE:
             self.faulted.add(self.struck.node)

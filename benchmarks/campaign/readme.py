@@ -79,6 +79,24 @@ def elapsed(bound: dict | None) -> list[str]:
     ]
 
 
+def defaults(row: dict | None) -> list[str]:
+    """The "defaults" baseline's line, beside the headline (derived from the runs, not run)."""
+    if not row:
+        return []
+
+    def ratio(r: dict) -> str:
+        return "–" if r["ratio"] is None else f"{r['ratio']:g}"
+
+    return [
+        "",
+        f'Beside it, not the headline: a "defaults" baseline, the same one at Airflow\'s default retry delay '
+        f"({row['retry_delay_s']:g} s), derived from these runs and not run: each of its "
+        f"{row['overall']['retries']} retries holds its pool of {row['pool_gpus']} GPUs "
+        f"{row['wait_per_retry_s']:g} campaign-s longer. trainops lost {ratio(row['infrastructure'])} of its "
+        f"GPU-hours on the infrastructure faults, {ratio(row['overall'])} on all runs.",
+    ]
+
+
 def projected(scale: dict | None) -> list[str]:
     """The projection to a realistic scale (``scale.py``), labelled as one."""
     if not scale:
@@ -145,6 +163,7 @@ def section(result: dict) -> str:
     )
     if advice:
         parts.append(f"Checkpoint interval (Young–Daly, campaign seconds): {advice['summary']}.")
+    parts += defaults(result.get("defaults_baseline"))
     parts += projected(result.get("at_scale"))
     parts.append(END)
     return "\n".join(parts)

@@ -70,10 +70,12 @@ def strike(
     is_ours: Callable[[dict], bool],
     run_uri: str,
     nccl_timeout_s: float,
+    target: str = "",
     timeout: float = 180,
 ) -> Strike:
     """Wait until the run's heartbeat passes ``AT_STEP`` with all its ranks running, then strike rank
-    ``rank`` (modulo the ranks) with ``kind``."""
+    ``rank`` (modulo the ranks) with ``kind``; ``nvlink`` strikes the link of ``target``, the node its storm
+    degraded before the run, whoever runs there."""
     found, deadline = Strike(kind), time.monotonic() + timeout
     while not (step() >= AT_STEP and len(pods := running(cluster, is_ours)) >= 2):
         if time.monotonic() > deadline:
@@ -92,7 +94,13 @@ def strike(
             found.note, found.torn = f"a newer checkpoint than {found.torn} was committed meanwhile", ""
         return found
     found.at = time.time()
-    if kind in kinds.TRAIN_NODE:
+    if kind == "nvlink":
+        killed = kinds.link_fails(cluster, target)["result"]["failed_pods"]
+        found.node = target
+        found.note = f"XID 74 on {target} GPU 0 at step {found.step}: " + (
+            f"killed {', '.join(killed)}" if killed else "no pod there"
+        )
+    elif kind in kinds.TRAIN_NODE:
         kinds.node_fault(cluster, kind, found.node)
     elif kind == "pod-crash":
         crash(cluster, pod, 137)

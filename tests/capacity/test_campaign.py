@@ -156,3 +156,23 @@ def test_the_checker_reports_a_pod_on_a_quarantined_node_and_one_on_a_node_its_r
     ), found
     fleet.cluster.store.delete("pods", "training", "stray")
     set_quarantine(fleet.cluster, node, False)
+
+
+def test_an_nvlink_storm_ends_in_a_downed_link_that_kills_only_the_run_the_gate_did_not_keep_away(fleet):
+    """The campaign's model of a replay storm (``faults.link_fails``): the link goes down mid-run."""
+    lifecycle = Run(fleet, plan(fleet, "nvlink", 3))
+    run, target = lifecycle.go(), lifecycle.plan.target
+
+    assert run.violations == [], run.violations
+    assert f"the gate kept {target} out" in " ".join(run.checked), run.checked
+    assert lifecycle.struck.note.startswith(f"XID 74 on {target} GPU 0"), lifecycle.struck.note
+    assert lifecycle.struck.note.endswith("no pod there")  # trainops' run was elsewhere: one attempt
+    assert run.account.causes["recomputed"] == run.account.causes["judgement"] == 0
+    base = run.baseline
+    assert base.landed and base.outcome == "success", (base.outcome, base.notes)
+    # the baseline, which never looks, ran a rank there: it died with the link and Airflow retried elsewhere
+    assert base.notes[0].startswith(
+        f"XID 74 on {target} GPU 0 at step 50: killed training/job-bench-provider-"
+    )
+    assert base.attempts == 2
+    assert base.account.causes["recomputed"] > 0 and base.account.causes["judgement"] > 0

@@ -149,3 +149,31 @@ def test_a_run_held_far_longer_than_a_fault_free_one_is_a_violation_however_its_
         f"run 2 (hang): held {24 * slow:.0f} GPU-s, {slow / 10:.1f}x a fault-free run's 240 (bound {ELAPSED_BOUND:g}x)"
     ]
     assert report.to_dict()["elapsed"]["longest"] == {"run": 2, "fault": "hang", "ratio": round(slow / 10, 2)}
+
+
+def test_the_defaults_baseline_holds_its_pool_through_each_retrys_longer_wait_and_is_reported_beside():
+    from benchmarks.campaign import Report
+    from benchmarks.campaign.baseline import BaselineResult
+    from benchmarks.campaign.lifecycle import RunResult
+    from benchmarks.campaign.readme import defaults
+
+    def run(index: int, fault: str, until: float, attempts: int) -> RunResult:
+        times = RunTimes(
+            {n: [(0.0, until)] for n in NODES},
+            [AttemptTimes("a1", 2.0, beats=beats(3.0, 0, 100))],
+            gang_gpus=16,
+            final_step=100,
+        )
+        base = BaselineResult("success", True, True, account(times), attempts)
+        return RunResult(index, fault, "succeeded", landed=True, account=account(times), baseline=base)
+
+    report = Report(runs=[run(0, "none", 10.0, 1), run(1, "xid", 20.0, 2), run(2, "xid", 20.0, 3)])
+    found = report.to_dict()["defaults_baseline"]
+
+    wait = (300 - 5) / 60  # campaign seconds more per retry, on a pool of the gang and a spare (3 x 8 GPUs)
+    assert found["retry_delay_s"] == 300 and found["pool_gpus"] == 24
+    infrastructure = found["infrastructure"]  # the two xid runs, each 10 s x 24 GPUs beyond a fault-free run
+    assert infrastructure["retries"] == 3
+    assert infrastructure["lost_gpu_s"] == pytest.approx(2 * 240 + 3 * wait * 24, abs=0.1)
+    assert infrastructure["ratio"] == pytest.approx(480 / (480 + 3 * wait * 24), abs=0.001)
+    assert "not run" in defaults(found)[1] and "3 retries" in defaults(found)[1]
