@@ -29,7 +29,8 @@ from benchmarks.campaign.faults import FAULTS, GATE, TRAIN_NODE, S3Errors
 from benchmarks.campaign.gpu_time import Account, Setup
 from benchmarks.campaign.lifecycle import RunResult
 from benchmarks.campaign.scale import at_scale
-from benchmarks.campaign.timing import Timing
+from benchmarks.campaign.steps import CHECKPOINT_EVERY, GANG, STEP_S
+from benchmarks.campaign.timing import PRODUCTION, Timing
 from trainops.checkpoints.interval import advise
 
 __all__ = ["FAULTS", "INFRASTRUCTURE", "Report", "campaign", "world"]
@@ -175,9 +176,6 @@ class Report:
     def defaults(self) -> dict | None:
         """The "defaults" baseline (``DEFAULT_RETRY_DELAY_S``) on the infrastructure faults and on all runs:
         the baseline's lost GPU-seconds plus each retry's longer wait on its whole pool; None without one."""
-        from benchmarks.campaign.steps import GANG
-        from benchmarks.campaign.timing import PRODUCTION
-
         pool_gpus = (GANG + 1) * 8
         wait_s = (DEFAULT_RETRY_DELAY_S - PRODUCTION["retry_delay_s"]) / self.timing.scale
         rows = {}
@@ -213,7 +211,6 @@ class Report:
         failures = sum(1 for r in self.runs if r.fault in FAILURES and r.landed)
         if not self.save_s or not failures or not trained:
             return None
-        from benchmarks.campaign.steps import CHECKPOINT_EVERY, GANG, STEP_S
 
         advice = advise(
             save_s=statistics.median(self.save_s),

@@ -12,11 +12,11 @@ Each choice, and why a skilled user makes it:
 - The framework's own resume: the newest checkpoint by listing, unverified (the demo trainer's
   ``--resume newest-listed``, as torchtitan's and Megatron's loaders pick the latest step).
 - Node problems handled only as stock Kubernetes handles them: NVIDIA's device plugin takes a GPU with a
-  fatal XID (an NVLink that goes down under load, XID 74, included) or an uncorrectable ECC error out of the node's allocatable, so the scheduler places no pod
-  that needs it there; a node that stops responding is tainted ``unreachable`` by the node lifecycle
-  controller; nothing cordons or quarantines, and a fault no device plugin reports (a downed InfiniBand
-  port) stays on a node the next try may land on (the devcluster keeps each fault until its repair:
-  ``devcluster/README.md``).
+  fatal XID (an NVLink that goes down under load, XID 74, included) or an uncorrectable ECC error out of the
+  node's allocatable, so the scheduler places no pod that needs it there; a node that stops responding is
+  tainted ``unreachable`` by the node lifecycle controller; nothing cordons or quarantines, and a fault no
+  device plugin reports (a downed InfiniBand port) stays on a node the next try may land on (the devcluster
+  keeps each fault until its repair: ``devcluster/README.md``).
 - A hang ends when NCCL's watchdog aborts the ranks (its default timeout, scaled: ``strike.nccl_watchdog``).
 
 Its nodes are a pool of the gang and a spare, the size of trainops' claim, set up by the same claim (a

@@ -104,6 +104,7 @@ class Account:
     useful: float = 0.0
     causes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SETUP + FAULT, 0.0))
     recoveries: list[float] = field(default_factory=list)
+    redone_steps: int = 0  # steps a failed attempt had done past the checkpoint its successor resumed from
     setups: int = 1  # the fault-free set-ups it is charged beyond: its runs that held GPUs
 
     def charged(self, setup: Setup) -> dict[str, float]:
@@ -124,6 +125,7 @@ class Account:
         for cause, value in other.causes.items():
             self.causes[cause] += value
         self.recoveries += other.recoveries
+        self.redone_steps += other.redone_steps
         self.setups += other.setups
 
     def to_dict(self, setup: Setup) -> dict:
@@ -134,6 +136,7 @@ class Account:
             "setup_gpu_s": round(self.setups * setup.total, 1),
             "lost_gpu_s": round(lost, 1),
             "lost_per_1000": per_1000(lost, self.held),
+            "redone_steps": self.redone_steps,
             "lost_by_cause_gpu_s": {cause: round(value, 1) for cause, value in self.charged(setup).items()},
         }
 
@@ -165,8 +168,11 @@ def account(run: RunTimes) -> Account:
         clock.train(attempt, _training_end(attempt), useful_ranges.get(index))
         if attempt.failed_at is not None:
             clock.to(attempt.detected, "detection")
-            if index + 1 < len(attempts) and attempts[index + 1].beats:
-                result.recoveries.append(attempts[index + 1].beats[0][0] - attempt.failed_at)
+            if index + 1 < len(attempts):
+                reached = max((step for _, step in attempt.beats), default=attempt.start_step)
+                result.redone_steps += max(0, reached - attempts[index + 1].start_step)
+                if attempts[index + 1].beats:
+                    result.recoveries.append(attempts[index + 1].beats[0][0] - attempt.failed_at)
     if attempts and attempts[-1].failed_at is not None:
         clock.to(held_to, "failed")
     clock.to(held_to, "teardown")

@@ -14,8 +14,9 @@ policy's measured cost of each training fault is carried to a job of ``GPUS`` GP
 - each failure of a kind costs a policy the time its GPUs stood still in the campaign's runs of that kind (the
   GPU-seconds lost but not to steps done again or to the spare, per gang GPU, times the time scale: assumed
   not to grow with the job, which favours neither policy), plus the share of a checkpoint interval it did
-  again (its steps done again over the campaign's interval; the campaign strikes mid-interval, where a fault
-  at a random time lands on average) times the interval at scale.
+  again (the steps it did again over the campaign's ``CHECKPOINT_EVERY``: counted in steps, since a step's
+  wall time here is noise that the interval at scale would multiply; the campaign strikes mid-interval,
+  where a fault at a random time lands on average) times the interval at scale.
 
 A policy's GPU-hours lost per 1,000 held is then ``1000 x sum(rate of kind x its cost)``; every input is in
 the JSON's ``per_run`` and ``at_scale``.
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.campaign.steps import CHECKPOINT_EVERY, GANG, STEP_S
+from benchmarks.campaign.steps import CHECKPOINT_EVERY, GANG
 from trainops.checkpoints.interval import LLAMA3_GPU_HOURS_PER_FAILURE, daly_interval
 
 GPUS = 4096  # the job the projection is for (512 nodes of 8)
@@ -48,7 +49,6 @@ def at_scale(per_run: list[dict], scale: float) -> dict | None:
     second; None when a kind of ``MIX`` has no run with both policies measured."""
     mtbf_h = LLAMA3_GPU_HOURS_PER_FAILURE / GPUS
     interval_s = daly_interval(SAVE_S, mtbf_h * 3600)
-    campaign_interval_s = CHECKPOINT_EVERY * STEP_S
     gang_gpus = GANG * 8
     kinds, lost = {}, {"trainops": 0.0, "baseline": 0.0}
     for kind, count in MIX.items():
@@ -68,7 +68,7 @@ def at_scale(per_run: list[dict], scale: float) -> dict | None:
                 / gang_gpus
                 * scale
             )
-            redone = statistics.mean(c["recomputed"] for c in causes) / gang_gpus / campaign_interval_s
+            redone = statistics.mean(r[policy]["redone_steps"] for r in runs) / CHECKPOINT_EVERY
             cost_s = still_s + redone * interval_s
             row[policy] = {
                 "still_s": round(still_s, 1),

@@ -77,6 +77,7 @@ def test_a_crash_costs_detection_judgement_readmission_waiting_rendezvous_and_th
     assert result.useful == pytest.approx(16 * 100 * STEP_S)
     assert result.held == pytest.approx(result.useful + SETUP.total + result.lost(SETUP))
     assert result.recoveries == [pytest.approx(6.1 - 4.0)]  # to the first heartbeat past step 40
+    assert result.redone_steps == 10  # steps 41-50, counted as steps as well as in GPU-seconds
 
 
 def test_a_failed_run_has_no_useful_steps_and_what_follows_its_last_failure_is_failed():

@@ -6,30 +6,30 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.campaign.scale import GPUS, MIX, SAVE_S, at_scale
-from benchmarks.campaign.steps import CHECKPOINT_EVERY, GANG, STEP_S
+from benchmarks.campaign.steps import CHECKPOINT_EVERY, GANG
 from trainops.checkpoints.interval import LLAMA3_GPU_HOURS_PER_FAILURE, daly_interval
 
 GANG_GPUS = GANG * 8
-INTERVAL = CHECKPOINT_EVERY * STEP_S  # the campaign's checkpoint interval, campaign seconds
 
 
 def entry(kind: str, still: float, redone: float, *, baseline_still: float, violations=()) -> dict:
     """A ``per_run`` entry whose gang stood still ``still`` campaign seconds and redid ``redone`` intervals."""
 
-    def causes(still_s: float) -> dict:
-        return {
+    def policy(still_s: float, recomputed_gpu_s: float) -> dict:
+        causes = {
             "detection": still_s * GANG_GPUS / 2,
             "judgement": still_s * GANG_GPUS / 2,
             "spare": 99.0,  # the spare's time is not the gang standing still
-            "recomputed": redone * INTERVAL * GANG_GPUS,
+            "recomputed": recomputed_gpu_s,  # nor the steps done again: counted in steps
         }
+        return {"lost_by_cause_gpu_s": causes, "redone_steps": round(redone * CHECKPOINT_EVERY)}
 
     return {
         "fault": kind,
         "landed": True,
         "violations": list(violations),
-        "trainops": {"lost_by_cause_gpu_s": causes(still)},
-        "baseline": {"lost_by_cause_gpu_s": causes(baseline_still)},
+        "trainops": policy(still, recomputed_gpu_s=9.0),  # slower steps redone than the baseline's ...
+        "baseline": policy(baseline_still, recomputed_gpu_s=3.0),  # ... cost the same share at scale
     }
 
 
