@@ -95,6 +95,49 @@ def test_an_earlier_attempts_heartbeat_read_again_after_a_requeue_is_not_progres
     assert state.verdict(6.0 + 100 * BOUND) is None  # still queued: nothing to call hung
 
 
+def test_the_heartbeats_of_preempted_pods_as_they_stop_do_not_time_the_requeued_attempt():
+    """Preempted mid-run, the pods keep writing heartbeats while they stop (a fast trainer teaches a
+    bound of a few seconds); the requeued attempt then waits for Kueue far longer than that bound, is
+    re-admitted and gets the startup bound again. (Seen under load: judged a hang while queued, and a
+    resume used for a preemption.)"""
+    config = FollowConfig(
+        "training",
+        "job-1",
+        "s3://b/runs/r/",
+        nodes=1,
+        hang=HangPolicy(startup_timeout=BOUND, floor=2.0),
+        admission_timeout=None,
+    )
+    state = RunState(config, {"metadata": {"name": "job-1"}, "spec": {}}, None, now=0.0)
+
+    def workload(*conditions: dict) -> dict:
+        return {"metadata": {"name": "w"}, "status": {"conditions": list(conditions)}}
+
+    def pod(name: str, **metadata) -> dict:
+        return {"metadata": {"name": name, **metadata}, "status": {"phase": "Running"}}
+
+    admitted = {"type": "Admitted", "status": "True", "lastTransitionTime": "2026-01-01T00:00:01Z"}
+    state.apply("workload", "ADDED", workload(admitted), 1.0)
+    state.apply("pod", "ADDED", pod("job-1-0-a"), 2.0)
+    for t in (3.0, 3.1, 3.2, 3.3):
+        state.heartbeat({"step": int(t * 10), "time": t}, t)
+    evicted = {"type": "Evicted", "status": "True", "reason": "Preempted", "lastTransitionTime": "x"}
+    state.apply("workload", "MODIFIED", workload(evicted), 4.0)
+    stopping = pod("job-1-0-a", deletionTimestamp="2026-01-01T00:00:04Z")
+    state.apply("pod", "MODIFIED", stopping, 4.0)
+    for t in (4.1, 4.2):  # written by the stopping pod
+        state.heartbeat({"step": int(t * 10), "time": t}, t)
+
+    assert state.verdict(600.0) is None  # queued behind the preemptor: nothing to call hung
+    state.apply("pod", "DELETED", stopping, 5.0)
+    readmitted = {**admitted, "lastTransitionTime": "2026-01-01T00:10:00Z"}
+    state.apply("workload", "MODIFIED", workload(readmitted), 600.0)
+    state.apply("pod", "ADDED", pod("job-1-0-b"), 601.0)
+    assert state.verdict(601.0 + BOUND - 0.1) is None  # starting again, from the checkpoint
+    status, message = state.verdict(601.0 + BOUND)
+    assert status is Status.HANG and "no heartbeat from this attempt" in message, message
+
+
 class _OneObjectStore:
     """A store whose heartbeat.json holds ``body``."""
 

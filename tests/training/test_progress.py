@@ -60,6 +60,7 @@ def test_bound_learned_from_heartbeat_intervals():
 
 def test_floor_applies_to_fast_steps():
     tracker = ProgressTracker(POLICY)
+    tracker.running(0)
     for t in (1.0, 1.1, 1.2):
         tracker.observe(beat(t, int(t * 10)), now=t)
     assert tracker.bound()[0] == 2
@@ -67,6 +68,7 @@ def test_floor_applies_to_fast_steps():
 
 def test_save_pauses_detection_and_does_not_teach_longer_bounds():
     tracker = ProgressTracker(POLICY)
+    tracker.running(0)
     for t in (1, 2, 3):
         tracker.observe(beat(t, t), now=t)
     tracker.observe(beat(4, 4, saving=True), now=4)
@@ -84,8 +86,19 @@ def test_stale_heartbeats_of_an_earlier_attempt_do_not_count():
     assert tracker.observe(beat(62, 41), now=62)
 
 
+def test_a_heartbeat_before_the_pods_all_run_is_not_progress_and_starts_no_clock():
+    tracker = ProgressTracker(POLICY, baseline=beat(50, 40))
+    assert not tracker.observe(beat(55, 45), now=56)  # a pod that is stopping, or one not yet seen running
+    assert tracker.deadline() is None and tracker.hung(1e9) is None
+    tracker.running(100)
+    assert not tracker.observe(beat(55, 45), now=101)  # the same one, read again
+    assert tracker.deadline() == 160 and "no heartbeat from this attempt" in tracker.hung(160)
+    assert tracker.observe(beat(102, 46), now=102)
+
+
 def test_fixed_hang_timeout_overrides_learning():
     tracker = ProgressTracker(HangPolicy(hang_timeout=9, floor=1))
+    tracker.running(0)
     for t in (1, 2, 3):
         tracker.observe(beat(t, t), now=t)
     assert tracker.bound() == (9, "hang_timeout set by the user")

@@ -226,7 +226,12 @@ class RunState:
         admitted = self.is_admitted()
         if admitted and self.admitted_since is None:
             self.admitted_since, self.queued_since = now, None
-        running = [p for p in self.pods.values() if (p.get("status") or {}).get("phase") == "Running"]
+        running = [  # a pod being deleted (evicted, preempted) no longer runs this admission
+            p
+            for p in self.pods.values()
+            if (p.get("status") or {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")
+        ]
         if admitted and len(running) >= self.config.nodes:
             self.tracker.running(now)
 

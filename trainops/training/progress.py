@@ -92,11 +92,16 @@ class ProgressTracker:
             self._running_since = now
 
     def observe(self, beat: Mapping | None, now: float) -> bool:
-        """Take a heartbeat document as read at ``now``; True when it is new progress."""
+        """Take a heartbeat document as read at ``now``; True when it is new progress.  Until all pods
+        run, a new heartbeat is not this admission's progress (after a requeue it is the evicted pods'
+        last words as they stop): it only moves the baseline."""
         if not beat or "time" not in beat:
             return False
         written = float(beat["time"])
         if self._baseline_time is not None and written <= self._baseline_time:
+            return False
+        if self._running_since is None:
+            self._baseline, self._baseline_time = beat, written
             return False
         if self._last is not None:
             if written <= float(self._last["time"]):
@@ -162,7 +167,7 @@ class ProgressTracker:
 
     def deadline(self) -> float | None:
         """When the run counts as hung (None while the pods are not all running yet)."""
-        if self._running_since is None and self._last is None:
+        if self._running_since is None:
             return None
         if self.by_heartbeat:
             since = self._last_seen if self._last is not None else self._running_since
