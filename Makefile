@@ -38,8 +38,11 @@ up: setup
 down:
 	@test ! -x $(BIN)/python || $(BIN)/python -m trainops_devcluster.stack down --state-dir .stack
 
+# TEST_WORKERS parallel pytest processes (pytest-xdist), each taking whole modules, and all of tests/services
+# on one of them (tests/conftest.py, worker_group). TEST_WORKERS=0 runs everything in this process.
+TEST_WORKERS ?= 3
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 # The tests marked `servers` left out: no devcluster API server, local S3, Airflow stack, Prometheus, Chromium
 # or torch ranks, and the run refuses to start one (the rule: tests/conftest.py, "Test tiers").

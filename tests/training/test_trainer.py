@@ -115,8 +115,12 @@ def test_newest_listed_resumes_from_the_newest_directory_and_a_torn_shard_fails_
     more = ["--steps", "30", "--checkpoint-every", "10", "--step-seconds", "0", "--shard-wait-seconds", "10"]
 
     listed = run_ranks(s3, run_uri, [*more, "--resume", "newest-listed"], world=2)
+    assert latest_verified(run_uri).checkpoint.step == 10
     verified = run_ranks(s3, run_uri, more, world=2)
 
     assert listed[1][0] != 0 and f"failed to load checkpoint {run_uri}step-20/" in listed[1][1], listed
     assert [code for code, _ in verified] == [0, 0], verified
-    assert all(f"resumed from {run_uri}step-10/ (step 10)" in output for _, output in verified), verified
+    # Rank 1, whose shard was torn, resolves before it saves again. Rank 0 resolves on its own too and,
+    # started late on a loaded machine, can find step-20 repaired by rank 1's new save: only rank 1's
+    # choice is fixed.
+    assert f"resumed from {run_uri}step-10/ (step 10)" in verified[1][1], verified
