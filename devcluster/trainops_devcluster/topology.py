@@ -417,7 +417,7 @@ def gpu_operator_objects() -> list[tuple[str, dict]]:
 
 
 def kueue_objects(version: str = "v1beta2") -> list[tuple[str, dict]]:
-    """The training queues of ``kueue-queues.yaml`` (also shipped as ``deploy/kueue-queues.yaml``):
+    """The training queues of the product's ``deploy/kueue-queues.yaml`` (linked here, so the wheel carries it):
     the GPU nodes' Topology, a GPU flavor that names it, a ClusterQueue with zero GPU quota, a LocalQueue
     and two priority classes, at Kueue API ``version`` (their fields are the same in v1beta1 and v1beta2;
     the Topology of Kueue 0.13 is ``v1alpha1``)."""
