@@ -147,9 +147,7 @@ def crash(state: Path, name: str) -> None:
     state = state.resolve()
     record = json.loads((state / "pids" / f"{name}.json").read_text())
     _signal_group(record["pid"], signal.SIGKILL)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while _alive(record) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    _wait_gone([record])
     at = Endpoints(**json.loads((state / "endpoints.json").read_text()))
     _start(state, name, record["argv"], env={**_local_env(), **service_environment(at, name)})
 
@@ -223,14 +221,20 @@ def _stop(entries: list[dict]) -> None:
         )
     for entry in tree[len(entries) :]:
         _signal(entry, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while any(_alive(entry) for entry in tree) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    _wait_gone(tree)
     tree += descendants(tree)  # started while the others stopped
     for entry in entries:
         _signal_group(entry["pid"], signal.SIGKILL)
     for entry in tree:
         _signal(entry, signal.SIGKILL)
+    _wait_gone(tree)  # a killed process lingers a moment; `down` returns once the ports are free
+
+
+def _wait_gone(entries: list[dict]) -> None:
+    """Until none of ``entries`` is alive, or ``STOP_TIMEOUT_S``."""
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while any(_alive(entry) for entry in entries) and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 def descendants(entries: list[dict]) -> list[dict]:
